@@ -1,0 +1,124 @@
+"""The GPT being tuned: its dimensions, validated, plus named presets.
+
+Field names match the ``model`` object of a trial spec (``shared/CONTRACTS.md``) so that
+the same object is built from a study file and from a trial spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from autotune.config._fields import check_int, check_keys
+from autotune.errors import SpecError
+
+__all__ = ["ModelConfig", "MODEL_PRESETS"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only GPT (pre-LayerNorm, GELU MLP, learned positions)."""
+
+    n_layer: int
+    """Transformer layers."""
+    hidden: int
+    """Hidden size h."""
+    n_head: int
+    """Attention heads a."""
+    seq_len: int
+    """Sequence length s (tokens per sequence)."""
+    vocab_size: int = 51200
+    """Vocabulary V (padded for TP by the trainer; FLOPs use this unpadded value)."""
+    ffn_hidden: int | None = None
+    """MLP inner size; ``None`` means ``4 * hidden``."""
+    n_kv_head: int | None = None
+    """Key/value heads for grouped-query attention; ``None`` means ``n_head``."""
+    name: str = "custom"
+    """A label for reports."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "hidden", "n_head", "seq_len", "vocab_size"):
+            check_int(f"model.{name}", getattr(self, name))
+        if self.ffn_hidden is not None:
+            check_int("model.ffn_hidden", self.ffn_hidden)
+        if self.n_kv_head is not None:
+            check_int("model.n_kv_head", self.n_kv_head)
+            if self.n_head % self.n_kv_head:
+                raise SpecError("model.n_kv_head", self.n_kv_head,
+                                f"allowed: a divisor of n_head={self.n_head}")
+        if self.hidden % self.n_head:
+            raise SpecError("model.n_head", self.n_head,
+                            f"allowed: a divisor of hidden={self.hidden}")
+
+    @property
+    def ffn(self) -> int:
+        """The MLP inner size actually used."""
+        return self.ffn_hidden if self.ffn_hidden is not None else 4 * self.hidden
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads actually used."""
+        return self.n_kv_head if self.n_kv_head is not None else self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_head
+
+    def n_params(self) -> int:
+        """Trainable parameters (embeddings untied from the output layer, as in the trainer)."""
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        per_layer = (
+            h * (h + 2 * kv) + (h + 2 * kv)  # QKV weight + bias
+            + h * h + h                      # attention output
+            + h * self.ffn + self.ffn        # MLP up
+            + self.ffn * h + h               # MLP down
+            + 4 * h                          # two LayerNorms
+        )
+        embeddings = self.vocab_size * h + self.seq_len * h
+        return self.n_layer * per_layer + embeddings + 2 * h + self.vocab_size * h
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``model`` object of a trial spec."""
+        out = asdict(self)
+        out["ffn_hidden"] = self.ffn
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, *, section: str = "model") -> ModelConfig:
+        """From a mapping: either ``{preset: NAME, ...overrides}`` or explicit dimensions."""
+        allowed = {"preset", "n_layer", "hidden", "n_head", "seq_len", "vocab_size",
+                   "ffn_hidden", "n_kv_head", "name"}
+        data = dict(check_keys(section, data, allowed))
+        preset = data.pop("preset", None)
+        try:
+            if preset is not None:
+                if preset not in MODEL_PRESETS:
+                    raise SpecError(f"{section}.preset", preset,
+                                    f"allowed: one of {', '.join(sorted(MODEL_PRESETS))}")
+                return replace(MODEL_PRESETS[preset], **data)
+            for req in ("n_layer", "hidden", "n_head", "seq_len"):
+                if req not in data:
+                    raise SpecError(f"{section}.{req}", None,
+                                    "required (or give model.preset: one of "
+                                    f"{', '.join(sorted(MODEL_PRESETS))})")
+            return cls(**data)
+        except SpecError as err:
+            if section != "model" and err.field.startswith("model."):
+                raise SpecError(section + err.field[5:], err.value, err.allowed) from None
+            raise
+
+
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    # CPU-sized: the README demo and the tests (seconds per step on 2 cores).
+    "tiny": ModelConfig(n_layer=4, hidden=64, n_head=4, seq_len=64, vocab_size=256,
+                        ffn_hidden=256, name="tiny"),
+    # 20-50M parameters: the trainer-overhead benchmark on CPU.
+    "small-30m": ModelConfig(n_layer=6, hidden=512, n_head=8, seq_len=256, vocab_size=8192,
+                             name="small-30m"),
+    # GPT-3 XL shape (Brown et al. 2020, table 2.1): the single-GPU MFU benchmark.
+    "gpt-1.3b": ModelConfig(n_layer=24, hidden=2048, n_head=16, seq_len=2048, name="gpt-1.3b"),
+    # The LRZ seed study's sizes (shapes as published for GPT-3-style models).
+    "gpt-3.6b": ModelConfig(n_layer=30, hidden=3072, n_head=32, seq_len=2048, name="gpt-3.6b"),
+    "gpt-18.4b": ModelConfig(n_layer=40, hidden=6144, n_head=48, seq_len=2048, name="gpt-18.4b"),
+    "gpt-175b": ModelConfig(n_layer=96, hidden=12288, n_head=96, seq_len=2048, name="gpt-175b"),
+}

@@ -1,0 +1,154 @@
+"""The device and link table: peaks, memory and bandwidths from public figures.
+
+Every number cites where it comes from; numbers that public sources do not confirm are
+marked ``estimate``. A study file may override any of them (``cluster.links``,
+``cluster.memory_gb``, ``cluster.peak_tflops``); see ``docs/clusters.md``.
+
+Bandwidths are per device, per direction, in GB/s (1e9 bytes/s), the figure that an
+NCCL/oneCCL ring all-reduce's bus bandwidth approaches. A "card" is what sits in one
+socket: a Max 1550 card holds two tiles, and in FLAT mode (``ZE_FLAT_DEVICE_HIERARCHY=FLAT``)
+each tile is one PyTorch device.
+
+>>> get_device("max1550-tile").devices_per_card
+2
+>>> peak_flops_for_device_name("NVIDIA H100 80GB HBM3", "bf16") / 1e12
+989.0
+>>> peak_flops_for_device_name("Intel(R) Data Center GPU Max 1550", "bf16") / 1e12
+419.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.errors import SpecError
+
+__all__ = ["DeviceSpec", "LinkSpec", "HARDWARE", "get_device", "peak_flops_for_device_name"]
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """Bandwidth and latency of one level of the link hierarchy."""
+
+    gbps: float
+    """Per-device, per-direction bandwidth in GB/s."""
+    latency_us: float
+    """Per-message latency in microseconds."""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One kind of device, as a PyTorch rank sees it."""
+
+    name: str
+    peak_bf16_tflops: float | None
+    """Dense BF16 peak per device (``None``: unknown, e.g. a CPU)."""
+    peak_fp32_tflops: float | None
+    """Dense FP32 (non-tensor-core) peak per device."""
+    memory_bytes: int
+    """Device memory per device."""
+    devices_per_card: int
+    """Devices sharing one card (2 for Max 1550 tiles in FLAT mode)."""
+    intra_card: LinkSpec
+    """Between devices of one card (tile to tile)."""
+    intra_node: LinkSpec
+    """Between cards of one node (Xe Link, NVLink)."""
+    inter_node: LinkSpec
+    """Between nodes (Slingshot, InfiniBand), per device."""
+    torch_names: tuple[str, ...] = ()
+    """Substrings of ``torch.<device>.get_device_name()``, most specific first."""
+    source: str = ""
+    """Where the figures come from."""
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        return self.peak_bf16_tflops if dtype == "bf16" else self.peak_fp32_tflops
+
+
+_NVLINK3 = LinkSpec(gbps=300.0, latency_us=5.0)    # A100 NVLink3: 600 GB/s bidirectional
+_NVLINK4 = LinkSpec(gbps=450.0, latency_us=5.0)    # H100/H200 NVLink4: 900 GB/s bidirectional
+_IB_HDR = LinkSpec(gbps=25.0, latency_us=10.0)     # one HDR200 NIC per GPU (DGX A100)
+_IB_NDR = LinkSpec(gbps=50.0, latency_us=10.0)     # one NDR400 NIC per GPU (DGX H100)
+# Max 1550: tile<->tile on one card ~185 GB/s, card<->card over Xe Link 15-19 GB/s per pair
+# (ALCF Aurora node performance overview, shared/landscapes/README.md). Inter-node: Aurora
+# has 8 Slingshot-11 NICs (25 GB/s each) for 12 tiles; SuperMUC-NG Phase 2's per-tile
+# share is not published: estimate.
+_XE_TILE = LinkSpec(gbps=185.0, latency_us=10.0)
+_XE_LINK = LinkSpec(gbps=18.0, latency_us=15.0)
+_SLINGSHOT = LinkSpec(gbps=16.0, latency_us=20.0)  # estimate: 8 x 25 GB/s over 12 tiles
+
+HARDWARE: dict[str, DeviceSpec] = {
+    "max1550-tile": DeviceSpec(
+        name="max1550-tile", peak_bf16_tflops=419.0, peak_fp32_tflops=26.2,
+        memory_bytes=64 * GiB, devices_per_card=2,
+        intra_card=_XE_TILE, intra_node=_XE_LINK, inter_node=_SLINGSHOT,
+        torch_names=("Max 1550", "Data Center GPU Max"),
+        source="Intel datasheet: 832 BF16 TFLOPS per 2-tile card at 1.6 GHz; 128 GB HBM2e",
+    ),
+    "max1550-card": DeviceSpec(
+        name="max1550-card", peak_bf16_tflops=838.0, peak_fp32_tflops=52.4,
+        memory_bytes=128 * GiB, devices_per_card=1,
+        intra_card=_XE_TILE, intra_node=_XE_LINK, inter_node=LinkSpec(32.0, 20.0),
+        source="Intel datasheet (COMPOSITE mode: one device = one card)",
+    ),
+    "a100-40gb": DeviceSpec(
+        name="a100-40gb", peak_bf16_tflops=312.0, peak_fp32_tflops=19.5,
+        memory_bytes=40 * GiB, devices_per_card=1,
+        intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR,
+        torch_names=("A100-SXM4-40GB", "A100-PCIE-40GB"),
+        source="NVIDIA A100 datasheet",
+    ),
+    "a100-80gb": DeviceSpec(
+        name="a100-80gb", peak_bf16_tflops=312.0, peak_fp32_tflops=19.5,
+        memory_bytes=80 * GiB, devices_per_card=1,
+        intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR,
+        torch_names=("A100",),
+        source="NVIDIA A100 datasheet",
+    ),
+    "h100": DeviceSpec(
+        name="h100", peak_bf16_tflops=989.0, peak_fp32_tflops=67.0,
+        memory_bytes=80 * GiB, devices_per_card=1,
+        intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR,
+        torch_names=("H100",),
+        source="NVIDIA H100 SXM datasheet (dense, without sparsity)",
+    ),
+    "h200": DeviceSpec(
+        name="h200", peak_bf16_tflops=989.0, peak_fp32_tflops=67.0,
+        memory_bytes=141 * 10**9, devices_per_card=1,
+        intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR,
+        torch_names=("H200",),
+        source="NVIDIA H200 SXM datasheet (dense, without sparsity)",
+    ),
+    "cpu": DeviceSpec(
+        name="cpu", peak_bf16_tflops=None, peak_fp32_tflops=None,
+        memory_bytes=8 * GiB, devices_per_card=1,
+        intra_card=LinkSpec(5.0, 50.0), intra_node=LinkSpec(5.0, 50.0),
+        inter_node=LinkSpec(1.0, 100.0),
+        source="estimate: gloo over loopback; a rank's memory share of a small host",
+    ),
+}
+
+
+def get_device(name: str) -> DeviceSpec:
+    """The table entry for ``name``; the error lists the known names."""
+    try:
+        return HARDWARE[name]
+    except KeyError:
+        raise SpecError("cluster.device", name,
+                        f"allowed: one of {', '.join(sorted(HARDWARE))}") from None
+
+
+def peak_flops_for_device_name(device_name: str, dtype: str) -> float | None:
+    """Dense peak FLOP/s for a device name as PyTorch reports it, or ``None`` if unknown.
+
+    Entries are tried most specific first (``A100-SXM4-40GB`` before ``A100``), as
+    nanochat's ``get_peak_flops`` does. A Max 1550 device is taken as one tile (FLAT mode).
+    """
+    candidates = [(pat, spec) for spec in HARDWARE.values() for pat in spec.torch_names]
+    candidates.sort(key=lambda item: len(item[0]), reverse=True)
+    for pattern, spec in candidates:
+        if pattern.lower() in device_name.lower():
+            peak = spec.peak_tflops(dtype)
+            return None if peak is None else peak * 1e12
+    return None

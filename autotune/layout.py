@@ -1,0 +1,113 @@
+"""The parallel layout of one training trial: a pure value object.
+
+A :class:`Layout` says how a GPT training step is laid out over ``tp * pp * dp`` devices
+and how the global batch is cut into micro-batches. It knows nothing about models or
+clusters; :mod:`autotune.feasibility` decides whether a layout can run. The search, the
+planner, every launcher and the trainer use this one object.
+
+Rank order follows DeepSpeed's ``PipeModelDataParallelTopology(num_pp, num_mp, num_dp)``:
+axes ``(pipe, data, model)`` with the model (TP) axis varying fastest, so that the ranks of
+one TP group are consecutive and therefore land on the same node / card, where the
+bandwidth is (Narayanan et al. 2021, section 3.3: tensor parallelism within a node).
+
+>>> lay = Layout(tp=2, pp=2, dp=2, micro_batch=1, grad_accum=4)
+>>> lay.world_size, lay.global_batch
+(8, 8)
+>>> lay.key()
+'tp2-pp2-dp2-mb1-ga4-z0-none'
+>>> Layout.from_dict(lay.to_dict()) == lay
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+from autotune.errors import SpecError
+
+__all__ = ["Layout", "Recompute", "RECOMPUTE_CHOICES", "ZERO_STAGES"]
+
+Recompute = Literal["none", "full"]
+RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "full")
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """One point of the layout space."""
+
+    tp: int
+    """Tensor-parallel degree (Megatron-style intra-layer split)."""
+    pp: int
+    """Pipeline-parallel degree (number of stages)."""
+    dp: int
+    """Data-parallel degree (replicas, ZeRO shards over these)."""
+    micro_batch: int
+    """Sequences per micro-batch per data-parallel replica."""
+    grad_accum: int
+    """Micro-batches per optimizer step (with PP: micro-batches in the pipeline)."""
+    zero_stage: int = 0
+    """ZeRO stage 0-3 (Rajbhandari et al. 2020)."""
+    recompute: Recompute = "none"
+    """Activation recomputation: ``"none"`` or ``"full"`` (every transformer layer)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "micro_batch", "grad_accum"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"layout.{name}", value, "allowed: an integer >= 1")
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in ZERO_STAGES:
+            raise SpecError("layout.zero_stage", self.zero_stage, "allowed: 0, 1, 2 or 3")
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise SpecError("layout.recompute", self.recompute, "allowed: 'none' or 'full'")
+
+    @property
+    def world_size(self) -> int:
+        """Devices (ranks) the layout occupies."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step: ``dp * micro_batch * grad_accum``."""
+        return self.dp * self.micro_batch * self.grad_accum
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Devices holding one model replica (``tp * pp``), torchtitan's non-DP size."""
+        return self.tp * self.pp
+
+    def key(self) -> str:
+        """A canonical, human-readable identifier (used to find repeats in a study)."""
+        return (
+            f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}"
+            f"-ga{self.grad_accum}-z{self.zero_stage}-{self.recompute}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``layout`` object of a trial spec (``shared/CONTRACTS.md``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str | None = None) -> Layout:
+        """Build from a trial spec's ``layout`` mapping; errors name the field."""
+        if not isinstance(data, dict):
+            raise SpecError("layout", data, "expected a mapping", source=source)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(
+                f"layout.{unknown[0]}", data[unknown[0]],
+                f"unknown key; allowed keys: {', '.join(sorted(known))}", source=source,
+            )
+        required = ("tp", "pp", "dp", "micro_batch", "grad_accum")
+        for name in required:
+            if name not in data:
+                raise SpecError(f"layout.{name}", None, "required field is missing", source=source)
+        try:
+            return cls(**data)
+        except SpecError as err:
+            raise SpecError(err.field, err.value, err.allowed, source=source) from None
+
+    def __str__(self) -> str:
+        return self.key()

@@ -1,0 +1,76 @@
+"""FLOPs of one GPT training step: the one place the formula lives.
+
+Source: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM", SC21, section 5.1, eq. 3. For a GPT with ``l`` layers, hidden ``h``,
+sequence ``s``, vocabulary ``V`` and ``B`` sequences per step, with full activation
+recomputation::
+
+    F = 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))
+
+The 96 is 4 passes (forward, backward = 2 forwards, recompute forward) x 24 B s h^2 per
+layer forward. *Model* FLOPs count only the three passes that the model needs (Chowdhery
+et al. 2022, PaLM, appendix B: model FLOPs utilisation), so without the recompute term::
+
+    F_model = 72 B s l h^2 (1 + s / (6 h) + V / (12 l h))
+
+Both are computed below from the per-matmul terms, which reduce to the formulas above for
+the GELU-4h MLP and full multi-head attention, and stay right for other MLP sizes and for
+grouped-query attention.
+
+>>> from autotune.config.model import ModelConfig
+>>> m = ModelConfig(n_layer=2, hidden=64, n_head=4, seq_len=32, vocab_size=128)
+>>> B, s, l, h, V = 3, 32, 2, 64, 128
+>>> import math
+>>> math.isclose(model_flops_per_step(m, B),
+...              72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h)))
+True
+>>> math.isclose(hardware_flops_per_step(m, B, recompute=True),
+...              96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h)))
+True
+"""
+
+from __future__ import annotations
+
+from autotune.config.model import ModelConfig
+
+__all__ = ["layer_forward_flops", "logits_forward_flops", "model_flops_per_step",
+           "hardware_flops_per_step"]
+
+
+def layer_forward_flops(model: ModelConfig, sequences: int) -> float:
+    """Forward FLOPs of one transformer layer for ``sequences`` sequences.
+
+    A multiply-add is 2 FLOPs. Per token: QKV projection ``2 h (h + 2 kv)``, attention
+    output ``2 h^2``, MLP ``2 * 2 h f``; per sequence the score and value matmuls
+    ``2 * 2 s^2 h`` (Narayanan et al. 2021, eq. 3 derivation).
+    """
+    h, s, f = model.hidden, model.seq_len, model.ffn
+    kv = model.kv_heads * model.head_dim
+    per_token = 2 * h * (h + 2 * kv) + 2 * h * h + 4 * h * f
+    return float(sequences * (s * per_token + 4 * s * s * h))
+
+
+def logits_forward_flops(model: ModelConfig, sequences: int) -> float:
+    """Forward FLOPs of the output (logit) layer: ``2 B s h V``."""
+    return float(2 * sequences * model.seq_len * model.hidden * model.vocab_size)
+
+
+def model_flops_per_step(model: ModelConfig, global_batch: int) -> float:
+    """Model FLOPs of one optimizer step over ``global_batch`` sequences.
+
+    Forward + backward (= 2 forwards) of every layer and of the logit layer; recompute is
+    *not* counted (it is work the layout chose, not work the model needs).
+    """
+    fwd = model.n_layer * layer_forward_flops(model, global_batch)
+    fwd += logits_forward_flops(model, global_batch)
+    return 3.0 * fwd
+
+
+def hardware_flops_per_step(model: ModelConfig, global_batch: int, *, recompute: bool) -> float:
+    """FLOPs the hardware executes: model FLOPs plus one more layer forward with recompute.
+
+    This is what Megatron-DeepSpeed logs as "TFLOPs" (Narayanan et al. 2021, eq. 3, the
+    factor 4 instead of 3 on the layers), kept for comparison with published numbers.
+    """
+    extra = model.n_layer * layer_forward_flops(model, global_batch) if recompute else 0.0
+    return model_flops_per_step(model, global_batch) + extra

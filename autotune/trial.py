@@ -1,0 +1,191 @@
+"""The trial spec (input of ``python -m trainer``) and the trial result (its output).
+
+The keys are a contract other programs rely on (``shared/CONTRACTS.md``): extend, never
+rename. The result travels as one JSON file written atomically (temp file + rename, as
+submitit does) and tagged ``status: ok | oom | error``; nobody greps logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from autotune.config._fields import check_choice, check_int, check_keys
+from autotune.config.model import ModelConfig
+from autotune.errors import SpecError
+from autotune.layout import Layout
+
+__all__ = ["RunConfig", "TrialSpec", "TrialResult", "Status", "write_json_atomic",
+           "read_result"]
+
+Status = Literal["ok", "oom", "error"]
+STATUSES: tuple[str, ...] = ("ok", "oom", "error")
+DTYPES: tuple[str, ...] = ("fp32", "bf16")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "xpu")
+DATA_KINDS: tuple[str, ...] = ("synthetic", "file")
+TEST_HOOKS: tuple[str, ...] = ("none", "hang", "crash_rank", "oom")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How a trial runs (the ``run`` object of a trial spec)."""
+
+    warmup_steps: int = 1
+    """Optimizer steps run before timing starts (compilation, allocator warm-up)."""
+    measure_steps: int = 3
+    """Timed optimizer steps; the result reports their median and spread."""
+    dtype: str = "fp32"
+    """``fp32`` or ``bf16``."""
+    seed: int = 1234
+    device: str = "auto"
+    """``auto`` picks xpu, then cuda, then cpu."""
+    data: str = "synthetic"
+    """``synthetic`` (deterministic random tokens) or ``file`` (a Megatron-style .bin)."""
+    data_path: str | None = None
+    """Token file for ``data: file``."""
+    data_dtype: str = "uint16"
+    """Token width of the data file: ``uint16`` or ``uint32``."""
+    collective_timeout_s: int = 300
+    """Process-group timeout, so that a dead rank cannot block the others forever."""
+    test_hook: str = "none"
+    """Failure injection for tests: ``hang``, ``crash_rank``, ``oom`` (never in studies)."""
+
+    def __post_init__(self) -> None:
+        check_int("run.warmup_steps", self.warmup_steps, minimum=0)
+        check_int("run.measure_steps", self.measure_steps, minimum=1)
+        check_choice("run.dtype", self.dtype, DTYPES)
+        check_int("run.seed", self.seed, minimum=0)
+        check_choice("run.device", self.device, DEVICES)
+        check_choice("run.data", self.data, DATA_KINDS)
+        check_choice("run.data_dtype", self.data_dtype, ("uint16", "uint32"))
+        check_int("run.collective_timeout_s", self.collective_timeout_s)
+        check_choice("run.test_hook", self.test_hook, TEST_HOOKS)
+        if self.data == "file" and not self.data_path:
+            raise SpecError("run.data_path", self.data_path, "required when run.data is 'file'")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunConfig:
+        names = [f for f in cls.__dataclass_fields__]
+        return cls(**check_keys("run", data, names))
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything one trial needs: the model, the layout and how to run it."""
+
+    model: ModelConfig
+    layout: Layout
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        model = self.model.to_dict()
+        return {"model": model, "layout": self.layout.to_dict(), "run": asdict(self.run)}
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str | None = None) -> TrialSpec:
+        try:
+            data = check_keys("spec", data, ("model", "layout", "run"))
+            for key in ("model", "layout"):
+                if key not in data:
+                    raise SpecError(key, None, "required section is missing")
+            return cls(model=ModelConfig.from_dict(data["model"]),
+                       layout=Layout.from_dict(data["layout"]),
+                       run=RunConfig.from_dict(data.get("run", {})))
+        except SpecError as err:
+            raise SpecError(err.field, err.value, err.allowed, source=source) from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> TrialSpec:
+        try:
+            raw = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise SpecError("--spec", str(path), "no such file") from None
+        except json.JSONDecodeError as err:
+            raise SpecError("spec", str(path), f"not valid JSON ({err})") from None
+        return cls.from_dict(raw, source=str(path))
+
+
+@dataclass
+class TrialResult:
+    """What a trial measured. Keys as in ``shared/CONTRACTS.md``, plus extensions."""
+
+    status: str
+    model_tflops_per_device: float | None = None
+    hardware_tflops_per_device: float | None = None
+    mfu: float | None = None
+    step_time_s: float | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    tokens_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    losses: list[float] = field(default_factory=list)
+    world_size: int | None = None
+    device: str | None = None
+    error: str | None = None
+    # Extensions (never renamed keys above).
+    step_time_iqr_s: float | None = None
+    """Interquartile range of the timed step times (the spread)."""
+    peak_memory_reserved_bytes: int | None = None
+    device_name: str | None = None
+    n_params_per_rank: int | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    hosts: list[str] = field(default_factory=list)
+    layout: dict[str, Any] | None = None
+    elapsed_s: float | None = None
+    """Wall time of the whole trial process, launch to result."""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise SpecError("result.status", self.status, f"allowed: one of {STATUSES}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str | None = None) -> TrialResult:
+        if not isinstance(data, dict):
+            raise SpecError("result", data, "expected a JSON object", source=source)
+        known = set(cls.__dataclass_fields__)
+        # Unknown keys are tolerated: a newer trainer may extend the result.
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as err:
+            raise SpecError("result", data.get("status"), f"malformed ({err})",
+                            source=source) from None
+        except SpecError as err:
+            raise SpecError(err.field, err.value, err.allowed, source=source) from None
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        write_json_atomic(path, self.to_dict())
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write JSON so that readers see the old file or the whole new one, never a part."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_result(path: str | os.PathLike[str]) -> TrialResult | None:
+    """The result at ``path``, ``None`` when there is none (the trial crashed first)."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as err:
+        raise SpecError("result", str(p), f"not valid JSON ({err})") from None
+    return TrialResult.from_dict(raw, source=str(p))
