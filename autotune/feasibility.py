@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
+from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.layout import Layout
 
-__all__ = ["Reason", "Placement", "MemoryBudget", "check_layout", "REASON_CODES"]
+__all__ = ["Reason", "Placement", "MemoryBudget", "Constraints", "check_layout", "REASON_CODES"]
 
 REASON_CODES: dict[str, str] = {
     "world_size": "tp*pp*dp differs from the world size",
@@ -72,6 +74,8 @@ class MemoryBudget:
     margin: float = 0.1
     """Fraction of the device memory kept free (allocator fragmentation, runtime)."""
     dtype: str = "bf16"
+    device: str | None = None
+    """Device name (``cpu``, ``h100``...): picks the memory model's runtime allowance."""
 
     @property
     def usable_bytes(self) -> int:
@@ -122,7 +126,7 @@ def check_layout(
         # Only a structurally valid layout has a meaningful memory prediction.
         from autotune.models.memory import estimate_memory  # local: keeps the trainer light
 
-        est = estimate_memory(model, lay, dtype=memory.dtype)
+        est = estimate_memory(model, lay, dtype=memory.dtype, device=memory.device)
         if est.peak_bytes > memory.usable_bytes:
             reasons.append(Reason(
                 "memory",
@@ -142,3 +146,35 @@ def _placement_reasons(lay: Layout, placement: Placement) -> list[Reason]:
         reasons.append(Reason("tp_cross_card", f"tp={lay.tp} > {placement.devices_per_card} "
                               "devices per card (search.tp_across_cards is false)"))
     return reasons
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Everything a study imposes on a layout, built once from its configs."""
+
+    world_size: int
+    global_batch: int
+    placement: Placement
+    memory: MemoryBudget
+
+    @classmethod
+    def from_configs(cls, cluster: ClusterConfig, training: TrainingConfig,
+                     search: SearchConfig, trial: TrialConfig) -> Constraints:
+        device = cluster.device_spec()
+        return cls(
+            world_size=cluster.world_size,
+            global_batch=training.global_batch,
+            placement=Placement(devices_per_node=cluster.devices_per_node,
+                                devices_per_card=device.devices_per_card,
+                                allow_tp_across_nodes=search.tp_across_nodes,
+                                allow_tp_across_cards=search.tp_across_cards),
+            memory=MemoryBudget(capacity_bytes=device.memory_bytes,
+                                margin=trial.memory_margin, dtype=training.dtype,
+                                device=cluster.device),
+        )
+
+    def check(self, layout: Layout, model: ModelConfig) -> list[Reason]:
+        """:func:`check_layout` under these constraints."""
+        return check_layout(layout, model, world_size=self.world_size,
+                            global_batch=self.global_batch, placement=self.placement,
+                            memory=self.memory)

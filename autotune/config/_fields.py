@@ -23,7 +23,9 @@ def check_float(field: str, value: Any, *, minimum: float = 0.0, maximum: float 
     low_ok = value > minimum if strict else value >= minimum
     high_ok = maximum is None or value <= maximum
     if not (low_ok and high_ok):
-        rng = f"{'>' if strict else '>='} {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+        rng = f"{'>' if strict else '>='} {minimum}"
+        if maximum is not None:
+            rng += f" and <= {maximum}"
         raise SpecError(field, value, f"allowed: a number {rng}")
     return float(value)
 

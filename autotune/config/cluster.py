@@ -7,7 +7,7 @@ from typing import Any
 
 from autotune.config._fields import check_float, check_int, check_keys
 from autotune.errors import SpecError
-from autotune.hardware import GiB, DeviceSpec, LinkSpec, get_device
+from autotune.hardware import DeviceSpec, GiB, LinkSpec, get_device
 
 __all__ = ["ClusterConfig", "LinkConfig"]
 

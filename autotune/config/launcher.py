@@ -1,0 +1,120 @@
+"""Which launcher runs the trials, and its own options (one dataclass per launcher kind)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.config._fields import check_choice, check_int, check_keys
+from autotune.errors import SpecError
+
+__all__ = ["LauncherConfig", "LocalOptions", "SlurmOptions", "ReplayOptions", "LAUNCHER_KINDS"]
+
+LAUNCHER_KINDS: tuple[str, ...] = ("local", "slurm", "replay")
+
+
+def _str_map(section: str, data: Any) -> dict[str, str]:
+    if not isinstance(data, dict):
+        raise SpecError(section, data, "expected a mapping of names to strings")
+    out = {}
+    for k, v in data.items():
+        if not isinstance(k, str) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            raise SpecError(f"{section}.{k}", v, "allowed: a string (or number) value")
+        out[k] = str(v)
+    return out
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """``torchrun`` on this machine."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables for every rank."""
+    python: str | None = None
+    """Interpreter for the trial (default: the one running autotune)."""
+
+    @classmethod
+    def from_dict(cls, data: Any) -> LocalOptions:
+        data = dict(check_keys("launcher.local", data, ("env", "python")))
+        if "env" in data:
+            data["env"] = _str_map("launcher.local.env", data["env"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """``srun`` job steps inside an allocation (see ``docs/hpc.md``)."""
+
+    site: str | None = None
+    """A site profile name (``autotune/campaign/sites``) for modules, env and GRES."""
+    gpus_per_node: str | None = None
+    """GRES request per node, e.g. ``gpu:4`` (None: no GRES)."""
+    cpus_per_task: int | None = None
+    extra_args: tuple[str, ...] = ()
+    """Further ``srun`` arguments, passed as separate argv items (never through a shell)."""
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SlurmOptions:
+        data = dict(check_keys("launcher.slurm", data,
+                               ("site", "gpus_per_node", "cpus_per_task", "extra_args", "env")))
+        if "env" in data:
+            data["env"] = _str_map("launcher.slurm.env", data["env"])
+        if "cpus_per_task" in data:
+            check_int("launcher.slurm.cpus_per_task", data["cpus_per_task"])
+        if "extra_args" in data:
+            args = data["extra_args"]
+            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                raise SpecError("launcher.slurm.extra_args", args, "allowed: a list of strings")
+            data["extra_args"] = tuple(args)
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """Answer trials from a table of measured layouts instead of running them."""
+
+    landscape: str = ""
+    """CSV in the vTrain or Aurora format (``shared/landscapes``)."""
+    group: int | None = None
+    """Which landscape group of the file (index as listed by ``autotune landscapes``);
+    None: the group matching the study's model, world size and global batch."""
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ReplayOptions:
+        data = check_keys("launcher.replay", data, ("landscape", "group"))
+        if not data.get("landscape"):
+            raise SpecError("launcher.replay.landscape", data.get("landscape"),
+                            "required: path of a measured-landscape CSV")
+        if data.get("group") is not None:
+            check_int("launcher.replay.group", data["group"], minimum=0)
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    kind: str = "local"
+    """``local`` (torchrun here), ``slurm`` (srun steps) or ``replay`` (measured table)."""
+    run_dir: str = "runs"
+    """Per-trial directories (spec, result, logs) go under ``<run_dir>/<study>/``."""
+    local: LocalOptions = field(default_factory=LocalOptions)
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    replay: ReplayOptions | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("launcher.kind", self.kind, LAUNCHER_KINDS)
+        if self.kind == "replay" and self.replay is None:
+            raise SpecError("launcher.replay", None, "required when launcher.kind is 'replay'")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> LauncherConfig:
+        data = dict(check_keys("launcher", data, ("kind", "run_dir", "local", "slurm", "replay")))
+        if "local" in data:
+            data["local"] = LocalOptions.from_dict(data["local"])
+        if "slurm" in data:
+            data["slurm"] = SlurmOptions.from_dict(data["slurm"])
+        if "replay" in data:
+            data["replay"] = ReplayOptions.from_dict(data["replay"])
+        if "run_dir" in data and not isinstance(data["run_dir"], str):
+            raise SpecError("launcher.run_dir", data["run_dir"], "allowed: a directory path")
+        return cls(**data)

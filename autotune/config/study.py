@@ -1,0 +1,169 @@
+"""The per-concern configs of a study file other than model and cluster.
+
+Each dataclass validates itself; ``from_dict`` refuses unknown keys so that a typo in a
+study file is an error, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.config._fields import check_choice, check_float, check_int, check_keys
+from autotune.errors import SpecError
+from autotune.layout import RECOMPUTE_CHOICES, ZERO_STAGES
+
+__all__ = ["TrainingConfig", "SearchConfig", "TrialConfig", "StorageConfig",
+           "STRATEGIES", "AUTO"]
+
+AUTO = "auto"
+STRATEGIES: tuple[str, ...] = ("default", "cost-model-only", "tpe", "gp", "random", "grid")
+
+
+def _int_list(field_name: str, value: Any, *, minimum: int = 1,
+              allow_auto: bool = True) -> tuple[int, ...] | str:
+    if allow_auto and value == AUTO:
+        return AUTO
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        allowed = "'auto' or " if allow_auto else ""
+        raise SpecError(field_name, value, f"allowed: {allowed}a non-empty list of integers")
+    return tuple(sorted({check_int(f"{field_name}[{i}]", v, minimum=minimum)
+                         for i, v in enumerate(value)}))
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """What one optimizer step is."""
+
+    global_batch: int
+    """Sequences per optimizer step (= dp * micro_batch * grad_accum for every layout)."""
+    dtype: str = "bf16"
+    """``bf16`` on accelerators; ``fp32`` for CPU studies (bf16 is 3-4x slower there)."""
+
+    def __post_init__(self) -> None:
+        check_int("training.global_batch", self.global_batch)
+        check_choice("training.dtype", self.dtype, ("bf16", "fp32"))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TrainingConfig:
+        data = check_keys("training", data, ("global_batch", "dtype"))
+        if "global_batch" not in data:
+            raise SpecError("training.global_batch", None, "required: sequences per step")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The layout space and how to search it."""
+
+    tp: tuple[int, ...] | str = AUTO
+    """Tensor-parallel degrees, or ``auto`` (every divisor of the world size)."""
+    pp: tuple[int, ...] | str = AUTO
+    """Pipeline degrees, or ``auto`` (every divisor of the world size)."""
+    micro_batch: tuple[int, ...] | str = AUTO
+    """Micro-batch sizes, or ``auto`` (1, 2, 4, ... up to the largest that fits the batch)."""
+    zero_stage: tuple[int, ...] = (0, 1)
+    """ZeRO stages to try (2 and 3 only combine with pp = 1)."""
+    recompute: tuple[str, ...] = ("none", "full")
+    """Activation recomputation choices."""
+    tp_across_nodes: bool = False
+    """Allow TP groups to span nodes (slow: LRZ; Narayanan et al. 2021, fig. 13)."""
+    tp_across_cards: bool = True
+    """Allow TP groups to span cards of one node (false: TP only between tiles of a card)."""
+    strategy: str = "default"
+    """How layouts are proposed; see ``docs/search.md``."""
+    n_trials: int = 10
+    """Measured trials to run (the budget); infeasible proposals do not count."""
+    timeout_s: float | None = None
+    """Wall-time budget for the whole run, in seconds."""
+    seed: int = 0
+    """Sampler seed."""
+
+    def __post_init__(self) -> None:
+        for i, z in enumerate(self.zero_stage):
+            check_choice(f"search.zero_stage[{i}]", z, ZERO_STAGES)
+        for i, r in enumerate(self.recompute):
+            check_choice(f"search.recompute[{i}]", r, RECOMPUTE_CHOICES)
+        check_choice("search.strategy", self.strategy, STRATEGIES)
+        check_int("search.n_trials", self.n_trials)
+        check_int("search.seed", self.seed, minimum=0)
+        if self.timeout_s is not None:
+            check_float("search.timeout_s", self.timeout_s, strict=True)
+        for name in ("tp_across_nodes", "tp_across_cards"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"search.{name}", getattr(self, name), "allowed: true or false")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SearchConfig:
+        data = dict(check_keys("search", data, cls.__dataclass_fields__))
+        for axis in ("tp", "pp", "micro_batch"):
+            if axis in data:
+                data[axis] = _int_list(f"search.{axis}", data[axis])
+        if "zero_stage" in data:
+            data["zero_stage"] = _int_list("search.zero_stage", data["zero_stage"], minimum=0,
+                                           allow_auto=False)
+        if "recompute" in data:
+            rec = data["recompute"]
+            rec = [rec] if isinstance(rec, str) else rec
+            if not isinstance(rec, list) or not rec:
+                raise SpecError("search.recompute", rec, "allowed: a list of 'none'/'full'")
+            data["recompute"] = tuple(dict.fromkeys(rec))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """How each measured trial runs."""
+
+    warmup_steps: int = 1
+    """Untimed optimizer steps."""
+    measure_steps: int = 3
+    """Timed optimizer steps (median reported)."""
+    timeout_s: float = 600.0
+    """Per-trial wall-time limit; the trial's whole process group is killed past it."""
+    memory_margin: float = 0.1
+    """Fraction of device memory the memory model keeps free."""
+    collective_timeout_s: int = 300
+    """Process-group timeout inside the trial (a dead rank cannot block the others)."""
+    device: str = "auto"
+    """Trainer device: ``auto``, ``cpu``, ``cuda``, ``xpu``."""
+
+    def __post_init__(self) -> None:
+        check_int("trial.warmup_steps", self.warmup_steps, minimum=0)
+        check_int("trial.measure_steps", self.measure_steps)
+        check_float("trial.timeout_s", self.timeout_s, strict=True)
+        check_float("trial.memory_margin", self.memory_margin, maximum=0.9)
+        check_int("trial.collective_timeout_s", self.collective_timeout_s)
+        check_choice("trial.device", self.device, ("auto", "cpu", "cuda", "xpu"))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TrialConfig:
+        return cls(**check_keys("trial", data, cls.__dataclass_fields__))
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Where the study and its measurements live."""
+
+    url: str = "sqlite:///autotune.db"
+    """SQLAlchemy URL: ``sqlite:///file.db``, ``postgresql+psycopg://...``, ``mysql+pymysql://...``."""
+    heartbeat_interval_s: int = 10
+    """How often a running trial proves it is alive."""
+    grace_period_s: int = 60
+    """A running trial silent this long is stale: failed and retried."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or "://" not in self.url:
+            raise SpecError("storage.url", self.url,
+                            "allowed: a SQLAlchemy URL such as sqlite:///autotune.db")
+        check_int("storage.heartbeat_interval_s", self.heartbeat_interval_s)
+        check_int("storage.grace_period_s", self.grace_period_s)
+        if self.grace_period_s <= self.heartbeat_interval_s:
+            raise SpecError("storage.grace_period_s", self.grace_period_s,
+                            f"allowed: more than heartbeat_interval_s={self.heartbeat_interval_s}")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StorageConfig:
+        return cls(**check_keys("storage", data, cls.__dataclass_fields__))

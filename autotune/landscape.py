@@ -1,0 +1,345 @@
+"""Measured landscapes: published throughput of real layouts, loaded as typed groups.
+
+A *landscape group* is a set of measured layouts of one model on one device count at one
+global batch, so that every layout does the same work per step and the fastest one is the
+best. The search benchmark replays a group as if each row were a trial
+(:mod:`autotune.launchers.replay`); the cost-model benchmark ranks a group's layouts.
+
+Two file formats are read (``shared/landscapes/README.md``):
+
+* **vTrain** (Bang et al., MICRO 2024; ``ground_truth_single.csv``): columns ``# GPUs,
+  global batch, micro batch, hidden size, attention heads, # layers, sequence length,
+  tensor parallelism, data parallelism, pipeline parallelism, iteration time (ms)``; extra
+  columns (a leading ``Parameters (billion)``) are ignored. The file lacks the vocabulary
+  (vTrain's configs use 51,200: ``vocab_size``), the device (default ``a100-80gb``: every
+  row ran, so the larger A100 never makes a memory model refuse a measured layout) and
+  the node size (default 8: one DGX A100). The runs were fp16, which has the BF16 peak, so
+  the dtype is ``bf16``; activation recomputation was on (Megatron's default then), so
+  ``recompute="full"``; ZeRO was off (``zero_stage=0``). Throughput is model FLOPs over
+  time: ``model_flops_per_step(model, global_batch) / (iteration_s * world) / 1e12``.
+* **Aurora** (``aurora_pvc_70b.csv``, argonne-lcf/Megatron-DeepSpeed notes): one row per
+  run with the model, the layout, ``status`` (``ok``/``oom``) and Megatron-DeepSpeed's
+  logged per-tile TFLOPS. Those count the recompute forward pass (hardware FLOPs), so
+  they are converted to model TFLOPS with the ratio of :func:`model_flops_per_step` to
+  :func:`hardware_flops_per_step`. Device ``max1550-tile``; devices per node
+  ``devices / nodes`` (12). OOM rows are kept (``status="oom"``, no throughput). Rows are
+  grouped also by the ``table`` column, because the tables were measured with different
+  software (PyTorch 2.5 vs 2.8, a second operator's stack): one layout gave 10.3 and
+  54.7 TFLOPS per tile across them, so mixing tables would compare software, not layouts.
+
+Within a group, rows with the same layout are merged: the mean of the ``ok`` rows' values
+(an ``oom`` row of a layout that also ran ``ok`` is dropped: it ran), else the first row.
+
+>>> import io
+>>> text = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
+...         "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
+...         "iteration time (ms)\\n"
+...         "2,8,1,1024,16,24,1024,1,2,1,500\\n2,8,2,1024,16,24,1024,2,1,1,400\\n")
+>>> [group] = load_landscape(io.StringIO(text))
+>>> group.name, group.cluster.world_size, len(group.measurements)
+('vtrain-2gpu-h1024-a16-l24-s1024-gb8', 2, 2)
+>>> group.best().layout.key()
+'tp2-pp1-dp1-mb2-ga4-z0-full'
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import IO, Any
+
+from autotune.config.cluster import ClusterConfig
+from autotune.config.model import ModelConfig
+from autotune.errors import SpecError
+from autotune.layout import Layout
+from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
+
+__all__ = ["Measurement", "LandscapeGroup", "load_landscape", "VTRAIN_COLUMNS",
+           "AURORA_COLUMNS", "DEFAULT_VTRAIN_HARDWARE", "DEFAULT_AURORA_HARDWARE"]
+
+VTRAIN_COLUMNS: tuple[str, ...] = (
+    "# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
+    "sequence length", "tensor parallelism", "data parallelism", "pipeline parallelism",
+    "iteration time (ms)",
+)
+AURORA_COLUMNS: tuple[str, ...] = (
+    "model", "n_layer", "hidden", "ffn_hidden", "heads", "kv_heads", "seq_len", "nodes",
+    "devices", "pp", "dp", "tp", "micro_batch", "grad_accum", "global_batch", "zero_stage",
+    "activation_checkpointing", "status", "tflops_per_device", "samples_per_s", "table",
+)
+DEFAULT_VTRAIN_HARDWARE = "a100-80gb"
+DEFAULT_AURORA_HARDWARE = "max1550-tile"
+DEFAULT_VTRAIN_DEVICES_PER_NODE = 8
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured layout: ``status`` is ``ok`` (with throughput) or ``oom``/``error``."""
+
+    layout: Layout
+    status: str
+    model_tflops_per_device: float | None
+    """Model (not hardware) TFLOPS per device; ``None`` unless ``status == "ok"``."""
+    iteration_time_s: float | None
+    """Seconds per optimizer step, when the source gives (or implies) it."""
+
+
+@dataclass(frozen=True)
+class LandscapeGroup:
+    """Measured layouts of one model, device count and global batch (same work per step)."""
+
+    name: str
+    model: ModelConfig
+    cluster: ClusterConfig
+    global_batch: int
+    dtype: str
+    measurements: tuple[Measurement, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.world_size
+
+    def ok(self) -> tuple[Measurement, ...]:
+        """The measurements that ran, with a throughput."""
+        return tuple(m for m in self.measurements
+                     if m.status == "ok" and m.model_tflops_per_device is not None)
+
+    def best(self) -> Measurement:
+        """The fastest measured layout (highest model TFLOPS per device)."""
+        ok = self.ok()
+        if not ok:
+            raise SpecError(f"landscape group {self.name}", len(self.measurements),
+                            "has no 'ok' measurement, so no best layout")
+        return max(ok, key=lambda m: m.model_tflops_per_device or 0.0)
+
+    def layouts(self) -> tuple[Layout, ...]:
+        """Every measured layout (ok or not), in file order."""
+        return tuple(m.layout for m in self.measurements)
+
+    def lookup(self, layout: Layout) -> Measurement | None:
+        """The measurement of ``layout``, ``None`` when the group has none."""
+        for m in self.measurements:
+            if m.layout == layout:
+                return m
+        return None
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def load_landscape(
+    path: str | os.PathLike[str] | IO[str],
+    *,
+    hardware: str | None = None,
+    devices_per_node: int | None = None,
+    vocab_size: int = 51200,
+) -> list[LandscapeGroup]:
+    """Read a vTrain-format or Aurora-format CSV into landscape groups (file order).
+
+    ``hardware`` and ``devices_per_node`` apply where the file lacks them (the vTrain
+    format lacks both; the Aurora format has its node size); ``hardware`` also overrides
+    the Aurora default. ``vocab_size`` applies to both (neither file has it).
+    """
+    source, text = _read_text(path)
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise SpecError("landscape", source, "the file is empty") from None
+    rows = [(i, row) for i, row in enumerate(reader, start=2) if any(c.strip() for c in row)]
+    if "iteration time (ms)" in header:
+        return _load_vtrain(header, rows, source, hardware=hardware or DEFAULT_VTRAIN_HARDWARE,
+                            devices_per_node=devices_per_node or DEFAULT_VTRAIN_DEVICES_PER_NODE,
+                            vocab_size=vocab_size)
+    if "tflops_per_device" in header:
+        return _load_aurora(header, rows, source, hardware=hardware or DEFAULT_AURORA_HARDWARE,
+                            vocab_size=vocab_size)
+    raise SpecError("landscape header", ",".join(header),
+                    "unknown format; expected the vTrain columns (" + ", ".join(VTRAIN_COLUMNS)
+                    + ") or the Aurora columns (" + ", ".join(AURORA_COLUMNS) + ")",
+                    source=source)
+
+
+def _read_text(path: str | os.PathLike[str] | IO[str]) -> tuple[str, str]:
+    if hasattr(path, "read"):
+        return getattr(path, "name", "<stream>"), path.read()  # type: ignore[union-attr]
+    try:
+        return str(path), Path(path).read_text()  # type: ignore[arg-type]
+    except FileNotFoundError:
+        raise SpecError("--landscape", str(path), "no such file") from None
+
+
+class _Row:
+    """One CSV row with typed accessors whose errors name the column and the line."""
+
+    def __init__(self, header: list[str], line: int, cells: list[str], source: str):
+        if len(cells) != len(header):
+            raise SpecError(f"line {line}", ",".join(cells),
+                            f"expected {len(header)} columns as in the header, "
+                            f"got {len(cells)}", source=source)
+        self.values = dict(zip(header, (c.strip() for c in cells), strict=True))
+        self.line, self.source = line, source
+
+    def _err(self, column: str, allowed: str) -> SpecError:
+        return SpecError(f"line {self.line}, column {column!r}", self.values.get(column),
+                         allowed, source=self.source)
+
+    def str(self, column: str) -> str:
+        return self.values[column]
+
+    def int(self, column: str, *, minimum: int = 1) -> int:
+        raw = self.values[column]
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self._err(column, f"allowed: an integer >= {minimum}") from None
+        if not value.is_integer() or value < minimum:
+            raise self._err(column, f"allowed: an integer >= {minimum}")
+        return int(value)
+
+    def float(self, column: str, *, optional: bool = False) -> float | None:
+        raw = self.values[column]
+        if raw == "" and optional:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self._err(column, "allowed: a positive number") from None
+        if not value > 0:
+            raise self._err(column, "allowed: a positive number")
+        return value
+
+    def bool(self, column: str) -> bool:
+        raw = self.values[column].lower()
+        if raw in ("true", "1", "yes"):
+            return True
+        if raw in ("false", "0", "no", ""):
+            return False
+        raise self._err(column, "allowed: true or false")
+
+    def build(self, what: str, factory: Any, **kwargs: Any) -> Any:
+        """Construct a config object; its SpecError gains the line number."""
+        try:
+            return factory(**kwargs)
+        except SpecError as err:
+            raise SpecError(f"line {self.line} ({what}) {err.field}", err.value, err.allowed,
+                            source=self.source) from None
+
+
+def _check_columns(header: list[str], required: Iterable[str], source: str) -> None:
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise SpecError("landscape header", ",".join(header),
+                        f"missing column(s) {', '.join(map(repr, missing))}", source=source)
+
+
+def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: str, *,
+                 hardware: str, devices_per_node: int, vocab_size: int) -> list[LandscapeGroup]:
+    _check_columns(header, VTRAIN_COLUMNS, source)
+    groups: dict[tuple, dict[str, Any]] = {}
+    for line, cells in rows:
+        row = _Row(header, line, cells, source)
+        gpus, gb = row.int("# GPUs"), row.int("global batch")
+        h, a, nl, s = (row.int(c) for c in ("hidden size", "attention heads", "# layers",
+                                            "sequence length"))
+        tp, dp, pp, mb = (row.int(c) for c in ("tensor parallelism", "data parallelism",
+                                               "pipeline parallelism", "micro batch"))
+        iter_s = row.float("iteration time (ms)") / 1e3  # type: ignore[operator]
+        if tp * pp * dp != gpus:
+            raise row._err("# GPUs", f"expected tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp}")
+        if gb % (dp * mb):
+            raise row._err("global batch", f"expected a multiple of data parallelism x "
+                                           f"micro batch = {dp * mb}")
+        key = (gpus, gb, h, a, nl, s)
+        if key not in groups:
+            model = row.build("model", ModelConfig, n_layer=nl, hidden=h, n_head=a, seq_len=s,
+                              vocab_size=vocab_size, name=f"gpt-h{h}-l{nl}")
+            dpn = min(devices_per_node, gpus)
+            if gpus % dpn:
+                raise row._err("# GPUs", f"expected a multiple of devices_per_node={dpn}")
+            cluster = row.build("cluster", ClusterConfig, nodes=gpus // dpn,
+                                devices_per_node=dpn, device=hardware)
+            groups[key] = {"name": f"vtrain-{gpus}gpu-h{h}-a{a}-l{nl}-s{s}-gb{gb}",
+                           "model": model, "cluster": cluster, "global_batch": gb, "rows": []}
+        g = groups[key]
+        layout = row.build("layout", Layout, tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                           grad_accum=gb // (dp * mb), zero_stage=0, recompute="full")
+        tflops = model_flops_per_step(g["model"], gb) / (iter_s * gpus) / 1e12
+        g["rows"].append(Measurement(layout, "ok", tflops, iter_s))
+    return [_finish(g, "bf16") for g in groups.values()]
+
+
+def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: str, *,
+                 hardware: str, vocab_size: int) -> list[LandscapeGroup]:
+    _check_columns(header, AURORA_COLUMNS, source)
+    groups: dict[tuple, dict[str, Any]] = {}
+    for line, cells in rows:
+        row = _Row(header, line, cells, source)
+        name, table = row.str("model"), row.str("table")
+        nodes, devices, gb = row.int("nodes"), row.int("devices"), row.int("global_batch")
+        if devices % nodes:
+            raise row._err("devices", f"expected a multiple of nodes={nodes}")
+        tp, pp, dp, mb, ga = (row.int(c) for c in ("tp", "pp", "dp", "micro_batch",
+                                                   "grad_accum"))
+        if tp * pp * dp != devices:
+            raise row._err("devices", f"expected tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp}")
+        if dp * mb * ga != gb:
+            raise row._err("global_batch", f"expected dp*micro_batch*grad_accum = "
+                                            f"{dp * mb * ga}")
+        recompute = row.bool("activation_checkpointing")
+        status = row.str("status")
+        if status not in ("ok", "oom", "error"):
+            raise row._err("status", "allowed: 'ok', 'oom' or 'error'")
+        key = (name, devices, gb, table)
+        if key not in groups:
+            model = row.build("model", ModelConfig, n_layer=row.int("n_layer"),
+                              hidden=row.int("hidden"), n_head=row.int("heads"),
+                              seq_len=row.int("seq_len"), vocab_size=vocab_size,
+                              ffn_hidden=row.int("ffn_hidden"), n_kv_head=row.int("kv_heads"),
+                              name=name)
+            cluster = row.build("cluster", ClusterConfig, nodes=nodes,
+                                devices_per_node=devices // nodes, device=hardware)
+            groups[key] = {"name": f"{name}-{devices}dev-gb{gb}-{table}", "model": model,
+                           "cluster": cluster, "global_batch": gb, "rows": []}
+        g = groups[key]
+        layout = row.build("layout", Layout, tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                           grad_accum=ga, zero_stage=row.int("zero_stage", minimum=0),
+                           recompute="full" if recompute else "none")
+        tflops = iter_s = None
+        if status == "ok":
+            hw = row.float("tflops_per_device")
+            ratio = (model_flops_per_step(g["model"], gb)
+                     / hardware_flops_per_step(g["model"], gb, recompute=recompute))
+            tflops = hw * ratio  # type: ignore[operator]
+            sps = row.float("samples_per_s", optional=True)
+            iter_s = gb / sps if sps else None
+        g["rows"].append(Measurement(layout, status, tflops, iter_s))
+    return [_finish(g, "bf16") for g in groups.values()]
+
+
+def _finish(g: dict[str, Any], dtype: str) -> LandscapeGroup:
+    return LandscapeGroup(name=g["name"], model=g["model"], cluster=g["cluster"],
+                          global_batch=g["global_batch"], dtype=dtype,
+                          measurements=_dedupe(g["rows"]))
+
+
+def _dedupe(rows: list[Measurement]) -> tuple[Measurement, ...]:
+    """Merge rows of one layout: the mean of its ``ok`` rows, else its first row."""
+    by_layout: dict[Layout, list[Measurement]] = {}
+    for m in rows:
+        by_layout.setdefault(m.layout, []).append(m)
+    out = []
+    for layout, ms in by_layout.items():
+        ok = [m for m in ms if m.status == "ok" and m.model_tflops_per_device is not None]
+        if len(ms) == 1 or not ok:
+            out.append(ms[0])
+            continue
+        times = [m.iteration_time_s for m in ok if m.iteration_time_s is not None]
+        out.append(Measurement(layout, "ok", fmean(m.model_tflops_per_device or 0.0 for m in ok),
+                               fmean(times) if times else None))
+    return tuple(out)

@@ -1,0 +1,192 @@
+"""The launcher contract: run one trial spec somewhere and hand back what happened.
+
+Backends are peers around this small core (submitit's template method): :meth:`Launcher.run`
+owns the flow — lay out the trial directory, write the spec, start, wait with a timeout,
+kill on timeout or cancel, read the result file — and a backend fills four hooks:
+
+* ``_start(spec, paths)``: start the trial without blocking; return a handle. Raise
+  :class:`~autotune.errors.LaunchError` only if it could not be started at all.
+* ``_poll(handle)``: ``None`` while running, else the exit code.
+* ``_kill(handle)``: stop the trial and *every* process it started (the whole process
+  group, or the job step); must be safe to call twice.
+* ``_finish(handle)`` (optional): scheduler facts once it ended — a state such as SLURM's
+  ``OUT_OF_MEMORY`` and the hosts it ran on.
+
+Contract, checked for every backend by ``tests/launchers/test_contract.py``:
+
+1. ``run`` never raises for a trial that failed; the failure is in the :class:`LaunchReport`.
+2. A trial still running at ``timeout_s`` is killed, with all its processes, and reported
+   ``timed_out``.
+3. :meth:`Launcher.cancel` (from another thread or a signal handler) makes ``run`` kill
+   the trial and return promptly with ``interrupted`` set.
+4. The result is whatever the trainer wrote atomically to ``paths.result`` (or ``None``):
+   outcomes are decided from that file and the report by :func:`autotune.outcome.classify`,
+   never by reading logs. ``stderr_tail`` is only for humans.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from autotune.errors import SpecError
+from autotune.trial import TrialResult, TrialSpec, read_result, write_json_atomic
+
+__all__ = ["Launcher", "LaunchReport", "TrialPaths", "tail"]
+
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class TrialPaths:
+    """The on-disk layout of one trial, defined once (submitit's ``JobPaths``)."""
+
+    root: Path
+
+    @property
+    def spec(self) -> Path:
+        return self.root / "spec.json"
+
+    @property
+    def result(self) -> Path:
+        return self.root / "result.json"
+
+    @property
+    def stdout(self) -> Path:
+        return self.root / "stdout.log"
+
+    @property
+    def stderr(self) -> Path:
+        return self.root / "stderr.log"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "launch.json"
+
+    def rank_errors(self) -> list[Path]:
+        """Error files a failing rank leaves beside the result (``result.json.rank3.err``)."""
+        return sorted(self.root.glob("result.json.rank*.err"))
+
+    def prepare(self) -> None:
+        """Create the directory; clear what a previous attempt left (a retry starts clean)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in (self.result, self.report, *self.rank_errors()):
+            stale.unlink(missing_ok=True)
+
+    @classmethod
+    def for_trial(cls, run_dir: str | Path, study: str, number: int, key: str) -> TrialPaths:
+        return cls(Path(run_dir) / study / f"trial-{number:05d}-{key}")
+
+
+@dataclass
+class LaunchReport:
+    """What a launcher observed. Classified into an outcome in one place."""
+
+    result: TrialResult | None
+    """The trainer's result file, ``None`` if it wrote none (crash, kill)."""
+    returncode: int | None
+    timed_out: bool = False
+    interrupted: bool = False
+    """Stopped by :meth:`Launcher.cancel` (Ctrl-C, SIGTERM before walltime)."""
+    scheduler_state: str | None = None
+    """E.g. SLURM step state ``COMPLETED``, ``OUT_OF_MEMORY``, ``NODE_FAIL``."""
+    stderr_tail: str = ""
+    hosts: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    result_error: str | None = None
+    """Why a result file present could not be read."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"returncode": self.returncode, "timed_out": self.timed_out,
+                "interrupted": self.interrupted, "scheduler_state": self.scheduler_state,
+                "hosts": self.hosts, "elapsed_s": self.elapsed_s,
+                "result_error": self.result_error,
+                "status": self.result.status if self.result else None}
+
+
+def tail(path: Path, lines: int = 20, max_chars: int = 4000) -> str:
+    """The last lines of a log file (for humans; outcomes never depend on it)."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])[-max_chars:]
+
+
+class Launcher(ABC):
+    """Abstract base of all launchers; see the module docstring for the contract."""
+
+    kind: ClassVar[str] = "abstract"
+
+    def __init__(self) -> None:
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        """Ask a running :meth:`run` to kill its trial and return (thread/signal safe)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def run(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> LaunchReport:
+        """Run one trial to its end (template method; see the contract above)."""
+        paths.prepare()
+        write_json_atomic(paths.spec, spec.to_dict())
+        started = time.monotonic()
+        handle = self._start(spec, paths)
+        timed_out = interrupted = False
+        returncode: int | None = None
+        try:
+            while True:
+                returncode = self._poll(handle)
+                if returncode is not None:
+                    break
+                if self._cancel.is_set():
+                    interrupted = True
+                    break
+                if time.monotonic() - started > timeout_s:
+                    timed_out = True
+                    break
+                time.sleep(_POLL_S)
+        finally:
+            if returncode is None:  # timeout, cancel, or an exception in this thread
+                self._kill(handle)
+                returncode = self._poll(handle)
+        state, hosts = self._finish(handle)
+        report = LaunchReport(result=None, returncode=returncode, timed_out=timed_out,
+                              interrupted=interrupted, scheduler_state=state,
+                              stderr_tail=self._stderr_tail(paths), hosts=hosts,
+                              elapsed_s=time.monotonic() - started)
+        try:
+            report.result = read_result(paths.result)
+        except SpecError as err:
+            report.result_error = str(err)
+        write_json_atomic(paths.report, report.to_dict())
+        return report
+
+    def _stderr_tail(self, paths: TrialPaths) -> str:
+        parts = [tail(p, 10) for p in paths.rank_errors()]
+        parts.append(tail(paths.stderr))
+        return "\n".join(p for p in parts if p)[-4000:]
+
+    @abstractmethod
+    def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any: ...
+
+    @abstractmethod
+    def _poll(self, handle: Any) -> int | None: ...
+
+    @abstractmethod
+    def _kill(self, handle: Any) -> None: ...
+
+    def _finish(self, handle: Any) -> tuple[str | None, list[str]]:
+        return None, []
+
+    def describe(self) -> dict[str, Any]:
+        """Facts about the launcher for the measurements table."""
+        return {"launcher": self.kind}
+

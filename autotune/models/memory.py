@@ -1,0 +1,248 @@
+"""Peak memory per device of one training step: one documented function per term.
+
+The estimate is the sum, on the worst pipeline stage, of
+
+* model states (weights, gradients, Adam states) of the parameters that stage holds,
+  sharded by ZeRO over ``dp`` (:func:`model_state_bytes`, Rajbhandari et al. 2020);
+* stored activations of the micro-batches in flight (:func:`layer_activation_bytes`,
+  Korthikanti et al. 2022, eq. 1-2; 1F1B in-flight count, Narayanan et al. 2021);
+* the logits kept for the loss on the last stage (:func:`logits_bytes`);
+* communication buffers (:func:`buffer_bytes`) and a fixed runtime allowance
+  (:func:`runtime_bytes`).
+
+Only the first and the last stage can be the worst one: the first holds the most
+micro-batches in flight (``pp`` of them under 1F1B) and the embeddings, the last one the
+output layer and the logits; every middle stage holds fewer activations than the first.
+With ``pp = 1`` the two coincide. See ``docs/models.md`` for the derivations.
+
+>>> from autotune.config.model import MODEL_PRESETS
+>>> from autotune.layout import Layout
+>>> est = estimate_memory(MODEL_PRESETS["gpt-1.3b"], Layout(tp=1, pp=1, dp=8, micro_batch=1,
+...                       grad_accum=1, zero_stage=1, recompute="full"), dtype="bf16")
+>>> est.stage, round(est.peak_bytes / 2**30, 1)
+('only', 10.5)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.config.model import ModelConfig
+from autotune.layout import Layout
+
+__all__ = [
+    "MemoryEstimate",
+    "estimate_memory",
+    "params_per_rank",
+    "layer_params_per_rank",
+    "model_state_bytes",
+    "layer_activation_bytes",
+    "activation_bytes",
+    "logits_bytes",
+    "buffer_bytes",
+    "runtime_bytes",
+    "dtype_bytes",
+    "RUNTIME_BYTES",
+    "COMM_BUCKET_ELEMENTS",
+]
+
+MiB = 1024**2
+GiB = 1024**3
+
+RUNTIME_BYTES: dict[str, int] = {
+    # Measured here: `python -c "import torch, deepspeed, torch.distributed"` peaks at
+    # ~245 MiB RSS (torch 2.13 CPU, DeepSpeed 0.19); a trainer rank adds the gloo process
+    # group, the DeepSpeed engine and autograd bookkeeping. Calibrated once against the
+    # trainer's peak RSS of a near-empty model (tests/models/test_memory_vs_trainer.py).
+    "cpu": 420 * MiB,
+    # Accelerators: the CUDA/Level-Zero context (~0.5-1 GiB, outside the caching
+    # allocator but inside the device's capacity) plus NCCL/oneCCL channel buffers.
+    "default": 1536 * MiB,
+}
+"""Fixed per-rank allowance for the runtime, by device name ("default" for accelerators)."""
+
+COMM_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's default ``reduce_bucket_size``/``allgather_bucket_size`` (5e8 elements)."""
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of the training dtype (``bf16``/``fp16``: 2, ``fp32``: 4)."""
+    return 4 if dtype == "fp32" else 2
+
+
+def _stage_layers(model: ModelConfig, pp: int) -> int:
+    # DeepSpeed's 'type:transformer' partition gives every stage n_layer/pp layers; when
+    # pp does not divide n_layer some stages get one more, and the peak is what matters.
+    return math.ceil(model.n_layer / pp)
+
+
+def layer_params_per_rank(model: ModelConfig, tp: int) -> int:
+    """Parameters of one transformer layer on one TP rank (see :func:`params_per_rank`)."""
+    h, f, t = model.hidden, model.ffn, tp
+    qkv = h + 2 * model.kv_heads * model.head_dim
+    return (
+        (h * qkv + qkv) // t   # QKV weight + bias, column-parallel
+        + h * h // t + h       # attention output, row-parallel; bias replicated
+        + (h * f + f) // t     # MLP up, column-parallel
+        + f * h // t + h       # MLP down, row-parallel; bias replicated
+        + 4 * h                # two LayerNorms, replicated
+    )
+
+
+def params_per_rank(model: ModelConfig, layout: Layout, stage: str) -> int:
+    """Parameters one rank of a ``stage`` ("first", "last", "only") holds before ZeRO.
+
+    Megatron tensor parallelism (Shoeybi et al. 2019, section 3) splits the QKV and
+    MLP-up weights and biases by columns (``/t``), the attention-output and MLP-down
+    weights by rows (``/t``) with their biases replicated, and replicates the LayerNorms.
+    The word embedding and the output layer are vocabulary-parallel (``ceil(V/t)`` rows,
+    the trainer pads V); the position embedding is replicated on the first stage.
+    """
+    t, h = layout.tp, model.hidden
+    n = _stage_layers(model, layout.pp) * layer_params_per_rank(model, t)
+    vocab_rows = math.ceil(model.vocab_size / t)
+    if stage in ("first", "only"):
+        n += vocab_rows * h + model.seq_len * h
+    if stage in ("last", "only"):
+        n += vocab_rows * h + 2 * h  # output layer (untied, as in the trainer) + final LN
+    return n
+
+
+def model_state_bytes(n_params: int, layout: Layout, dtype: str) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) bytes of ``n_params`` under ZeRO.
+
+    Rajbhandari et al. 2020 (ZeRO, section 3.1): mixed-precision Adam keeps 2 bytes of
+    16-bit weights, 2 of 16-bit gradients and K = 12 of fp32 master weights, momentum
+    and variance per parameter. fp32 training keeps 4 + 4 and 8 (momentum, variance; the
+    weights are their own master copy). Stage 1 shards the optimizer states over ``dp``,
+    stage 2 the gradients too, stage 3 the weights too.
+    """
+    dp, z = layout.dp, layout.zero_stage
+    w_b, g_b, o_b = (4, 4, 8) if dtype == "fp32" else (2, 2, 12)
+    weights = n_params * w_b / (dp if z >= 3 else 1)
+    grads = n_params * g_b / (dp if z >= 2 else 1)
+    optim = n_params * o_b / (dp if z >= 1 else 1)
+    return int(weights), int(grads), int(optim)
+
+
+def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str, *,
+                           flash_attention: bool = True) -> int:
+    """Activations one transformer layer stores for one micro-batch (no recompute).
+
+    Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+    Models", eq. 2 (tensor parallel, no sequence parallelism), for 16-bit training::
+
+        s b h (10 + 24 / t + 5 a s / (h t))
+
+    The 10 are replicated (LayerNorm inputs, linear inputs, dropout masks), the 24 split
+    over TP (Q, K, V, attention output, MLP 4h tensors). The ``5 a s / h`` term is the
+    attention score matrix, softmax output and dropout mask; fused/flash attention (torch
+    SDPA, which our trainer uses) never stores them (Dao et al. 2022; only a per-row
+    log-sum-exp, negligible), so it is dropped when ``flash_attention``. For fp32 the
+    2-byte terms double (the 1-byte dropout masks are a small part: ignored).
+    """
+    s, b, h, t, a = model.seq_len, layout.micro_batch, model.hidden, layout.tp, model.n_head
+    scale = dtype_bytes(dtype) / 2
+    per = s * b * h * (10 + 24 / t) * scale
+    if not flash_attention:
+        per += 5 * a * s * s * b / t * scale
+    return int(per)
+
+
+def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str, *,
+                     flash_attention: bool = True) -> int:
+    """Activations a ``stage`` stores at its peak, with the 1F1B in-flight count.
+
+    Under 1F1B (Narayanan et al. 2021, section 2.2.1) the first stage holds up to
+    ``pp`` micro-batches in flight, the last one 1; without pipelining the micro-batches
+    of gradient accumulation run one after another (1 in flight).
+
+    Full recompute (Chen et al. 2016; Korthikanti et al. 2022, section 4) keeps only each
+    layer's input, ``2 s b h`` bytes (not split by TP), per layer and micro-batch in
+    flight, plus one layer's full working set while that layer is recomputed.
+    """
+    layers = _stage_layers(model, layout.pp)
+    in_flight = min(layout.pp, layout.grad_accum) if stage in ("first", "only") else 1
+    full_layer = layer_activation_bytes(model, layout, dtype, flash_attention=flash_attention)
+    if layout.recompute == "full":
+        inputs = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+        return layers * in_flight * inputs + full_layer
+    return layers * in_flight * full_layer
+
+
+def logits_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
+    """The last stage's logits kept for the loss: ``s b V/t`` in the training dtype plus
+    their fp32 copy (the upcast / log-softmax that cross-entropy saves for backward)."""
+    elems = model.seq_len * layout.micro_batch * math.ceil(model.vocab_size / layout.tp)
+    return elems * (dtype_bytes(dtype) + 4)
+
+
+def buffer_bytes(model: ModelConfig, layout: Layout, dtype: str, n_params: int) -> int:
+    """Communication buffers: one gradient bucket (DeepSpeed's default 5e8 elements,
+    capped by the rank's parameters); with ZeRO-3 also the gathered (unsharded) weights
+    of two layers (the one computing and the one prefetched)."""
+    bucket = min(n_params, COMM_BUCKET_ELEMENTS) * dtype_bytes(dtype)
+    if layout.zero_stage >= 3:
+        bucket += 2 * layer_params_per_rank(model, layout.tp) * dtype_bytes(dtype)
+    return bucket
+
+
+def runtime_bytes(device: str | None) -> int:
+    """The fixed runtime allowance of :data:`RUNTIME_BYTES` for a device name."""
+    if device is None:
+        return RUNTIME_BYTES["default"]
+    return RUNTIME_BYTES.get(device, RUNTIME_BYTES["default"])
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-term bytes on the worst stage of one rank, and their sum ``peak_bytes``."""
+
+    stage: str
+    """Which stage peaks: ``"first"``, ``"last"`` or ``"only"`` (``pp = 1``)."""
+    params_per_rank: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    logits_bytes: int
+    buffers_bytes: int
+    runtime_bytes: int
+    peak_bytes: int
+    """Sum of the terms above on the worst stage."""
+    stage_peak_bytes: tuple[int, ...]
+    """Peak of each stage considered (first, last), or one value when ``pp = 1``."""
+
+    @property
+    def model_state_bytes(self) -> int:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
+                    device: str | None, flash_attention: bool) -> MemoryEstimate:
+    n = params_per_rank(model, layout, stage)
+    w, g, o = model_state_bytes(n, layout, dtype)
+    act = activation_bytes(model, layout, dtype, stage, flash_attention=flash_attention)
+    logit = logits_bytes(model, layout, dtype) if stage in ("last", "only") else 0
+    buf = buffer_bytes(model, layout, dtype, n)
+    rt = runtime_bytes(device)
+    total = w + g + o + act + logit + buf + rt
+    return MemoryEstimate(stage, n, w, g, o, act, logit, buf, rt, total, (total,))
+
+
+def estimate_memory(model: ModelConfig, layout: Layout, *, dtype: str = "bf16",
+                    device: str | None = None, flash_attention: bool = True) -> MemoryEstimate:
+    """Predicted peak memory per device of ``layout`` training ``model``.
+
+    ``device`` picks the runtime allowance (``"cpu"`` or an accelerator name);
+    ``flash_attention`` says whether the attention scores are stored (see
+    :func:`layer_activation_bytes`).
+    """
+    if layout.pp == 1:
+        return _stage_estimate(model, layout, dtype, "only", device, flash_attention)
+    first = _stage_estimate(model, layout, dtype, "first", device, flash_attention)
+    last = _stage_estimate(model, layout, dtype, "last", device, flash_attention)
+    worst = first if first.peak_bytes >= last.peak_bytes else last
+    return MemoryEstimate(**{**worst.__dict__,
+                             "stage_peak_bytes": (first.peak_bytes, last.peak_bytes)})

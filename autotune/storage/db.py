@@ -1,0 +1,188 @@
+"""Opening the shared database: Optuna's RDB storage plus autotune's tables.
+
+One :class:`Storage` per process holds one SQLAlchemy engine for autotune's tables and
+Optuna's :class:`~optuna.storages.RDBStorage` on the same URL. :meth:`Storage.session`
+is the one session scope: it commits, rolls back, and translates database errors into
+:class:`~autotune.errors.StorageError` with the password masked (Optuna's
+``_create_scoped_session`` pattern).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any
+
+import optuna
+from sqlalchemy import create_engine, delete, func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from autotune.config.study import StorageConfig
+from autotune.errors import AutotuneError, StorageError
+from autotune.storage.schema import SCHEMA_VERSION, Base, LayoutClaim, Measurement, SchemaVersion
+from autotune.storage.urls import backend_of, mask_url, resolve_url
+
+__all__ = ["Storage", "open_storage", "engine_kwargs"]
+
+
+def engine_kwargs(url: str) -> dict[str, Any]:
+    """Engine options per backend. Many workers share one server, so each keeps a small
+    pool and checks connections before use (a batch job may sit idle for hours)."""
+    backend = backend_of(url)
+    if backend == "sqlite":
+        # Wait for the writer lock instead of failing at once under concurrent workers.
+        return {"connect_args": {"timeout": 120}}
+    return {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": True, "pool_recycle": 1800}
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class Storage:
+    """The study storage and the measurements tables of one database."""
+
+    def __init__(self, config: StorageConfig) -> None:
+        self.config = config
+        self.url = resolve_url(config.url)
+        self.masked_url = mask_url(self.url)
+        self.backend = backend_of(self.url)
+        try:
+            self.engine: Engine = create_engine(self.url, **engine_kwargs(self.url))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self.optuna = optuna.storages.RDBStorage(
+                    self.url, engine_kwargs=engine_kwargs(self.url),
+                    heartbeat_interval=config.heartbeat_interval_s,
+                    grace_period=config.grace_period_s,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                        max_retry=3),
+                )
+            self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+            self._create_schema()
+        except AutotuneError:
+            raise
+        except (SQLAlchemyError, OSError, ValueError, ImportError) as err:
+            raise StorageError(f"cannot open the database {self.masked_url}: "
+                               f"{_short(err, self.url)}") from None
+
+    def _create_schema(self) -> None:
+        Base.metadata.create_all(self.engine)
+        with self.session() as s:
+            found = s.scalar(select(func.max(SchemaVersion.version)))
+            if found is None:
+                s.add(SchemaVersion(version=SCHEMA_VERSION))
+            elif found > SCHEMA_VERSION:
+                raise StorageError(
+                    f"the database {self.masked_url} has autotune schema v{found}, newer than "
+                    f"this autotune (v{SCHEMA_VERSION}): upgrade autotune")
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """Commit on success, roll back on any error, translate database errors."""
+        s = self._sessions()
+        try:
+            yield s
+            s.commit()
+        except SQLAlchemyError as err:
+            s.rollback()
+            raise StorageError(f"database error on {self.masked_url}: {_short(err, self.url)}") \
+                from None
+        except BaseException:
+            s.rollback()
+            raise
+        finally:
+            s.close()
+
+    # -- measurements -------------------------------------------------------------------
+
+    def add_measurement(self, row: dict[str, Any]) -> None:
+        with self.session() as s:
+            s.add(Measurement(**row))
+
+    # -- layout claims: each layout measured once per study, across workers ---------------
+
+    def claim(self, study: str, key: str, trial_id: int, worker: str,
+              *, may_take_over: Callable[[int], bool]) -> bool:
+        """Make ``trial_id`` the owner of layout ``key``; ``False`` if another owns it.
+
+        A claim held by a trial that can no longer measure (``may_take_over(owner)``: it
+        failed stale or was interrupted) is taken over atomically, which is how a layout
+        whose runner was killed gets retried exactly once.
+        """
+        try:
+            with self.session() as s:
+                s.add(LayoutClaim(study_name=study, layout_key=key, trial_id=trial_id,
+                                  worker=worker, created_at=_now()))
+            return True
+        except StorageError as err:
+            if not isinstance(err.__context__, IntegrityError) and "UNIQUE" not in str(err) \
+                    and "unique" not in str(err) and "Duplicate" not in str(err):
+                raise
+        with self.session() as s:
+            owner = s.scalar(select(LayoutClaim.trial_id).where(
+                LayoutClaim.study_name == study, LayoutClaim.layout_key == key))
+            if owner is None or owner == trial_id:
+                return owner == trial_id
+            if not may_take_over(owner):
+                return False
+            done = s.execute(update(LayoutClaim).where(
+                LayoutClaim.study_name == study, LayoutClaim.layout_key == key,
+                LayoutClaim.trial_id == owner).values(trial_id=trial_id, worker=worker))
+            return bool(done.rowcount == 1)
+
+    def release(self, study: str, key: str, trial_id: int) -> None:
+        with self.session() as s:
+            s.execute(delete(LayoutClaim).where(
+                LayoutClaim.study_name == study, LayoutClaim.layout_key == key,
+                LayoutClaim.trial_id == trial_id))
+
+    def claim_rank(self, study: str, key: str) -> int:
+        """1-based position of this layout's claim among the study's claims (budget order)."""
+        with self.session() as s:
+            my_id = s.scalar(select(LayoutClaim.id).where(
+                LayoutClaim.study_name == study, LayoutClaim.layout_key == key))
+            if my_id is None:
+                return 0
+            return int(s.scalar(select(func.count()).select_from(LayoutClaim).where(
+                LayoutClaim.study_name == study, LayoutClaim.id <= my_id)) or 0)
+
+    def claimed_keys(self, study: str) -> dict[str, int]:
+        with self.session() as s:
+            rows = s.execute(select(LayoutClaim.layout_key, LayoutClaim.trial_id).where(
+                LayoutClaim.study_name == study)).all()
+        return {k: t for k, t in rows}
+
+    def delete_study_rows(self, study: str) -> None:
+        with self.session() as s:
+            s.execute(delete(LayoutClaim).where(LayoutClaim.study_name == study))
+            s.execute(delete(Measurement).where(Measurement.study_name == study))
+
+    def close(self) -> None:
+        self.engine.dispose()
+        self.optuna.remove_session()
+        self.optuna.engine.dispose()
+
+
+def open_storage(config: StorageConfig) -> Storage:
+    return Storage(config)
+
+
+def _short(err: BaseException, url: str) -> str:
+    """First line of a driver error, with the password masked wherever it appears."""
+    text = str(getattr(err, "orig", None) or err).strip().splitlines()[0] if str(err) else repr(err)
+    masked = mask_url(url)
+    text = text.replace(url, masked)
+    try:
+        from sqlalchemy.engine import make_url
+
+        pw = make_url(url).password
+        if pw:
+            text = text.replace(str(pw), "***")
+    except Exception:  # masking must never fail the error path
+        pass
+    return text[:500]

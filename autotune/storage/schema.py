@@ -1,0 +1,104 @@
+"""autotune's own tables, beside Optuna's in the same database.
+
+``measurements``: one row per trial execution, failures included, with the layout, every
+metric of the result, the outcome and its reason, hosts, versions and timestamps — so
+that all measurements of one device type can be queried across studies with pandas::
+
+    pd.read_sql("select * from measurements where device_type = 'max1550-tile'", engine)
+
+``layout_claims``: which trial owns a layout in a study. A unique key makes "measure each
+layout once" hold across concurrent workers on any backend.
+
+``autotune_schema``: the schema version this package created; see :data:`SCHEMA_VERSION`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    DateTime,
+    Float,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Base", "Measurement", "LayoutClaim", "SchemaVersion", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+"""Bump with a migration in :mod:`autotune.storage.db` when a table changes."""
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Measurement(Base):
+    __tablename__ = "measurements"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study_name: Mapped[str] = mapped_column(String(128), index=True)
+    trial_number: Mapped[int] = mapped_column(Integer)
+    trial_id: Mapped[int] = mapped_column(Integer, index=True)
+    layout_key: Mapped[str] = mapped_column(String(96), index=True)
+    tp: Mapped[int] = mapped_column(Integer)
+    pp: Mapped[int] = mapped_column(Integer)
+    dp: Mapped[int] = mapped_column(Integer)
+    micro_batch: Mapped[int] = mapped_column(Integer)
+    grad_accum: Mapped[int] = mapped_column(Integer)
+    zero_stage: Mapped[int] = mapped_column(Integer)
+    recompute: Mapped[str] = mapped_column(String(8))
+    world_size: Mapped[int] = mapped_column(Integer)
+    global_batch: Mapped[int] = mapped_column(Integer)
+    model_name: Mapped[str] = mapped_column(String(64))
+    n_layer: Mapped[int] = mapped_column(Integer)
+    hidden: Mapped[int] = mapped_column(Integer)
+    n_head: Mapped[int] = mapped_column(Integer)
+    seq_len: Mapped[int] = mapped_column(Integer)
+    vocab_size: Mapped[int] = mapped_column(Integer)
+    n_params: Mapped[int] = mapped_column(Float)  # > 2**31 for large models
+    device_type: Mapped[str] = mapped_column(String(32), index=True)
+    nodes: Mapped[int] = mapped_column(Integer)
+    devices_per_node: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(8))
+    outcome: Mapped[str] = mapped_column(String(16), index=True)
+    status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    model_tflops_per_device: Mapped[float | None] = mapped_column(Float, nullable=True)
+    hardware_tflops_per_device: Mapped[float | None] = mapped_column(Float, nullable=True)
+    mfu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    step_time_iqr_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_memory_bytes: Mapped[float | None] = mapped_column(Float, nullable=True)
+    predicted_memory_bytes: Mapped[float | None] = mapped_column(Float, nullable=True)
+    predicted_tflops_per_device: Mapped[float | None] = mapped_column(Float, nullable=True)
+    elapsed_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    launcher: Mapped[str] = mapped_column(String(16))
+    hosts: Mapped[str | None] = mapped_column(Text, nullable=True)
+    versions: Mapped[str | None] = mapped_column(Text, nullable=True)
+    result_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class LayoutClaim(Base):
+    __tablename__ = "layout_claims"
+    __table_args__ = (UniqueConstraint("study_name", "layout_key", name="uq_claim_layout"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study_name: Mapped[str] = mapped_column(String(128), index=True)
+    layout_key: Mapped[str] = mapped_column(String(96))
+    trial_id: Mapped[int] = mapped_column(Integer)
+    worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class SchemaVersion(Base):
+    __tablename__ = "autotune_schema"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -1,0 +1,121 @@
+"""The DeepSpeed engine of one trial and its training step.
+
+One topology, ``PipeModelDataParallelTopology(num_pp, num_mp, num_dp)``, for every
+layout (axes ``pipe, data, model``: TP ranks consecutive, see :mod:`autotune.layout`).
+
+* ``pp > 1``: a ``PipelineModule`` in DeepSpeed's ``PipelineEngine``; ``train_batch``
+  runs the 1F1B schedule over ``grad_accum`` micro-batches. ZeRO 0-1 only.
+* ``pp = 1``: the same layers in :class:`trainer.model.GPT` under the plain
+  ``DeepSpeedEngine`` with a ``PipelineParallelGrid`` as its ``mpu`` (so the groups come
+  from the same topology). Measured the simpler of the two: the plain engine is what
+  ZeRO-2/3 need anyway, and a one-stage PipelineEngine refuses them.
+
+The optimizer is ``torch.optim.AdamW`` (``"torch_adam": true``): DeepSpeed's FusedAdam
+JIT-compiles for minutes on CPU and needs icpx on XPU. Gradient clipping is off: a
+throughput trial does not need it, and DeepSpeed's fp32 norm helper counts a pipeline
+stage's replicated parameters only on the replica's first rank.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
+
+from autotune.config.model import ModelConfig
+from autotune.layout import Layout
+from autotune.trial import RunConfig
+from trainer.distributed import DeviceInfo
+from trainer.model import GPT, LossFn
+from trainer.pipeline import build_pipeline_module
+from trainer.tensor_parallel import TPContext
+
+__all__ = ["deepspeed_config", "TrainEngine", "LEARNING_RATE"]
+
+LEARNING_RATE = 1e-3
+
+
+def deepspeed_config(layout: Layout, run: RunConfig) -> dict[str, Any]:
+    """The DeepSpeed JSON config of a trial."""
+    return {
+        "train_micro_batch_size_per_gpu": layout.micro_batch,
+        "gradient_accumulation_steps": layout.grad_accum,
+        "train_batch_size": layout.global_batch,
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": LEARNING_RATE, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
+            "torch_adam": True}},
+        "zero_optimization": {"stage": layout.zero_stage},
+        "bf16": {"enabled": run.dtype == "bf16"},
+        "gradient_clipping": 0.0,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+class TrainEngine:
+    """A built model + optimizer for one layout; :meth:`step` runs one optimizer step."""
+
+    def __init__(self, model: ModelConfig, layout: Layout, run: RunConfig, device: DeviceInfo):
+        rank = dist.get_rank()
+        self.layout = layout
+        self.topology = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp,
+                                                      num_dp=layout.dp)
+        coord = self.topology.get_coord(rank)
+        self.dp_rank: int = coord.data
+        self.tp = TPContext(rank=coord.model, size=layout.tp)
+        recompute = layout.recompute == "full"
+        config = deepspeed_config(layout, run)
+        self.device = device
+        if layout.pp > 1:
+            module: torch.nn.Module = build_pipeline_module(model, self.topology, self.tp,
+                                                           seed=run.seed, recompute=recompute)
+            self.n_params_local = _count(module)
+            self.engine, *_ = deepspeed.initialize(
+                model=module, model_parameters=[p for p in module.parameters()], config=config)
+        else:
+            grid = PipelineParallelGrid(topology=self.topology)
+            self.tp.group = grid.get_slice_parallel_group()
+            self.dp_group = grid.get_data_parallel_group()
+            module = GPT(model, self.tp, run.seed, recompute=recompute)
+            self.n_params_local = _count(module)
+            self.loss_fn = LossFn(model, self.tp)
+            self.engine, *_ = deepspeed.initialize(
+                model=module, model_parameters=[p for p in module.parameters()],
+                config=config, mpu=grid)
+
+    def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """One optimizer step; returns the global-batch mean loss (same on every rank)."""
+        if self.layout.pp > 1:
+            # train_batch averages over micro-batches and data-parallel ranks and
+            # broadcasts the result from the last stage to the whole pipeline.
+            return float(self.engine.train_batch(iter(micro_batches)))
+        total = torch.zeros((), dtype=torch.float32, device=self.device.torch_device)
+        for inputs, labels in micro_batches:
+            logits = self.engine(inputs.to(self.device.torch_device))
+            loss = self.loss_fn(logits, labels.to(self.device.torch_device))
+            self.engine.backward(loss)
+            self.engine.step()  # steps the optimizer only at the accumulation boundary
+            total += loss.detach().float()
+        total /= len(micro_batches)
+        if self.layout.dp > 1:
+            dist.all_reduce(total, group=self.dp_group)
+            total /= self.layout.dp
+        return float(total)
+
+    def close(self) -> None:
+        """Free the engine (several trials may run in one process)."""
+        destroy = getattr(self.engine, "destroy", None)
+        if callable(destroy):
+            destroy()
+        del self.engine
+        gc.collect()
+
+
+def _count(module: torch.nn.Module) -> int:
+    # Counted before deepspeed.initialize: with ZeRO-3 the engine partitions them later,
+    # but what a rank *owns by layout* (its TP shard of its PP stage) is this count.
+    return sum(p.numel() for p in module.parameters())

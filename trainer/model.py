@@ -1,0 +1,158 @@
+"""The GPT decoder the trainer measures, built from three layer kinds.
+
+Pre-LayerNorm blocks (Radford et al. 2019, GPT-2), causal attention through
+``torch.nn.functional.scaled_dot_product_attention``, a GELU MLP of ``ffn_hidden``,
+learned position embeddings and an output layer untied from the token embedding, so
+that the parameter count is :meth:`autotune.config.model.ModelConfig.n_params` (plus the
+vocabulary padding TP needs).
+
+The model is a flat list of layers — :class:`Embedding`, ``n_layer`` x
+:class:`Block`, :class:`Head` — so that :mod:`trainer.pipeline` can cut it into stages
+and :class:`GPT` can run it whole. Tensor parallelism is a :class:`TPContext` handed to
+each layer; with ``tp = 1`` no layer communicates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from autotune.config.model import ModelConfig
+from trainer.tensor_parallel import (
+    INIT_STD,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPContext,
+    VocabParallelEmbedding,
+    init_normal,
+    vocab_parallel_cross_entropy,
+)
+
+__all__ = ["Embedding", "Block", "Head", "GPT", "LossFn", "padded_vocab", "build_layers"]
+
+
+def padded_vocab(vocab_size: int, tp: int) -> int:
+    """Vocabulary rounded up to a multiple of ``tp`` so that it splits evenly."""
+    return -(-vocab_size // tp) * tp
+
+
+def _generator(seed: int, layer_index: int) -> torch.Generator:
+    # One stream per layer: a layer's weights do not depend on which stage builds it.
+    return torch.Generator().manual_seed(seed * 1009 + layer_index)
+
+
+class Embedding(nn.Module):
+    """Token (vocabulary-parallel) plus learned position embeddings."""
+
+    def __init__(self, model: ModelConfig, tp: TPContext, seed: int):
+        super().__init__()
+        gen = _generator(seed, 0)
+        v_pad = padded_vocab(model.vocab_size, tp.size)
+        full = torch.zeros(v_pad, model.hidden)
+        full[: model.vocab_size] = init_normal((model.vocab_size, model.hidden), gen)
+        self.tokens = VocabParallelEmbedding(full, tp)
+        self.positions = nn.Parameter(init_normal((model.seq_len, model.hidden), gen))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tokens(tokens) + self.positions[: tokens.shape[1]]
+
+
+class Block(nn.Module):
+    """One pre-LN transformer layer: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+
+    def __init__(self, model: ModelConfig, tp: TPContext, seed: int, layer_index: int):
+        super().__init__()
+        gen = _generator(seed, layer_index)
+        h, f, hd = model.hidden, model.ffn, model.head_dim
+        kv = model.kv_heads * hd
+        out_std = INIT_STD / math.sqrt(2 * model.n_layer)  # GPT-2's residual scaling
+        self.heads, self.kv_heads, self.head_dim = model.n_head // tp.size, \
+            model.kv_heads // tp.size, hd
+        self.ln1 = nn.LayerNorm(h)
+        self.qkv = ColumnParallelLinear(init_normal((h + 2 * kv, h), gen), tp,
+                                        row_groups=(h, kv, kv))
+        self.proj = RowParallelLinear(init_normal((h, h), gen, out_std), tp)
+        self.ln2 = nn.LayerNorm(h)
+        self.fc1 = ColumnParallelLinear(init_normal((f, h), gen), tp)
+        self.fc2 = RowParallelLinear(init_normal((h, f), gen, out_std), tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim,
+             self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.kv_heads != self.heads:  # grouped-query attention
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, s, -1))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the (vocabulary-parallel, untied) output layer.
+
+    Returns this rank's shard of the logits; padded vocabulary entries get a large
+    negative logit so that the softmax, and hence the loss, ignores them.
+    """
+
+    def __init__(self, model: ModelConfig, tp: TPContext, seed: int):
+        super().__init__()
+        gen = _generator(seed, model.n_layer + 1)
+        v_pad = padded_vocab(model.vocab_size, tp.size)
+        full = torch.zeros(v_pad, model.hidden)
+        full[: model.vocab_size] = init_normal((model.vocab_size, model.hidden), gen)
+        self.ln_f = nn.LayerNorm(model.hidden)
+        self.out = ColumnParallelLinear(full, tp, bias=False)
+        self.vocab_start, stop = tp.shard(v_pad)
+        self.n_pad_local = max(0, stop - max(self.vocab_start, model.vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.out(self.ln_f(x))
+        if self.n_pad_local:
+            mask = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            mask[-self.n_pad_local:] = True
+            logits = logits.masked_fill(mask, -1e30)
+        return logits
+
+
+class LossFn:
+    """Mean token cross-entropy of the (sharded) logits; DeepSpeed's ``loss_fn(out, labels)``."""
+
+    def __init__(self, model: ModelConfig, tp: TPContext):
+        self.tp = tp
+        self.vocab_start = tp.shard(padded_vocab(model.vocab_size, tp.size))[0]
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_cross_entropy(logits, labels, self.tp, self.vocab_start)
+
+
+def build_layers(model: ModelConfig, tp: TPContext, seed: int) -> list[nn.Module]:
+    """The whole model as a flat list (for ``pp = 1``)."""
+    return ([Embedding(model, tp, seed)]
+            + [Block(model, tp, seed, i + 1) for i in range(model.n_layer)]
+            + [Head(model, tp, seed)])
+
+
+class GPT(nn.Module):
+    """The layers run in sequence; with ``recompute`` each block is checkpointed."""
+
+    def __init__(self, model: ModelConfig, tp: TPContext, seed: int, *, recompute: bool):
+        super().__init__()
+        self.layers = nn.ModuleList(build_layers(model, tp, seed))
+        self.recompute = recompute
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = tokens
+        for layer in self.layers:
+            if self.recompute and isinstance(layer, Block):
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
+        return x
