@@ -59,7 +59,7 @@ from autotune.errors import SpecError
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 
-__all__ = ["Measurement", "LandscapeGroup", "load_landscape", "VTRAIN_COLUMNS",
+__all__ = ["Measurement", "LandscapeGroup", "load_landscape", "merge_duplicates", "VTRAIN_COLUMNS",
            "AURORA_COLUMNS", "DEFAULT_VTRAIN_HARDWARE", "DEFAULT_AURORA_HARDWARE"]
 
 VTRAIN_COLUMNS: tuple[str, ...] = (
@@ -325,10 +325,10 @@ def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: s
 def _finish(g: dict[str, Any], dtype: str) -> LandscapeGroup:
     return LandscapeGroup(name=g["name"], model=g["model"], cluster=g["cluster"],
                           global_batch=g["global_batch"], dtype=dtype,
-                          measurements=_dedupe(g["rows"]))
+                          measurements=merge_duplicates(g["rows"]))
 
 
-def _dedupe(rows: list[Measurement]) -> tuple[Measurement, ...]:
+def merge_duplicates(rows: list[Measurement]) -> tuple[Measurement, ...]:
     """Merge rows of one layout: the mean of its ``ok`` rows, else its first row."""
     by_layout: dict[Layout, list[Measurement]] = {}
     for m in rows:

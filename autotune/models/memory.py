@@ -20,7 +20,7 @@ With ``pp = 1`` the two coincide. See ``docs/models.md`` for the derivations.
 >>> est = estimate_memory(MODEL_PRESETS["gpt-1.3b"], Layout(tp=1, pp=1, dp=8, micro_batch=1,
 ...                       grad_accum=1, zero_stage=1, recompute="full"), dtype="bf16")
 >>> est.stage, round(est.peak_bytes / 2**30, 1)
-('only', 10.5)
+('only', 15.9)
 """
 
 from __future__ import annotations
@@ -114,12 +114,18 @@ def model_state_bytes(n_params: int, layout: Layout, dtype: str) -> tuple[int, i
 
     Rajbhandari et al. 2020 (ZeRO, section 3.1): mixed-precision Adam keeps 2 bytes of
     16-bit weights, 2 of 16-bit gradients and K = 12 of fp32 master weights, momentum
-    and variance per parameter. fp32 training keeps 4 + 4 and 8 (momentum, variance; the
+    and variance per parameter (bf16 below ZeRO-2: 2 + 4 bytes of gradients, see the
+    code). fp32 training keeps 4 + 4 and 8 (momentum, variance; the
     weights are their own master copy). Stage 1 shards the optimizer states over ``dp``,
     stage 2 the gradients too, stage 3 the weights too.
     """
     dp, z = layout.dp, layout.zero_stage
     w_b, g_b, o_b = (4, 4, 8) if dtype == "fp32" else (2, 2, 12)
+    if dtype == "bf16" and z <= 1:
+        # DeepSpeed's BF16_Optimizer (used for bf16 below ZeRO-2) accumulates gradients in
+        # an fp32 buffer of every parameter of the rank, next to the bf16 ``.grad``
+        # (deepspeed/runtime/bf16_optimizer.py, ``fp32_groups_gradients_flat``): 2 + 4.
+        g_b = 6
     weights = n_params * w_b / (dp if z >= 3 else 1)
     grads = n_params * g_b / (dp if z >= 2 else 1)
     optim = n_params * o_b / (dp if z >= 1 else 1)

@@ -1,0 +1,230 @@
+"""``autotune``: the command line. Thin: parse, call the library, map errors to exit codes.
+
+Exit codes: 0 ok; 1 failure (a database that cannot be reached, a study whose trials all
+failed); 2 usage error (bad flags, bad study file, impossible search space); 130 when
+interrupted by Ctrl-C (the running trial is killed and left to be retried).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from autotune.errors import AutotuneError, UsageError
+
+__all__ = ["main", "build_parser"]
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPT = 0, 1, 2, 130
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {value}; allowed: an integer >= 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: seconds > 0") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"got {value}; allowed: seconds > 0")
+    return value
+
+
+def _open(storage_url: str | None, study_arg: str | None):  # -> (Storage, name | None)
+    """Storage and study name from a study file (its storage URL) or a bare name."""
+    from autotune.config.study import StorageConfig
+    from autotune.spec import load_study
+    from autotune.storage import open_storage
+
+    name = study_arg
+    config = StorageConfig()
+    if study_arg and (study_arg.endswith((".yaml", ".yml")) or Path(study_arg).is_file()):
+        spec = load_study(study_arg)
+        name, config = spec.name, spec.storage
+    if storage_url:
+        config = StorageConfig(url=storage_url, heartbeat_interval_s=config.heartbeat_interval_s,
+                               grace_period_s=config.grace_period_s)
+    return open_storage(config), name
+
+
+# -- run ------------------------------------------------------------------------------------
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from autotune.launchers import make_launcher
+    from autotune.progress import Progress
+    from autotune.spec import load_study
+    from autotune.storage import open_storage
+    from autotune.study import run_study
+
+    spec = load_study(args.study)
+    if args.storage:
+        spec = spec.with_storage_url(args.storage)
+    if args.n_trials:
+        spec = replace(spec, search=replace(spec.search, n_trials=args.n_trials))
+    storage = open_storage(spec.storage)
+    launcher = make_launcher(spec)
+    n = spec.search.n_trials
+    progress = Progress(total=n, enabled=not args.quiet)
+    progress.message(f"study {spec.name!r}: {spec.model.name} ({spec.model.n_params() / 1e6:.1f}M "
+                     f"params) on {spec.cluster.nodes} x {spec.cluster.devices_per_node} "
+                     f"{spec.cluster.device}; budget {n} trials; storage {storage.masked_url}")
+    summary = run_study(spec, storage, launcher, n_trials=n, timeout_s=args.timeout,
+                        progress=progress)
+    _print_trials(summary.trials)
+    stop_msg = {"budget": f"budget of {n} trials reached",
+                "exhausted": "every promising layout was measured",
+                "timeout": "wall-time budget reached (run again to continue)",
+                "interrupt": "interrupted: the running trial was killed and will be retried",
+                "sigterm": "stopped by SIGTERM: the running trial will be retried"}
+    progress.message(stop_msg[summary.stopped_by])
+    if summary.best is not None:
+        b = summary.best
+        print(f"best layout: {b.user_attrs.get('layout')}  "
+              f"{b.value:.4g} model TFLOPS/device (trial #{b.number})")
+    if summary.stopped_by == "interrupt":
+        return EXIT_INTERRUPT
+    if summary.best is None and summary.stopped_by != "sigterm":
+        print("no trial completed: see the reasons above and the trial logs under "
+              f"{spec.launcher.run_dir}/{spec.name}/", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+def _print_trials(trials) -> None:
+    from optuna.trial import TrialState
+
+    from autotune.tables import format_table
+
+    measured = [t for t in trials if t.user_attrs.get("outcome") not in (None, "skipped")
+                and t.state != TrialState.WAITING]
+    measured.sort(key=lambda t: (t.value is None, -(t.value or 0.0), t.number))
+    rows = [[t.number, t.user_attrs.get("layout"), t.user_attrs.get("outcome"), t.value,
+             t.user_attrs.get("step_time_s"), t.user_attrs.get("peak_memory_gib"),
+             (t.user_attrs.get("reason") or "").splitlines()[0][:60]
+             if t.user_attrs.get("outcome") != "complete" else ""] for t in measured]
+    if rows:
+        print(format_table(["trial", "layout", "outcome", "TFLOPS/dev", "step_s",
+                            "mem_GiB", "reason"], rows))
+
+
+# -- status / best --------------------------------------------------------------------------
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from autotune.results import list_studies, load_existing_study, study_status
+    from autotune.tables import format_table
+
+    storage, name = _open(args.storage, args.study)
+    names = [name] if name else list_studies(storage)
+    if not names:
+        print(f"no studies in {storage.masked_url}")
+        return EXIT_OK
+    rows = []
+    for n in names:
+        st = study_status(load_existing_study(storage, n))
+        best = st.best
+        rows.append([st.name, st.by_outcome.get("complete", 0), st.by_outcome.get("oom", 0),
+                     st.by_outcome.get("infeasible", 0),
+                     sum(st.by_outcome.get(k, 0) for k in ("error", "timeout", "fail")),
+                     st.by_outcome.get("interrupted", 0), len(st.running),
+                     st.by_state.get("WAITING", 0),
+                     best.user_attrs.get("layout") if best else None,
+                     best.value if best else None])
+    print(format_table(["study", "complete", "oom", "infeasible", "failed", "interrupted",
+                        "running", "waiting", "best layout", "best TFLOPS/dev"], rows))
+    return EXIT_OK
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from autotune.report.export import emit_best
+    from autotune.results import best_layout, load_existing_study
+
+    storage, name = _open(args.storage, args.study)
+    study = load_existing_study(storage, name)
+    layout, trial = best_layout(study)
+    print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out)))
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from autotune.plan import plan_study, render_plan
+    from autotune.spec import load_study
+
+    spec = load_study(args.study)
+    print(render_plan(plan_study(spec, top=args.top), args.format))
+    return EXIT_OK
+
+
+# -- parser ---------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run (or resume) a study: measure layouts, store results")
+    r.add_argument("study", metavar="STUDY.yaml")
+    r.add_argument("--storage", metavar="URL", help="database URL (overrides the study file)")
+    r.add_argument("--n-trials", type=_positive_int, metavar="N",
+                   help="total measured trials the study should reach (resumes count)")
+    r.add_argument("--timeout", type=_positive_float, metavar="S",
+                   help="stop launching new trials after S seconds")
+    r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("status", help="trials by outcome, best so far, running trials")
+    s.add_argument("study", nargs="?", metavar="STUDY", help="study file or name (default: all)")
+    s.add_argument("--storage", metavar="URL")
+    s.set_defaults(func=cmd_status)
+
+    b = sub.add_parser("best", help="the best layout, as JSON or a ready launch config")
+    b.add_argument("study", metavar="STUDY", help="study file or name")
+    b.add_argument("--storage", metavar="URL")
+    b.add_argument("--emit", choices=("json", "deepspeed", "megatron-deepspeed"),
+                   default="json")
+    b.add_argument("--out", default=".", metavar="DIR",
+                   help="where --emit deepspeed writes ds_config.json (default: .)")
+    b.set_defaults(func=cmd_best)
+
+    pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")
+    pl.add_argument("study", metavar="STUDY.yaml")
+    pl.add_argument("--top", type=_positive_int, default=20, metavar="K")
+    pl.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    pl.set_defaults(func=cmd_plan)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress lines instead
+    handler: Handler = args.func
+    try:
+        return handler(args)
+    except UsageError as err:
+        print(f"autotune: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except AutotuneError as err:
+        print(f"autotune: error: {err}", file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPT
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

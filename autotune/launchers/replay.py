@@ -1,0 +1,149 @@
+"""Replay launcher: answer trials from a measured landscape instead of running them.
+
+A :class:`ReplayLauncher` holds one :class:`~autotune.landscape.LandscapeGroup` (a
+published landscape, or a finished campaign's ``measurements`` table via
+:func:`group_from_frame`) and, for a trial spec, writes the table's result for the spec's
+layout — ``ok`` with its model TFLOPS per device and step time, or ``oom`` — through the
+same result file and :class:`~autotune.launchers.base.LaunchReport` as a real launcher, so
+the study runner, the outcome mapping and the storage are exercised unchanged. A layout
+the table does not hold cannot be replayed: :class:`~autotune.errors.LaunchError`, which
+names the layout and the group (a search over a landscape must propose its layouts only).
+
+>>> from autotune.config.cluster import ClusterConfig
+>>> from autotune.config.model import MODEL_PRESETS
+>>> from autotune.landscape import LandscapeGroup, Measurement
+>>> from autotune.layout import Layout
+>>> lay = Layout(tp=2, pp=1, dp=1, micro_batch=1, grad_accum=4)
+>>> group = LandscapeGroup("g", MODEL_PRESETS["tiny"], ClusterConfig(devices_per_node=2), 4,
+...                        "fp32", (Measurement(lay, "ok", 0.5, None),))
+>>> ReplayLauncher(group).result_for(lay).model_tflops_per_device
+0.5
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autotune.config.cluster import ClusterConfig
+from autotune.config.model import ModelConfig
+from autotune.errors import LaunchError, SpecError
+from autotune.landscape import LandscapeGroup, Measurement, merge_duplicates
+from autotune.launchers.base import Launcher, TrialPaths
+from autotune.layout import Layout
+from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
+from autotune.trial import TrialResult, TrialSpec
+
+__all__ = ["ReplayLauncher", "group_from_frame", "FRAME_COLUMNS"]
+
+FRAME_COLUMNS: tuple[str, ...] = ("tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage",
+                                  "recompute", "status", "model_tflops_per_device")
+# The model dimensions a spec must share with the group for its numbers to apply.
+_MODEL_DIMS = ("n_layer", "hidden", "n_head", "seq_len", "ffn", "kv_heads")
+
+
+class ReplayLauncher(Launcher):
+    """Answers each trial with the landscape's measurement of its layout."""
+
+    kind = "replay"
+
+    def __init__(self, group: LandscapeGroup) -> None:
+        super().__init__()
+        self.group = group
+        self._by_layout = {m.layout: m for m in group.measurements}
+
+    def result_for(self, layout: Layout) -> TrialResult:
+        """The table's result for ``layout``; :class:`LaunchError` if it has none."""
+        m = self._by_layout.get(layout)
+        if m is None:
+            raise LaunchError(f"replay: layout {layout.key()} is not in landscape "
+                              f"{self.group.name!r} ({len(self._by_layout)} layouts); "
+                              "a replayed search may only propose the table's layouts")
+        return _result(m, self.group)
+
+    def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
+        for dim in _MODEL_DIMS:
+            if getattr(spec.model, dim) != getattr(self.group.model, dim):
+                raise LaunchError(f"replay: spec model {dim}={getattr(spec.model, dim)} but "
+                                  f"landscape {self.group.name!r} has "
+                                  f"{getattr(self.group.model, dim)}")
+        result = self.result_for(spec.layout)
+        result.write(paths.result)
+        return 0
+
+    def _poll(self, handle: Any) -> int | None:
+        return int(handle)
+
+    def _kill(self, handle: Any) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"launcher": self.kind, "landscape": self.group.name}
+
+
+def _result(m: Measurement, group: LandscapeGroup) -> TrialResult:
+    lay = m.layout
+    if m.status != "ok" or m.model_tflops_per_device is None:
+        what = "out of memory" if m.status == "oom" else "failed"
+        return TrialResult(status="oom" if m.status == "oom" else "error",
+                           error=f"{what} (replayed from landscape {group.name})",
+                           world_size=lay.world_size, device="replay", layout=lay.to_dict())
+    flops = model_flops_per_step(group.model, lay.global_batch)
+    step_s = m.iteration_time_s
+    if step_s is None:
+        step_s = flops / (m.model_tflops_per_device * 1e12 * lay.world_size)
+    hw = hardware_flops_per_step(group.model, lay.global_batch,
+                                 recompute=lay.recompute == "full")
+    tokens = lay.global_batch * group.model.seq_len / step_s
+    return TrialResult(status="ok", model_tflops_per_device=m.model_tflops_per_device,
+                       hardware_tflops_per_device=m.model_tflops_per_device * hw / flops,
+                       step_time_s=step_s, step_times_s=[step_s], tokens_per_s=tokens,
+                       world_size=lay.world_size, device="replay", layout=lay.to_dict())
+
+
+_STATUS_FROM_TABLE = {"ok": "ok", "complete": "ok", "oom": "oom", "error": "error",
+                      "timeout": "error"}
+
+
+def group_from_frame(df: Any, model: ModelConfig, cluster: ClusterConfig, global_batch: int,
+                     dtype: str, *, name: str = "measurements") -> LandscapeGroup:
+    """A landscape group from a campaign's ``measurements`` table (a pandas DataFrame).
+
+    Needs :data:`FRAME_COLUMNS`; ``status`` is the result's (``ok``/``oom``/``error``), or
+    when it is empty the ``outcome`` column's (``complete``/``oom``/``error``/``timeout``).
+    Rows never judged (``infeasible``, ``interrupted``, still running) are left out, as
+    are rows of another world size or global batch. A layout measured twice is merged as
+    in :func:`autotune.landscape.load_landscape` (mean of its ``ok`` values).
+    """
+    missing = [c for c in FRAME_COLUMNS if c not in df.columns]
+    if missing:
+        raise SpecError("measurements table", list(df.columns),
+                        f"missing column(s) {', '.join(missing)}")
+    rows = []
+    for i, rec in enumerate(df.to_dict("records")):
+        status = _STATUS_FROM_TABLE.get(str(rec.get("status") or "").lower())
+        if status is None:
+            status = _STATUS_FROM_TABLE.get(str(rec.get("outcome") or "").lower())
+        if status is None:
+            continue
+        try:
+            lay = Layout(**{k: _plain(rec[k]) for k in FRAME_COLUMNS[:7]})
+        except (SpecError, TypeError, ValueError) as err:
+            raise SpecError(f"measurements row {i}", rec.get("tp"), f"bad layout ({err})") \
+                from None
+        if lay.world_size != cluster.world_size or lay.global_batch != global_batch:
+            continue
+        value = rec.get("model_tflops_per_device")
+        value = float(value) if value is not None and math.isfinite(float(value)) else None
+        if status == "ok" and value is None:
+            status = "error"
+        step = rec.get("step_time_s")
+        step = float(step) if step is not None and math.isfinite(float(step)) else None
+        rows.append(Measurement(lay, status, value if status == "ok" else None, step))
+    return LandscapeGroup(name=name, model=model, cluster=cluster, global_batch=global_batch,
+                          dtype=dtype, measurements=merge_duplicates(rows))
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars to Python ones (Layout refuses anything but int/str)."""
+    return value.item() if hasattr(value, "item") else value

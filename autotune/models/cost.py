@@ -1,0 +1,402 @@
+"""Analytic step time of a layout: compute, communication, pipeline bubble, optimizer.
+
+One optimizer step of 1F1B pipelining with ``m = grad_accum`` micro-batches over ``p``
+stages takes (Narayanan et al. 2021, section 2.2.1; unequal stages generalised)::
+
+    T = (m - 1) * max_i t_i + sum_i t_i  +  T_dp  +  T_opt
+
+where ``t_i`` is stage ``i``'s time for one micro-batch (forward, backward, recompute, its
+TP all-reduces, its point-to-point sends): with equal stages this is the textbook
+``(m + p - 1) t``, i.e. a bubble fraction ``(p - 1) / m``. ``T_dp`` is the exposed part
+of the data-parallel gradient reduction and ``T_opt`` the memory-bound optimizer step.
+
+Every term is one function below, citing its source. Constants are physical (datasheet
+peaks, published GEMM efficiencies, launch latencies), never fitted to a landscape; the
+one hook for measurements is :func:`calibrate`, a single scale factor that leaves the
+ranking alone. See ``docs/models.md``.
+
+>>> from autotune.config.cluster import ClusterConfig
+>>> from autotune.config.model import MODEL_PRESETS
+>>> from autotune.layout import Layout
+>>> est = estimate_step(MODEL_PRESETS["gpt-1.3b"], Layout(tp=1, pp=1, dp=8, micro_batch=4,
+...                     grad_accum=16, recompute="none"), ClusterConfig(devices_per_node=8,
+...                     device="a100-80gb"), dtype="bf16")
+>>> 100 < est.model_tflops_per_device < 250
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.config.cluster import ClusterConfig
+from autotune.config.model import ModelConfig
+from autotune.hardware import DeviceSpec, LinkSpec
+from autotune.layout import Layout
+from autotune.models.flops import model_flops_per_step
+from autotune.models.memory import dtype_bytes, layer_params_per_rank, params_per_rank
+
+__all__ = [
+    "StepEstimate",
+    "DevicePerf",
+    "estimate_step",
+    "gemm_efficiency",
+    "gemm_time_s",
+    "layer_forward_time_s",
+    "logits_forward_time_s",
+    "ring_allreduce_time_s",
+    "tp_allreduce_time_s",
+    "p2p_time_s",
+    "dp_reduce_time_s",
+    "zero3_gather_time_s",
+    "optimizer_time_s",
+    "pipeline_time_s",
+    "link_level",
+    "calibrate",
+    "device_perf",
+]
+
+
+@dataclass(frozen=True)
+class DevicePerf:
+    """What the cost model needs beyond :class:`~autotune.hardware.DeviceSpec`."""
+
+    gemm_efficiency_max: float
+    """Fraction of the dense peak a large GEMM reaches (published measurements)."""
+    hbm_gbps: float
+    """Device memory bandwidth, GB/s (memory-bound kernels, optimizer step)."""
+    kernel_overhead_s: float = 5e-6
+    """Fixed cost per kernel: launch latency plus the eager-mode dispatch (~3-5 us on
+    CUDA, NVIDIA's CUDA C++ Best Practices Guide; similar for Level Zero)."""
+    host_op_s: float = 15e-6
+    """Host time to dispatch one framework operator (eager PyTorch)."""
+    fallback_peak_tflops: float | None = None
+    """Peak to assume when the device table has none (CPU)."""
+
+
+# Large-GEMM efficiency: A100 cuBLAS BF16/FP16 ~250 of 312 TFLOPS (NVIDIA, "A100 Tensor
+# Core GPU architecture" whitepaper and cuBLAS benchmarks); H100 SXM ~700-750 of 989
+# (NVIDIA Hopper tuning guide, cuBLAS 12); Max 1550 tile: 207 of 419 per tile with the
+# node busy (ALCF, shared/landscapes/README.md). HBM: A100-40GB 1,555 GB/s, A100-80GB
+# 2,039, H100 3,350, H200 4,800 (NVIDIA datasheets); Max 1550 3,277 GB/s per card, half
+# per tile (Intel datasheet). CPU: a rank's share of a small host (estimate).
+_PERF: dict[str, DevicePerf] = {
+    "a100-40gb": DevicePerf(0.80, 1555.0),
+    "a100-80gb": DevicePerf(0.80, 2039.0),
+    "h100": DevicePerf(0.72, 3350.0),
+    "h200": DevicePerf(0.72, 4800.0),
+    "max1550-tile": DevicePerf(0.49, 1638.0, kernel_overhead_s=8e-6),
+    "max1550-card": DevicePerf(0.49, 3277.0, kernel_overhead_s=8e-6),
+    "cpu": DevicePerf(0.5, 10.0, kernel_overhead_s=20e-6, fallback_peak_tflops=0.05),
+}
+_DEFAULT_PERF = DevicePerf(0.7, 2000.0)
+
+GEMM_RAMP_S = 5e-6
+"""A GEMM reaches ``gemm_efficiency_max`` only when its ideal time is long against the
+launch, the fill of the first wave and the tail of the last (a few microseconds)."""
+
+DP_OVERLAP_STAGES = (2, 3)
+"""ZeRO stages whose gradient reduction DeepSpeed overlaps with the backward pass
+(``overlap_comm`` defaults to true for stages 2 and 3; stages 0-1 and the pipeline engine
+reduce after the backward / after the flush)."""
+
+
+def device_perf(name: str) -> DevicePerf:
+    """The :class:`DevicePerf` of a device-table name (a generic accelerator if unknown)."""
+    return _PERF.get(name, _DEFAULT_PERF)
+
+
+def link_level(span: int, cluster: ClusterConfig, devices_per_card: int) -> str:
+    """Which link a group of ``span`` consecutive ranks crosses.
+
+    TP groups are consecutive ranks, a DP group spans ``tp * dp`` ranks and a pipeline
+    spans the world (rank order of :mod:`autotune.layout`): a group that fits one card
+    talks over the card's tile link, one that fits a node over the node's fabric, any
+    larger one over the network, whose per-device bandwidth is then the ring's bottleneck.
+    """
+    if span <= 1:
+        return "none"
+    if span <= devices_per_card:
+        return "intra_card"
+    if span <= cluster.devices_per_node:
+        return "intra_node"
+    return "inter_node"
+
+
+def _link(spec: DeviceSpec, level: str) -> LinkSpec:
+    return getattr(spec, level)
+
+
+def gemm_efficiency(flops: float, peak_flops: float, perf: DevicePerf) -> float:
+    """Fraction of peak one GEMM of ``flops`` reaches: rising with the work per kernel.
+
+    ``e(w) = e_max * w / (w + w_half)`` with ``w_half = peak * e_max * GEMM_RAMP_S``: the
+    same as a kernel that runs at ``e_max`` after a fixed ramp of ``GEMM_RAMP_S``. Small
+    GEMMs (small micro-batch, sequence or hidden / tp) cannot fill the device's compute
+    units (wave quantization; NVIDIA, "Matrix Multiplication Background User's Guide").
+    """
+    w_half = peak_flops * perf.gemm_efficiency_max * GEMM_RAMP_S
+    return perf.gemm_efficiency_max * flops / (flops + w_half)
+
+
+def gemm_time_s(flops: float, peak_flops: float, perf: DevicePerf) -> float:
+    """Time of one GEMM: ``flops / (peak * gemm_efficiency(flops))``."""
+    if flops <= 0:
+        return 0.0
+    return flops / (peak_flops * gemm_efficiency(flops, peak_flops, perf))
+
+
+def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
+                         perf: DevicePerf, dtype: str, *, flash_attention: bool) -> float:
+    """Forward time of one transformer layer for one micro-batch on one TP rank.
+
+    GEMMs (per token: QKV ``2h(h+2kv)/t``, projection ``2h^2/t``, MLP ``2*2hf/t``; per
+    sequence the two attention matmuls ``2*2 s^2 h / t``: :mod:`autotune.models.flops`),
+    each timed with :func:`gemm_efficiency`; plus the memory-bound element-wise kernels
+    (LayerNorm, bias+GeLU, bias+dropout+residual: about ``11 + 8/t`` tensors of
+    ``s b h`` read or written), plus, without fused/flash attention, the score matrix
+    written, soft-maxed and dropped out (~5 passes over ``a s^2 b / t`` elements).
+    """
+    b, s, h, f, t = layout.micro_batch, model.seq_len, model.hidden, model.ffn, layout.tp
+    kv = model.kv_heads * model.head_dim
+    tokens = b * s
+    gemms = [2 * tokens * h * (h + 2 * kv) / t, 2 * tokens * h * h / t,
+             2 * tokens * h * f / t, 2 * tokens * f * h / t]
+    attn = 4 * b * s * s * h / t
+    gemms += [attn / 2, attn / 2] if not flash_attention else [attn]
+    time = sum(gemm_time_s(w, peak_flops, perf) for w in gemms)
+    elem_bytes = tokens * h * (11 + 8 / t) * dtype_bytes(dtype)
+    n_elementwise = 6
+    if not flash_attention:
+        elem_bytes += 5 * model.n_head * s * s * b / t * dtype_bytes(dtype)
+        n_elementwise += 2
+    time += elem_bytes / (perf.hbm_gbps * 1e9) + n_elementwise * perf.kernel_overhead_s
+    return time
+
+
+HOST_OPS_PER_LAYER_PASS = 50
+"""Framework operators the host dispatches per transformer layer and pass (LayerNorms,
+linears, views and transposes, softmax, dropout, bias-adds, TP region copies)."""
+HOST_SERIAL_FRACTION = 0.25
+
+
+def host_layer_time_s(layout: Layout, perf: DevicePerf) -> float:
+    """Host (Python + dispatcher) time of one layer for one micro-batch, all passes.
+
+    Eager PyTorch spends ~10-20 us of CPU per operator (He, "Making Deep Learning Go
+    Brrrr From First Principles", 2022: overhead-bound regime); the device runs
+    asynchronously, so a layer takes at least this long however small its kernels.
+    Each TP collective adds one more synchronising call.
+    """
+    passes = 4 if layout.recompute == "full" else 3
+    ops = passes * HOST_OPS_PER_LAYER_PASS
+    if layout.tp > 1:
+        ops += 6 if layout.recompute == "full" else 4
+    return ops * perf.host_op_s
+
+
+def logits_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
+                          perf: DevicePerf) -> float:
+    """Forward time of the vocabulary-parallel output layer and the fp32 softmax/loss
+    (``2 b s h V / t`` FLOPs; the logits read and written in fp32 about 3 times)."""
+    b, s, t = layout.micro_batch, model.seq_len, layout.tp
+    vocab = math.ceil(model.vocab_size / t)
+    gemm = gemm_time_s(2 * b * s * model.hidden * vocab, peak_flops, perf)
+    return gemm + 3 * b * s * vocab * 4 / (perf.hbm_gbps * 1e9) + 4 * perf.kernel_overhead_s
+
+
+def ring_allreduce_time_s(n_bytes: float, ranks: int, link: LinkSpec) -> float:
+    """Ring all-reduce (Patarasuk and Yuan 2009; NCCL): ``2(n-1)/n`` of the bytes cross
+    each device's link, in ``2(n-1)`` latency-bound steps."""
+    if ranks <= 1:
+        return 0.0
+    return (2 * (ranks - 1) / ranks * n_bytes / (link.gbps * 1e9)
+            + 2 * (ranks - 1) * link.latency_us * 1e-6)
+
+
+def tp_allreduce_time_s(model: ModelConfig, layout: Layout, spec: DeviceSpec,
+                        level: str, dtype: str) -> float:
+    """TP communication of one layer and one micro-batch (forward, backward, recompute).
+
+    Megatron TP (Shoeybi et al. 2019, fig. 4) all-reduces the ``s b h`` output of the
+    attention and of the MLP block in the forward pass and their input gradients in the
+    backward: 4 all-reduces per layer, 6 with the recompute forward. Not overlapped.
+    """
+    if layout.tp == 1:
+        return 0.0
+    n_bytes = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+    count = 6 if layout.recompute == "full" else 4
+    return count * ring_allreduce_time_s(n_bytes, layout.tp, _link(spec, level))
+
+
+def p2p_time_s(model: ModelConfig, layout: Layout, spec: DeviceSpec, level: str,
+               dtype: str) -> float:
+    """Point-to-point traffic of one stage for one micro-batch: the ``s b h`` activation
+    sent forward and its gradient sent back (Narayanan et al. 2021, section 4.1, without
+    the scatter/gather optimisation, as DeepSpeed's pipeline engine does)."""
+    if layout.pp == 1:
+        return 0.0
+    link = _link(spec, level)
+    n_bytes = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+    return 2 * (n_bytes / (link.gbps * 1e9) + link.latency_us * 1e-6)
+
+
+def dp_reduce_time_s(n_params: int, layout: Layout, link: LinkSpec, dtype: str) -> float:
+    """Data-parallel gradient reduction per step: a ring all-reduce of the stage's
+    gradients (ZeRO-1/2: a reduce-scatter plus the all-gather of the updated weights, the
+    same volume; Rajbhandari et al. 2020, section 7)."""
+    return ring_allreduce_time_s(n_params * dtype_bytes(dtype), layout.dp, link)
+
+
+def zero3_gather_time_s(n_params: int, layout: Layout, link: LinkSpec, dtype: str) -> float:
+    """ZeRO-3 traffic of one micro-batch: all-gather the weights for the forward and again
+    for the backward (and for the recompute forward), reduce-scatter the gradients; each
+    moves ``(n-1)/n`` of the stage's 16-bit weights (Rajbhandari et al. 2020, section 7.2.2:
+    1.5x the data-parallel volume)."""
+    if layout.zero_stage < 3 or layout.dp == 1:
+        return 0.0
+    passes = 4 if layout.recompute == "full" else 3
+    per_pass = (layout.dp - 1) / layout.dp * n_params * dtype_bytes(dtype) / (link.gbps * 1e9)
+    return passes * (per_pass + (layout.dp - 1) * link.latency_us * 1e-6)
+
+
+def optimizer_time_s(n_params: int, layout: Layout, perf: DevicePerf, dtype: str) -> float:
+    """Adam step over the rank's shard: memory-bound, ~28-30 bytes read or written per
+    parameter (fp32 master, momentum, variance read and written; gradient read; 16-bit
+    weight written). ZeRO-1 and above update only ``1/dp`` of the parameters."""
+    shard = n_params / layout.dp if layout.zero_stage >= 1 else n_params
+    per_param = 28 if dtype == "fp32" else 30
+    return shard * per_param / (perf.hbm_gbps * 1e9)
+
+
+def pipeline_time_s(stage_times_s: list[float], micro_batches: int) -> float:
+    """1F1B step time of the pipeline: ``(m - 1) max t_i + sum t_i``.
+
+    Narayanan et al. 2021, section 2.2.1: with equal stages ``(m + p - 1) t``, a bubble of
+    ``(p - 1) / m`` of the ideal time; a slower stage (the last one with the logits)
+    sets the steady-state rate.
+    """
+    return (micro_batches - 1) * max(stage_times_s) + sum(stage_times_s)
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """Predicted time of one optimizer step, with its breakdown (seconds per step)."""
+
+    compute_s: float
+    """Forward, backward and recompute of the slowest stage, all micro-batches."""
+    tp_comm_s: float
+    """TP all-reduces of the slowest stage, all micro-batches."""
+    pp_p2p_s: float
+    """Point-to-point sends of the slowest stage, all micro-batches."""
+    bubble_s: float
+    """Pipeline fill and drain beyond ``m`` times the slowest stage."""
+    zero3_comm_s: float
+    """ZeRO-3 gather/scatter not hidden behind compute."""
+    dp_comm_s: float
+    """Exposed data-parallel gradient reduction."""
+    optimizer_s: float
+    step_time_s: float
+    model_tflops_per_device: float
+    hardware_tflops_per_device: float
+    gemm_efficiency: float
+    """Efficiency of the layer's largest GEMM (a diagnostic)."""
+
+    def to_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
+                  dtype: str = "bf16", flash_attention: bool = True) -> StepEstimate:
+    """Predicted step time and throughput of ``layout`` on ``cluster`` (pure function)."""
+    spec = cluster.device_spec()
+    perf = device_perf(spec.name)
+    peak_tflops = spec.peak_tflops(dtype) or perf.fallback_peak_tflops or 1.0
+    peak = peak_tflops * 1e12
+    dpc = spec.devices_per_card
+    lay, m, p = layout, layout.grad_accum, layout.pp
+    rc = 1.0 if lay.recompute == "full" else 0.0
+
+    # One layer, one micro-batch: forward, backward (2x forward), recompute forward.
+    fwd = layer_forward_time_s(model, lay, peak, perf, dtype, flash_attention=flash_attention)
+    tp_comm = tp_allreduce_time_s(model, lay, spec, link_level(lay.tp, cluster, dpc), dtype)
+    host = host_layer_time_s(lay, perf)
+    device_t = (3.0 + rc) * fwd + tp_comm
+    layer_t = max(device_t, host) + HOST_SERIAL_FRACTION * min(device_t, host)
+    p2p = p2p_time_s(model, lay, spec, link_level(lay.world_size, cluster, dpc), dtype)
+    layers = math.ceil(model.n_layer / p)
+    logits = 3.0 * logits_forward_time_s(model, lay, peak, perf)
+
+    dp_link = _link(spec, link_level(lay.tp * lay.dp, cluster, dpc)) if lay.dp > 1 else None
+    stage_names = ["only"] if p == 1 else ["first", "last"]
+    stage_t: dict[str, float] = {}
+    z3: dict[str, float] = {}
+    for name in stage_names:
+        compute = layers * layer_compute + (logits if name in ("last", "only") else 0.0)
+        n_params = params_per_rank(model, lay, name)
+        gather = zero3_gather_time_s(n_params, lay, dp_link, dtype) if dp_link else 0.0
+        # DeepSpeed prefetches the next layer's weights: gathers hide behind compute.
+        z3[name] = max(0.0, gather - compute)
+        stage_t[name] = compute + layers * tp_comm + p2p + z3[name]
+    times = ([stage_t["only"]] if p == 1
+             else [stage_t["first"], *[stage_t["first"] - _embed_share(model, lay)] * (p - 2),
+                   stage_t["last"]])
+    pipe = pipeline_time_s(times, m)
+    slow = max(stage_names, key=lambda n: stage_t[n])
+    compute_slow = layers * layer_compute + (logits if slow in ("last", "only") else 0.0)
+
+    # Data-parallel reduction and optimizer step of the slowest stage (largest shard).
+    n_slow = max(params_per_rank(model, lay, n) for n in stage_names)
+    dp = 0.0
+    if dp_link is not None and lay.zero_stage < 3:
+        dp = dp_reduce_time_s(n_slow, lay, dp_link, dtype)
+        if p == 1 and lay.zero_stage in DP_OVERLAP_STAGES:
+            dp = max(0.0, dp - layers * 2.0 * fwd)  # hidden behind the last backward
+    opt = optimizer_time_s(n_slow, lay, perf, dtype)
+    step = pipe + dp + opt
+
+    world = lay.world_size
+    model_flops = model_flops_per_step(model, lay.global_batch)
+    hw_flops = model_flops + rc * model.n_layer * _layer_flops(model, lay.global_batch)
+    b, s, h = lay.micro_batch, model.seq_len, model.hidden
+    big = 2 * b * s * h * model.ffn / lay.tp
+    return StepEstimate(
+        compute_s=m * compute_slow,
+        tp_comm_s=m * layers * tp_comm,
+        pp_p2p_s=m * p2p if p > 1 else 0.0,
+        bubble_s=pipe - m * max(times),
+        zero3_comm_s=m * z3[slow],
+        dp_comm_s=dp,
+        optimizer_s=opt,
+        step_time_s=step,
+        model_tflops_per_device=model_flops / (step * world) / 1e12,
+        hardware_tflops_per_device=hw_flops / (step * world) / 1e12,
+        gemm_efficiency=gemm_efficiency(big, peak, perf),
+    )
+
+
+def _embed_share(model: ModelConfig, layout: Layout) -> float:
+    # Middle stages are first stages without the embedding lookup: negligible time.
+    return 0.0
+
+
+def _layer_flops(model: ModelConfig, sequences: int) -> float:
+    from autotune.models.flops import layer_forward_flops
+
+    return layer_forward_flops(model, sequences)
+
+
+def calibrate(predicted_s: list[float], measured_s: list[float]) -> float:
+    """The scale ``k`` minimising the squared log error of ``k * predicted`` vs measured.
+
+    The hook for measurements: multiplying every prediction by one factor keeps the
+    ranking and fixes the absolute level (the geometric mean of measured/predicted).
+    """
+    pairs = [(p, m) for p, m in zip(predicted_s, measured_s, strict=True) if p > 0 and m > 0]
+    if not pairs:
+        return 1.0
+    return math.exp(sum(math.log(m / p) for p, m in pairs) / len(pairs))
+
+
+_ = layer_params_per_rank  # re-exported for callers that size ZeRO-3 buckets

@@ -1,0 +1,1 @@
+"""Seeing and using results: reports, plots and exporters of the best layout."""

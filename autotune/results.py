@@ -1,0 +1,72 @@
+"""Reading a study back: counts by outcome, the best layout, the measured trials.
+
+Used by ``autotune status``, ``autotune best`` and the reports; works from the database
+alone (the study file is not needed once trials exist).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import UsageError
+from autotune.layout import Layout
+from autotune.storage.db import Storage
+
+__all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "best_layout",
+           "list_studies"]
+
+
+@dataclass
+class StudyStatus:
+    name: str
+    n_trials: int
+    by_state: dict[str, int]
+    by_outcome: dict[str, int]
+    best: FrozenTrial | None
+    running: list[FrozenTrial] = field(default_factory=list)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+
+
+def list_studies(storage: Storage) -> list[str]:
+    return [s.study_name for s in optuna.get_all_study_summaries(storage.optuna)]
+
+
+def load_existing_study(storage: Storage, name: str) -> optuna.Study:
+    """The study ``name``; a clear usage error listing what exists otherwise."""
+    try:
+        return optuna.load_study(study_name=name, storage=storage.optuna)
+    except KeyError:
+        names = list_studies(storage)
+        known = ", ".join(names) if names else "none"
+        raise UsageError(f"no study named {name!r} in {storage.masked_url} "
+                         f"(studies there: {known})") from None
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return max(done, key=lambda t: t.value or 0.0) if done else None
+
+
+def best_layout(study: optuna.Study) -> tuple[Layout, FrozenTrial]:
+    trial = best_trial(study)
+    if trial is None:
+        raise UsageError(f"study {study.study_name!r} has no completed trial yet")
+    return Layout.from_dict(trial.user_attrs["layout_dict"]), trial
+
+
+def study_status(study: optuna.Study) -> StudyStatus:
+    trials = study.get_trials(deepcopy=False)
+    return StudyStatus(
+        name=study.study_name, n_trials=len(trials),
+        by_state=dict(Counter(t.state.name for t in trials)),
+        by_outcome=dict(Counter(t.user_attrs.get("outcome", t.state.name.lower())
+                                for t in trials if t.state != TrialState.WAITING)),
+        best=best_trial(study),
+        running=[t for t in trials if t.state == TrialState.RUNNING],
+        fingerprint=study.user_attrs.get("fingerprint", {}),
+    )

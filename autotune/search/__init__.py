@@ -1,0 +1,87 @@
+"""Search strategies: which layout to measure next.
+
+A :class:`Strategy` gets the candidate layouts (the feasible space, in plan order) and the
+history of what was measured, and returns the next layout or ``None``. The study runner
+uses it through :func:`enqueue_next` / :func:`suggest_layout`; the benchmark
+(``benchmarks/search_efficiency.py``) drives the very same objects. See ``docs/search.md``.
+
+>>> from autotune.layout import Layout
+>>> cands = [Layout(tp=t, pp=1, dp=4 // t, micro_batch=1, grad_accum=t) for t in (1, 2, 4)]
+>>> strategy = make_strategy("cost-model-only", seed=0, predict=lambda lay: lay.tp)
+>>> strategy.propose(cands, []).tp
+4
+>>> strategy.propose(cands, [Observation(cands[2], "ok", 10.0)]).tp
+2
+"""
+
+from __future__ import annotations
+
+from autotune.config.study import STRATEGIES
+from autotune.errors import SpecError
+from autotune.search._base import (
+    Observation,
+    Predictor,
+    Strategy,
+    dominated_by_oom,
+    needs_no_less_memory,
+    untried,
+)
+from autotune.search._optuna import (
+    PARAM_AXES,
+    STARTUP_TRIALS,
+    OptunaSamplerStrategy,
+    axis_distributions,
+    enqueue_next,
+    history_from_study,
+    layout_from_params,
+    layout_params,
+    suggest_layout,
+)
+from autotune.search._residual import ResidualStrategy
+from autotune.search._seeding import cost_model_predictor
+from autotune.search._simple import CostModelOnlyStrategy, GridStrategy, RandomStrategy
+
+__all__ = ["STRATEGIES", "PARAM_AXES", "Observation", "Predictor", "Strategy", "make_strategy",
+           "dominated_by_oom", "needs_no_less_memory", "untried", "axis_distributions",
+           "layout_params", "layout_from_params", "suggest_layout", "history_from_study",
+           "enqueue_next", "cost_model_predictor", "ResidualStrategy", "CostModelOnlyStrategy",
+           "GridStrategy", "RandomStrategy", "OptunaSamplerStrategy"]
+
+
+def _tpe(seed: int):
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS,
+                                      multivariate=True, warn_independent_sampling=False)
+
+
+def _gp(seed: int):
+    import optuna
+
+    try:
+        import scipy  # noqa: F401  (GPSampler needs it; not a core dependency)
+    except ImportError:
+        raise SpecError("search.strategy", "gp",
+                        "the 'gp' strategy needs scipy (pip install scipy)") from None
+    return optuna.samplers.GPSampler(seed=seed, n_startup_trials=STARTUP_TRIALS,
+                                     deterministic_objective=False)
+
+
+def make_strategy(name: str, *, seed: int, predict: Predictor | None = None) -> Strategy:
+    """A fresh strategy for one study. ``predict`` is the cost model's predicted throughput
+    of a layout; ``cost-model-only`` needs it, ``default`` uses it when given."""
+    if name == "default":
+        return ResidualStrategy(seed=seed, predict=predict)
+    if name == "cost-model-only":
+        if predict is None:
+            raise SpecError("search.strategy", name, "needs a cost model (predict)")
+        return CostModelOnlyStrategy(seed=seed, predict=predict)
+    if name == "random":
+        return RandomStrategy(seed=seed)
+    if name == "grid":
+        return GridStrategy(seed=seed)
+    if name == "tpe":
+        return OptunaSamplerStrategy("tpe", _tpe, seed=seed)
+    if name == "gp":
+        return OptunaSamplerStrategy("gp", _gp, seed=seed)
+    raise SpecError("search.strategy", name, f"allowed: one of {', '.join(STRATEGIES)}")

@@ -1,0 +1,117 @@
+"""The strategy interface: candidates and history in, the next layout to measure out.
+
+A strategy never launches anything and never sees a launcher or a study. It is given
+
+* ``candidates``: the feasible layouts of the space, in plan order (every layout it may
+  propose), and
+* ``history``: what was measured so far, one :class:`Observation` per layout tried (or
+  pending: launched and not yet finished),
+
+and returns one layout of ``candidates`` that is not in ``history`` and not dominated by a
+measured OOM (strategies that use the rule), or ``None`` when nothing is left. The same
+objects drive the real Optuna study (:func:`autotune.search.enqueue_next`) and the
+benchmark (``benchmarks/search_efficiency.py``), so what is benchmarked is what ships.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from autotune.layout import Layout
+
+__all__ = ["Observation", "Strategy", "Predictor", "OBSERVATION_STATUSES",
+           "dominated_by_oom", "untried"]
+
+Predictor = Callable[[Layout], float]
+"""Predicted throughput of a layout (model TFLOPS per device; any positive scale)."""
+
+OBSERVATION_STATUSES: tuple[str, ...] = ("ok", "oom", "error", "pending")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One layout the study has tried: ``value`` is the measured model TFLOPS per device
+    (``status == "ok"`` only); ``oom`` ran out of memory; ``error`` failed otherwise;
+    ``pending`` is launched and not finished (never proposed again)."""
+
+    layout: Layout
+    status: str
+    value: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in OBSERVATION_STATUSES:
+            raise ValueError(f"Observation.status: got {self.status!r}; allowed: "
+                             f"{', '.join(OBSERVATION_STATUSES)}")
+
+
+# Memory order of activation recomputation: "none" keeps every activation (more memory).
+_RECOMPUTE_MEMORY = {"full": 0, "none": 1}
+
+
+def needs_no_less_memory(layout: Layout, than: Layout) -> bool:
+    """Whether ``layout`` needs at least the memory of ``than`` per device.
+
+    Same tp and pp (so the same model shard and dp), a micro-batch at least as large,
+    recomputation no stronger and a ZeRO stage no higher (each ZeRO stage only removes
+    state: Rajbhandari et al. 2020, fig. 1). Gradient accumulation does not change the
+    peak: the micro-batches in flight are bounded by pp under 1F1B.
+    """
+    return (layout.tp == than.tp and layout.pp == than.pp
+            and layout.micro_batch >= than.micro_batch
+            and _RECOMPUTE_MEMORY[layout.recompute] >= _RECOMPUTE_MEMORY[than.recompute]
+            and layout.zero_stage <= than.zero_stage)
+
+
+def dominated_by_oom(layout: Layout, history: Iterable[Observation]) -> Layout | None:
+    """The measured OOM layout that ``layout`` needs no less memory than, if any."""
+    for obs in history:
+        if obs.status == "oom" and needs_no_less_memory(layout, obs.layout):
+            return obs.layout
+    return None
+
+
+def untried(candidates: Sequence[Layout], history: Sequence[Observation], *,
+            skip_oom_dominated: bool) -> list[Layout]:
+    """Candidates not yet tried (nor pending), in plan order."""
+    tried = {obs.layout for obs in history}
+    ooms = [obs for obs in history if obs.status == "oom"]
+    out = []
+    for lay in candidates:
+        if lay in tried:
+            continue
+        if skip_oom_dominated and ooms and dominated_by_oom(lay, ooms) is not None:
+            continue
+        out.append(lay)
+    return out
+
+
+class Strategy(ABC):
+    """Proposes the next layout to measure. One instance serves one study (it may keep
+    state between calls, but the history passed in is the truth: a resumed study passes
+    the full history to a fresh instance)."""
+
+    name: str = "abstract"
+    skip_oom_dominated: bool = True
+    """Whether layouts needing no less memory than a measured OOM are skipped."""
+
+    def __init__(self, *, seed: int = 0) -> None:
+        self.seed = seed
+
+    def propose(self, candidates: Sequence[Layout],
+                history: Sequence[Observation]) -> Layout | None:
+        """The next layout to measure, or ``None`` when every candidate is used up."""
+        free = untried(candidates, history, skip_oom_dominated=self.skip_oom_dominated)
+        if not free:
+            return None
+        choice = self._choose(free, candidates, history)
+        if choice not in free:  # a bug in a strategy must never launch a repeat
+            raise RuntimeError(f"strategy {self.name!r} proposed {choice}, which is not an "
+                               "untried candidate")
+        return choice
+
+    @abstractmethod
+    def _choose(self, free: list[Layout], candidates: Sequence[Layout],
+                history: Sequence[Observation]) -> Layout:
+        """Pick one of ``free`` (non-empty, plan order)."""

@@ -1,0 +1,180 @@
+"""Optuna on both sides: TPE/GP as strategies, and the adapter to a real ``optuna.Study``.
+
+**Parameters.** A layout is told to Optuna as five categorical parameters ``tp``, ``pp``,
+``micro_batch``, ``zero_stage``, ``recompute`` (``dp`` and ``grad_accum`` follow from the
+world size and the global batch). Per-axis parameters, rather than one categorical
+``layout`` key, let the dashboard's parameter importance say *which axis* matters and let
+TPE/GP model each axis; a single key would be 30 unrelated categories to both. The
+choices of each axis are the values present among the candidates, sorted, so they are
+the same for every trial of a study (Optuna refuses a categorical whose choices change).
+
+**TPE/GP strategies** keep a private in-memory study that mirrors the history. A sampled
+combination that is not a candidate (infeasible) is told as PRUNED (never launched) and
+the sampler asked again; one that was measured already is told as FAIL (no new
+information) and asked again; after :data:`MAX_ASKS` such asks the strategy falls back to
+a random untried candidate, so it always proposes an untried candidate.
+
+**The adapter** (:func:`enqueue_next`) reads the history from the real study, asks any
+strategy for the next layout and enqueues its parameters; the objective then reads the
+layout back with :func:`suggest_layout`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.layout import Layout
+from autotune.search._base import Observation, Strategy
+
+__all__ = ["PARAM_AXES", "MAX_ASKS", "STARTUP_TRIALS", "axis_distributions", "layout_params",
+           "layout_from_params", "suggest_layout", "history_from_study", "enqueue_next",
+           "OptunaSamplerStrategy"]
+
+PARAM_AXES: tuple[str, ...] = ("tp", "pp", "micro_batch", "zero_stage", "recompute")
+MAX_ASKS = 30
+STARTUP_TRIALS = 3
+"""Random trials before TPE/GP model anything: Optuna's default of 10 would make both
+pure random search within a budget of ~10 trials."""
+
+
+def axis_distributions(candidates: Sequence[Layout]) -> dict[str, CategoricalDistribution]:
+    """One categorical distribution per axis, over the values among the candidates."""
+    return {axis: CategoricalDistribution(sorted({getattr(c, axis) for c in candidates},
+                                                 key=lambda v: (str(type(v)), v)))
+            for axis in PARAM_AXES}
+
+
+def layout_params(layout: Layout) -> dict[str, Any]:
+    """The per-axis parameters of a layout (what is enqueued and what the dashboard shows)."""
+    return {axis: getattr(layout, axis) for axis in PARAM_AXES}
+
+
+def layout_from_params(params: dict[str, Any], candidates: Sequence[Layout]) -> Layout | None:
+    """The candidate with these axis values, ``None`` if there is none (infeasible)."""
+    for lay in candidates:
+        if all(getattr(lay, axis) == params.get(axis) for axis in PARAM_AXES):
+            return lay
+    return None
+
+
+def suggest_layout(trial: optuna.trial.BaseTrial, candidates: Sequence[Layout]) -> Layout | None:
+    """In the objective: read (or sample) the five axis parameters, return the candidate.
+
+    ``None`` means the combination is not a candidate: the objective must not launch it and
+    should record it as infeasible (``autotune.outcome.infeasible``, PRUNED + constraint).
+    """
+    dists = axis_distributions(candidates)
+    params = {axis: trial.suggest_categorical(axis, dists[axis].choices) for axis in PARAM_AXES}
+    return layout_from_params(params, candidates)
+
+
+def _observation(trial: FrozenTrial, layout: Layout) -> Observation | None:
+    """How a trial of the real study counts for a strategy (``None``: not at all).
+
+    The outcome kind is read from the ``outcome`` user attribute when the runner sets it
+    (:data:`autotune.outcome.OUTCOME_KINDS`), else from the state.
+    """
+    kind = trial.user_attrs.get("outcome")
+    if trial.state in (TrialState.RUNNING, TrialState.WAITING):
+        return Observation(layout, "pending")
+    if kind == "interrupted":
+        return None  # never judged: it will be measured again
+    if trial.state == TrialState.COMPLETE and trial.value is not None:
+        return Observation(layout, "ok", float(trial.value))
+    if kind == "oom" or (kind is None and trial.state == TrialState.PRUNED):
+        return Observation(layout, "oom")
+    return Observation(layout, "error")
+
+
+def history_from_study(study: optuna.Study, candidates: Sequence[Layout]) -> list[Observation]:
+    """Observations of every trial of ``study`` whose parameters name a candidate, in
+    trial order (a layout tried twice counts once: its first judged result)."""
+    out: dict[Layout, Observation] = {}
+    for trial in study.get_trials(deepcopy=False):
+        params = trial.params or trial.system_attrs.get("fixed_params", {})
+        lay = layout_from_params(params, candidates)
+        if lay is None:
+            continue
+        obs = _observation(trial, lay)
+        if obs is not None and (lay not in out or out[lay].status == "pending"):
+            out[lay] = obs
+    return list(out.values())
+
+
+def enqueue_next(study: optuna.Study, candidates: Sequence[Layout],
+                 strategy: Strategy) -> Layout | None:
+    """Ask ``strategy`` for the next layout given ``study``'s trials and enqueue it.
+
+    Returns the layout, or ``None`` when the strategy has nothing left (stop the study).
+    Call it once before each ``study.optimize(objective, n_trials=1)`` (or each worker's
+    loop iteration); the objective reads the layout with :func:`suggest_layout`.
+    """
+    layout = strategy.propose(candidates, history_from_study(study, candidates))
+    if layout is not None:
+        study.enqueue_trial(layout_params(layout), skip_if_exists=True)
+    return layout
+
+
+class OptunaSamplerStrategy(Strategy):
+    """An Optuna sampler (TPE, GP) behind the strategy interface."""
+
+    skip_oom_dominated = False  # the sampler learns from the OOMs it is told
+
+    def __init__(self, name: str, make_sampler: Callable[[int], optuna.samplers.BaseSampler],
+                 *, seed: int = 0) -> None:
+        super().__init__(seed=seed)
+        self.name = name
+        self._make_sampler = make_sampler
+        self._rng = random.Random(seed)
+        self._study: optuna.Study | None = None
+        self._told: list[Observation] = []
+        self._dists: dict[str, CategoricalDistribution] = {}
+
+    def _reset(self, candidates: Sequence[Layout]) -> None:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self._study = optuna.create_study(direction="maximize",
+                                          sampler=self._make_sampler(self.seed))
+        self._told = []
+        self._dists = axis_distributions(candidates)
+
+    def _sync(self, candidates: Sequence[Layout], history: Sequence[Observation]) -> None:
+        """Tell the private study what it has not seen; rebuild if history was rewritten."""
+        if (self._study is None or self._dists != axis_distributions(candidates)
+                or list(history[:len(self._told)]) != self._told):
+            self._reset(candidates)
+        assert self._study is not None
+        for obs in history[len(self._told):]:
+            if obs.status == "pending":
+                break  # told once it has finished
+            self._study.enqueue_trial(layout_params(obs.layout))
+            trial = self._study.ask(self._dists)
+            if obs.status == "ok":
+                self._study.tell(trial, obs.value)
+            elif obs.status == "oom":
+                self._study.tell(trial, state=TrialState.PRUNED)
+            else:
+                self._study.tell(trial, state=TrialState.FAIL)
+            self._told.append(obs)
+
+    def _choose(self, free: list[Layout], candidates: Sequence[Layout],
+                history: Sequence[Observation]) -> Layout:
+        self._sync(candidates, history)
+        assert self._study is not None
+        free_set = set(free)
+        for _ in range(MAX_ASKS):
+            trial = self._study.ask(self._dists)
+            lay = layout_from_params(trial.params, candidates)
+            if lay in free_set:
+                # Closed as FAIL (ignored by the samplers) so the study has nothing running;
+                # the measured result is told by _sync as a new trial once it exists.
+                self._study.tell(trial, state=TrialState.FAIL)
+                return lay  # type: ignore[return-value]
+            # Not a candidate: infeasible (pruned, learned). A repeat: no information.
+            self._study.tell(trial, state=TrialState.PRUNED if lay is None else TrialState.FAIL)
+        return self._rng.choice(free)

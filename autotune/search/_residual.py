@@ -1,0 +1,146 @@
+"""The default strategy: the cost model's ranking, corrected by what the study measures.
+
+The cost model is usually right about the shape of the landscape and wrong about a few
+axes (a slow interconnect, a kernel that is faster at one micro-batch). So the strategy
+
+1. measures the layout the cost model predicts fastest;
+2. then fits, on the measured layouts only, a Bayesian linear model of the residual
+   ``r = log(measured) - log(predicted)`` with one coefficient per axis value (tp=4,
+   micro_batch=2, recompute=full, ...) and a shared intercept (the model's overall
+   scale error). Its Gaussian prior shrinks every axis-value correction towards zero, so
+   one measurement moves the layouts that share its axis values a little and the rest
+   not at all (ridge regression = the posterior mean; Bishop 2006, section 3.3);
+3. proposes the untried layout with the largest expected improvement (Jones et al. 1998)
+   of ``log(predicted) + r`` over the best measured, under the posterior variance plus a
+   per-layout term for what an additive correction cannot explain;
+4. skips layouts that need no less memory than a measured OOM.
+
+Without a cost model (``predict=None``) the prior mean is flat, and it is plain
+Bayesian optimisation over the axes with an additive surrogate, starting in plan order.
+
+The prior's widths are fixed, generic statements about cost models and measurements, not
+fitted to any landscape: ``AXIS_SD`` (an axis value may shift throughput by ~30% from
+the prediction), ``INTERCEPT_SD`` (the overall scale may be off by a factor ~e) and
+``LAYOUT_SD`` (~10% unexplained per layout). Everything else is fitted from the study's
+own trials.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from autotune.layout import Layout
+from autotune.search._base import Observation, Predictor, Strategy
+from autotune.search._simple import log_predictions
+
+__all__ = ["ResidualStrategy", "expected_improvement"]
+
+NUMERIC_AXES: tuple[str, ...] = ("tp", "pp", "dp", "micro_batch", "grad_accum")
+CATEGORICAL_AXES: tuple[str, ...] = ("zero_stage", "recompute")
+INTERCEPT_SD = 1.0
+SLOPE_SD = 0.5
+TREND_SD = 0.15
+AXIS_SD = 0.3
+LAYOUT_SD = 0.1
+
+
+def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """EI of maximising a Gaussian ``N(mu, sd^2)`` over ``best`` (Jones et al. 1998)."""
+    z = (mu - best) / sd
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return (mu - best) * cdf + sd * pdf
+
+
+class _Features:
+    """Residual features of a layout, each with its prior sd (see the module docstring).
+
+    * an intercept: the model's overall scale error;
+    * the centred log prediction: a calibration slope (cost models tend to exaggerate
+      the spread between layouts, or to compress it);
+    * ``log2`` of tp, pp, dp, micro-batch and grad-accum, centred: a trend per doubling
+      of an axis that the model gets wrong (it generalises from mb=4 to mb=8);
+    * one-hot ZeRO stage and recompute (categorical axes).
+
+    Axes that do not vary among the candidates contribute nothing.
+    """
+
+    def __init__(self, candidates: Sequence[Layout], log_prior: dict[Layout, float]):
+        self.numeric = [a for a in NUMERIC_AXES
+                        if len({getattr(c, a) for c in candidates}) > 1]
+        self.centre = {a: float(np.mean([math.log2(getattr(c, a)) for c in candidates]))
+                       for a in self.numeric}
+        prior = np.array(list(log_prior.values()))
+        self.prior_centre = float(np.mean(prior)) if len(prior) else 0.0
+        self.use_slope = bool(len(prior)) and float(np.ptp(prior)) > 0
+        self.onehot = [(a, v) for a in CATEGORICAL_AXES
+                       for v in sorted({getattr(c, a) for c in candidates}, key=str)
+                       if len({getattr(c, a) for c in candidates}) > 1]
+        sds = [INTERCEPT_SD] + ([SLOPE_SD] if self.use_slope else [])
+        sds += [TREND_SD] * len(self.numeric) + [AXIS_SD] * len(self.onehot)
+        self.width = len(sds)
+        self.prior_precision = np.diag(1.0 / np.square(sds))
+        self.log_prior = log_prior
+
+    def matrix(self, layouts: Sequence[Layout]) -> np.ndarray:
+        rows = []
+        for lay in layouts:
+            row = [1.0]
+            if self.use_slope:
+                row.append(self.log_prior.get(lay, self.prior_centre) - self.prior_centre)
+            row += [math.log2(getattr(lay, a)) - self.centre[a] for a in self.numeric]
+            row += [1.0 if getattr(lay, a) == v else 0.0 for a, v in self.onehot]
+            rows.append(row)
+        return np.array(rows, dtype=float).reshape(len(layouts), self.width)
+
+
+class ResidualStrategy(Strategy):
+    """Cost-model prior + Bayesian additive residual model + expected improvement."""
+
+    name = "default"
+
+    def __init__(self, *, seed: int = 0, predict: Predictor | None = None) -> None:
+        super().__init__(seed=seed)
+        self._predict = predict
+        self._prior: dict[Layout, float] = {}
+        self._features: _Features | None = None
+
+    def _setup(self, candidates: Sequence[Layout]) -> None:
+        if self._features is None or any(c not in self._prior for c in candidates):
+            self._prior = dict(zip(candidates, log_predictions(candidates, self._predict),
+                                   strict=True))
+            self._features = _Features(candidates, self._prior)
+
+    def scores(self, free: Sequence[Layout], history: Sequence[Observation]
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and sd of ``log(throughput)`` of each of ``free``."""
+        assert self._features is not None
+        feats = self._features
+        ok = [o for o in history if o.status == "ok" and o.value and o.value > 0]
+        prior_free = np.array([self._prior.get(lay, min(self._prior.values())) for lay in free])
+        x_free = feats.matrix(free)
+        precision = feats.prior_precision.copy()
+        rhs = np.zeros(feats.width)
+        if ok:
+            x = feats.matrix([o.layout for o in ok])
+            r = np.array([math.log(o.value) - self._prior.get(o.layout, 0.0)  # type: ignore[arg-type]
+                          for o in ok])
+            precision += x.T @ x / LAYOUT_SD**2
+            rhs = x.T @ r / LAYOUT_SD**2
+        cov = np.linalg.inv(precision)
+        mean = prior_free + x_free @ (cov @ rhs)
+        var = np.einsum("ij,jk,ik->i", x_free, cov, x_free) + LAYOUT_SD**2
+        return mean, np.sqrt(var)
+
+    def _choose(self, free: list[Layout], candidates: Sequence[Layout],
+                history: Sequence[Observation]) -> Layout:
+        self._setup(candidates)
+        values = [o.value for o in history if o.status == "ok" and o.value and o.value > 0]
+        if not values:  # nothing measured yet: the cost model's favourite (plan order ties)
+            return max(free, key=lambda lay: self._prior[lay])
+        mean, sd = self.scores(free, history)
+        ei = expected_improvement(mean, sd, math.log(max(values)))  # type: ignore[type-var]
+        return free[int(np.argmax(ei))]

@@ -1,0 +1,367 @@
+"""The study runner: propose a layout, check it, measure it, record it; resume anywhere.
+
+One worker runs :func:`run_study`. Many workers may run it on the same study and database
+at once: a unique layout claim (:meth:`autotune.storage.db.Storage.claim`) keeps every
+layout measured once, and the claim order enforces the trial budget exactly.
+
+The loop uses Optuna's ask-and-tell interface rather than ``study.optimize`` because a
+trial here is an external process whose interruption must be handled precisely:
+
+* every proposal comes from the search strategy (:mod:`autotune.search`) and is enqueued
+  with per-axis parameters, so optuna-dashboard shows (tp, pp, micro_batch, ...);
+* an infeasible proposal is told as PRUNED with a violated constraint, never launched;
+* a heartbeat thread marks the running trial alive; a runner killed with SIGKILL leaves
+  a trial that the next run's :func:`optuna.storages.fail_stale_trials` fails, and
+  :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` re-enqueues its layout;
+* Ctrl-C or SIGTERM cancels the launcher (the trial's whole process group dies), the
+  trial is failed as ``interrupted`` and re-enqueued, and the database stays consistent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from types import FrameType
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.candidates import Candidate, rank_candidates
+from autotune.errors import UsageError
+from autotune.feasibility import Constraints, Reason
+from autotune.launchers.base import Launcher, TrialPaths
+from autotune.layout import Layout
+from autotune.outcome import Outcome, classify, infeasible
+from autotune.progress import Progress
+from autotune.records import TrialFacts, measurement_row, user_attrs
+from autotune.search import Observation, dominated_by_oom, make_strategy
+from autotune.spec import StudySpec
+from autotune.storage.db import Storage
+from autotune.trial import RunConfig, TrialSpec
+
+__all__ = ["RunSummary", "run_study", "open_study", "layout_of", "AXES"]
+
+AXES = ("tp", "pp", "micro_batch", "zero_stage", "recompute")
+"""The per-axis Optuna parameters of a trial; dp and grad_accum follow from them."""
+_MAX_IDLE_PROPOSALS = 200
+
+
+@dataclass
+class RunSummary:
+    measured: int = 0
+    """Trials this worker launched."""
+    infeasible: int = 0
+    stopped_by: str = "budget"
+    """``budget``, ``timeout``, ``exhausted``, ``interrupt`` or ``sigterm``."""
+    best: FrozenTrial | None = None
+    trials: list[FrozenTrial] = field(default_factory=list)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def layout_of(params: dict[str, Any], spec: StudySpec) -> Layout:
+    """The layout a trial's per-axis parameters describe (dp, grad_accum derived)."""
+    tp, pp, mb = int(params["tp"]), int(params["pp"]), int(params["micro_batch"])
+    dp = max(spec.world_size // (tp * pp), 1)
+    ga = max(spec.training.global_batch // (dp * mb), 1)
+    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga,
+                  zero_stage=int(params["zero_stage"]), recompute=str(params["recompute"]))
+
+
+def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> optuna.Study:
+    """Create or load the Optuna study; refuse to mix a different model or cluster into it."""
+    fingerprint = {"model": spec.model.to_dict(), "device": spec.cluster.device,
+                   "world_size": spec.world_size, "global_batch": spec.training.global_batch,
+                   "dtype": spec.training.dtype}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if create:
+            study = optuna.create_study(
+                study_name=spec.name, storage=storage.optuna, direction="maximize",
+                load_if_exists=True,
+                # Every trial is enqueued by the strategy; this sampler never chooses.
+                sampler=optuna.samplers.RandomSampler(seed=spec.search.seed))
+        else:
+            study = optuna.load_study(study_name=spec.name, storage=storage.optuna)
+    existing = study.user_attrs.get("fingerprint")
+    if existing is None and create:
+        study.set_metric_names(["model_tflops_per_device"])
+        study.set_user_attr("fingerprint", fingerprint)
+        study.set_user_attr("model", spec.model.name)
+        study.set_user_attr("cluster", f"{spec.cluster.nodes} x {spec.cluster.devices_per_node}"
+                            f" {spec.cluster.device}")
+        study.set_user_attr("objective", "model TFLOPS per device (higher is better)")
+    elif existing is not None and existing != fingerprint:
+        diff = sorted(k for k in fingerprint if fingerprint[k] != existing.get(k))
+        raise UsageError(
+            f"study {spec.name!r} in {storage.masked_url} was created for a different "
+            f"{', '.join(diff)}; give this study another name (name: in the study file)")
+    return study
+
+
+@contextmanager
+def _heartbeat(storage: Storage, trial_id: int) -> Iterator[None]:
+    """Record a heartbeat for ``trial_id`` until the block ends (Optuna's own thread is
+    private API; this is the public ``record_heartbeat`` on a timer)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(storage.config.heartbeat_interval_s):
+            try:
+                storage.optuna.record_heartbeat(trial_id)
+            except Exception:  # a missed beat is retried; never kill the trial for it
+                pass
+
+    storage.optuna.record_heartbeat(trial_id)
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+class _Signals:
+    """SIGINT/SIGTERM: cancel the running trial, stop launching. Restored on exit."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+        self.launcher.cancel()
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+_OBSERVED = {"complete": "ok", "oom": "oom", "error": "error", "timeout": "error"}
+
+
+def _history(study: optuna.Study, claimed: dict[str, int]) -> list[Observation]:
+    """What the strategy needs to know: measured layouts with their values, and layouts
+    claimed by running trials (``pending``: never proposed twice)."""
+    out: list[Observation] = []
+    seen: set[str] = set()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                      TrialState.FAIL)):
+        status = _OBSERVED.get(t.user_attrs.get("outcome", ""))
+        if status is None or "layout_dict" not in t.user_attrs:
+            continue
+        layout = Layout.from_dict(t.user_attrs["layout_dict"])
+        seen.add(layout.key())
+        out.append(Observation(layout, status, t.value if status == "ok" else None))
+    for key in claimed:
+        if key not in seen:
+            out.append(Observation(_layout_from_key(key), "pending"))
+    return out
+
+
+def _layout_from_key(key: str) -> Layout:
+    """Inverse of :meth:`Layout.key` (claims store keys only)."""
+    tp, pp, dp, mb, ga, z, rc = key.split("-")
+    return Layout(tp=int(tp[2:]), pp=int(pp[2:]), dp=int(dp[2:]), micro_batch=int(mb[2:]),
+                  grad_accum=int(ga[2:]), zero_stage=int(z[1:]),
+                  recompute=rc)  # type: ignore[arg-type]
+
+
+def run_study(spec: StudySpec, storage: Storage, launcher: Launcher, *,
+              n_trials: int | None = None, timeout_s: float | None = None,
+              progress: Progress | None = None) -> RunSummary:
+    """Run this worker's share of the study until the budget, the timeout or a signal."""
+    with warnings.catch_warnings():
+        # ask/tell with heartbeats and stale-trial failing is deliberate (module docstring);
+        # Optuna warns that heartbeats "are supposed to be used with Study.optimize".
+        warnings.filterwarnings("ignore", message="Heartbeat of storage")
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _run(spec, storage, launcher, n_trials=n_trials, timeout_s=timeout_s,
+                    progress=progress)
+
+
+def _run(spec: StudySpec, storage: Storage, launcher: Launcher, *, n_trials: int | None,
+         timeout_s: float | None, progress: Progress | None) -> RunSummary:
+    n_trials = n_trials or spec.search.n_trials
+    timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
+    progress = progress or Progress(total=n_trials, enabled=False)
+    constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial)
+    candidates = rank_candidates(spec, constraints)
+    if not candidates:
+        raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
+                         f" run `autotune plan {spec.source or 'STUDY'}` to see why")
+    by_key: dict[str, Candidate] = {c.layout.key(): c for c in candidates}
+    study = open_study(spec, storage)
+    strategy = make_strategy(spec.search.strategy, seed=spec.search.seed,
+                             predict=lambda lay: by_key[lay.key()].predicted_tflops
+                             if lay.key() in by_key else 0.0)
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    summary = RunSummary()
+    started = time.monotonic()
+    run_cfg = RunConfig(warmup_steps=spec.trial.warmup_steps,
+                        measure_steps=spec.trial.measure_steps, dtype=spec.training.dtype,
+                        seed=spec.search.seed, device=spec.trial.device,
+                        collective_timeout_s=spec.trial.collective_timeout_s)
+    idle = 0
+    with _Signals(launcher) as signals:
+        while True:
+            if signals.received is not None:
+                summary.stopped_by = "sigterm" if signals.received == signal.SIGTERM \
+                    else "interrupt"
+                break
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                summary.stopped_by = "timeout"
+                break
+            optuna.storages.fail_stale_trials(study)
+            claimed = storage.claimed_keys(spec.name)
+            waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if len(claimed) >= n_trials and not waiting:
+                summary.stopped_by = "budget"
+                break
+            if not waiting:
+                proposal = strategy.propose([c.layout for c in candidates],
+                                            _history(study, claimed))
+                if proposal is None:
+                    summary.stopped_by = "exhausted"
+                    break
+                study.enqueue_trial({a: getattr(proposal, a) for a in AXES},
+                                    skip_if_exists=False)
+            trial = study.ask()
+            layout = _suggest(trial, spec)
+            key = layout.key()
+            reasons = constraints.check(layout, spec.model)
+            oom = dominated_by_oom(layout, _history(study, {}))
+            if oom is not None:
+                reasons.append(Reason("oom_dominated", f"needs at least the memory of "
+                                      f"{oom.key()}, which ran out of memory"))
+            if reasons:
+                _tell_infeasible(study, trial, layout, infeasible(reasons), worker)
+                summary.infeasible += 1
+                idle += 1
+                if idle > _MAX_IDLE_PROPOSALS:
+                    summary.stopped_by = "exhausted"
+                    break
+                continue
+            if not storage.claim(spec.name, key, trial._trial_id, worker,
+                                 may_take_over=lambda owner: _retryable(study, owner)):
+                _tell_skipped(study, trial, layout, "another trial owns this layout")
+                idle += 1
+                continue
+            if storage.claim_rank(spec.name, key) > n_trials and not _is_retry(study, trial):
+                storage.release(spec.name, key, trial._trial_id)
+                _tell_skipped(study, trial, layout, "the trial budget was reached")
+                summary.stopped_by = "budget"
+                break
+            idle = 0
+            cand = by_key.get(key)
+            paths = TrialPaths.for_trial(spec.launcher.run_dir, spec.name, trial.number, key)
+            trial_spec = TrialSpec(model=spec.model, layout=layout, run=run_cfg)
+            progress.trial_started(trial.number, layout, cand.predicted_tflops if cand else None)
+            t0 = _utcnow()
+            with _heartbeat(storage, trial._trial_id):
+                report = launcher.run(trial_spec, paths, timeout_s=spec.trial.timeout_s)
+            outcome = classify(report)
+            facts = TrialFacts(
+                study_name=spec.name, trial_number=trial.number, trial_id=trial._trial_id,
+                layout=layout, outcome=outcome, result=report.result, launcher=launcher.kind,
+                worker=worker, started_at=t0, finished_at=_utcnow(),
+                elapsed_s=report.elapsed_s, hosts=report.hosts,
+                predicted_tflops_per_device=cand.predicted_tflops if cand else None,
+                predicted_memory_bytes=cand.predicted_memory_bytes if cand else None,
+                trial_dir=str(paths.root))
+            storage.add_measurement(measurement_row(
+                facts, model=spec.model, cluster=spec.cluster,
+                global_batch=spec.training.global_batch, dtype=spec.training.dtype))
+            _tell_outcome(study, trial, layout, facts)
+            if outcome.retry:
+                study.enqueue_trial({a: getattr(layout, a) for a in AXES},
+                                    user_attrs={"retry_of": trial.number})
+            summary.measured += 1
+            progress.trial_finished(trial.number, layout, outcome, _best(study))
+    summary.best = _best(study)
+    summary.trials = study.get_trials(deepcopy=False)
+    return summary
+
+
+def _suggest(trial: optuna.Trial, spec: StudySpec) -> Layout:
+    from autotune.space import axis_choices
+
+    axes = axis_choices(spec.search, spec.world_size, spec.training.global_batch)
+    params = {a: trial.suggest_categorical(a, list(axes[a])) for a in AXES}
+    return layout_of(params, spec)
+
+
+def _retryable(study: optuna.Study, owner_trial_id: int) -> bool:
+    """A claim may pass on when its trial can no longer measure: failed while stale (the
+    runner died: no outcome recorded) or interrupted."""
+    try:
+        owner = study._storage.get_trial(owner_trial_id)
+    except KeyError:
+        return True
+    return owner.state == TrialState.FAIL and owner.user_attrs.get("outcome") in (
+        None, "interrupted")
+
+
+def _is_retry(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """A re-run of a layout whose first run was cut short (it is within the budget)."""
+    frozen = study._storage.get_trial(trial._trial_id)
+    return "failed_trial" in frozen.system_attrs or "retry_of" in frozen.user_attrs
+
+
+def _best(study: optuna.Study) -> FrozenTrial | None:
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return max(done, key=lambda t: t.value or 0.0) if done else None
+
+
+def _set_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+
+
+def _tell_infeasible(study: optuna.Study, trial: optuna.Trial, layout: Layout,
+                     outcome: Outcome, worker: str) -> None:
+    _set_attrs(trial, {"layout": layout.key(), "layout_dict": layout.to_dict(),
+                       "outcome": outcome.kind, "reason": outcome.reason, "worker": worker})
+    trial.set_constraint("feasible", 1.0)
+    study.tell(trial, state=outcome.state)
+
+
+def _tell_skipped(study: optuna.Study, trial: optuna.Trial, layout: Layout, why: str) -> None:
+    _set_attrs(trial, {"layout": layout.key(), "layout_dict": layout.to_dict(),
+                       "outcome": "skipped", "reason": why})
+    study.tell(trial, state=TrialState.PRUNED)
+
+
+def _tell_outcome(study: optuna.Study, trial: optuna.Trial, layout: Layout,
+                  facts: TrialFacts) -> None:
+    attrs = user_attrs(facts)
+    attrs["layout_dict"] = layout.to_dict()
+    _set_attrs(trial, attrs)
+    outcome = facts.outcome
+    if outcome.infeasible:
+        trial.set_constraint("feasible", 1.0)
+    if outcome.state == TrialState.COMPLETE:
+        trial.set_constraint("feasible", 0.0)
+        study.tell(trial, outcome.value)
+    else:
+        study.tell(trial, state=outcome.state)
+
