@@ -166,6 +166,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_campaign(args: argparse.Namespace) -> int:
+    from autotune.campaign.cli import run
+
+    return run(args)
+
+
 # -- parser ---------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -201,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--top", type=_positive_int, default=20, metavar="K")
     pl.add_argument("--format", choices=("table", "csv", "json"), default="table")
     pl.set_defaults(func=cmd_plan)
+
+    from autotune.campaign.cli import add_parser as add_campaign_parser
+
+    add_campaign_parser(sub).set_defaults(func=cmd_campaign)
     return p
 
 

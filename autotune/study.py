@@ -303,10 +303,14 @@ def _run(spec: StudySpec, storage: Storage, launcher: Launcher, *, n_trials: int
 
 
 def _suggest(trial: optuna.Trial, spec: StudySpec) -> Layout:
-    from autotune.space import axis_choices
-
-    axes = axis_choices(spec.search, spec.world_size, spec.training.global_batch)
-    params = {a: trial.suggest_categorical(a, list(axes[a])) for a in AXES}
+    """Read the enqueued layout through distributions that depend only on the study's
+    fingerprint (world size, global batch), not on its search space: a resumed study may
+    widen or narrow its axes, which Optuna's categorical distributions would refuse."""
+    ws, gb = spec.world_size, spec.training.global_batch
+    params = {"tp": trial.suggest_int("tp", 1, ws), "pp": trial.suggest_int("pp", 1, ws),
+              "micro_batch": trial.suggest_int("micro_batch", 1, gb),
+              "zero_stage": trial.suggest_int("zero_stage", 0, 3),
+              "recompute": trial.suggest_categorical("recompute", ["none", "full"])}
     return layout_of(params, spec)
 
 

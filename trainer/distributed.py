@@ -221,12 +221,13 @@ def init_process_group(launch: LaunchEnv, device: DeviceInfo, timeout_s: int) ->
             **({"device_id": _torch_device(device)} if device.kind == "cuda" else {}),
         )
     import deepspeed
-    import deepspeed.comm.torch  # noqa: F401  (loads the module patched below)
+    import deepspeed.comm.torch  # loads the module patched below
 
     if device.kind == "cpu":
         # sys.modules, not attribute access: deepspeed.comm re-exports the name ``torch``
         # (the torch package), which shadows the submodule as an attribute.
-        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # no JIT build
+        ds_comm_torch: Any = sys.modules["deepspeed.comm.torch"]
+        ds_comm_torch.build_shm_op = lambda: None  # no JIT build
     deepspeed.init_distributed(dist_backend=device.backend, dist_init_required=False,
                                timeout=datetime.timedelta(seconds=timeout_s))
 

@@ -19,8 +19,8 @@ How a figure is obtained (``docs/trainer.md`` has the full table):
 * Memory: the accelerator's peak allocated (and reserved) bytes since the trial started;
   on CPU the peak resident set of the process. The result holds the max over ranks.
 
->>> summarize_step_times([0.3, 0.1, 0.2, 0.4])
-(0.25, 0.15000000000000002)
+>>> [round(x, 6) for x in summarize_step_times([0.3, 0.1, 0.2, 0.4])]
+[0.25, 0.15]
 >>> r = flops_rates(ModelConfig(n_layer=2, hidden=64, n_head=4, seq_len=32, vocab_size=128),
 ...                 global_batch=8, step_time_s=0.5, world_size=2, recompute=False,
 ...                 device_name="cpu", dtype="fp32")

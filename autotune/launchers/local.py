@@ -8,6 +8,7 @@ workers can share a machine.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -37,6 +38,48 @@ def trainer_env(spec: TrialSpec, extra: dict[str, str] | None = None) -> dict[st
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the runner dies (even by SIGKILL), so torchrun tears
+    its ranks down instead of training on as an orphan (Linux ``PR_SET_PDEATHSIG``)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the next run's stale-trial handling still retries the layout
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 class LocalLauncher(Launcher):
     """Runs each trial under ``torchrun`` on this host."""
 
@@ -58,6 +101,7 @@ class LocalLauncher(Launcher):
                 return subprocess.Popen(
                     self.command(spec, paths), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                     env=trainer_env(spec, self.options.env), start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
         except OSError as err:
             raise LaunchError(f"could not start torchrun: {err}") from err
@@ -66,23 +110,22 @@ class LocalLauncher(Launcher):
         return handle.poll()
 
     def _kill(self, handle: subprocess.Popen[bytes]) -> None:
-        # SIGTERM first so torchrun can tear its ranks down, then SIGKILL the whole group.
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(handle.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                handle.wait(timeout=_KILL_GRACE_S)
-                if sig == signal.SIGTERM:
-                    # torchrun exited; ranks it could not reap die with the group.
-                    try:
-                        os.killpg(handle.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        # torchrun starts every rank in a session of its own, so killing torchrun's process
+        # group misses the ranks: collect the whole tree first, then SIGTERM it (torchrun
+        # and the ranks may clean up), then SIGKILL whatever is left.
+        tree = [handle.pid, *descendants(handle.pid)]
+        _signal_all(tree, signal.SIGTERM)
+        try:
+            handle.wait(timeout=_KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        tree += [p for p in descendants(handle.pid) if p not in tree]
+        _signal_all(tree, signal.SIGKILL)
+        try:
+            os.killpg(handle.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        handle.wait()
 
     def _finish(self, handle: subprocess.Popen[bytes]) -> tuple[str | None, list[str]]:
         return None, [socket.gethostname()]

@@ -34,8 +34,8 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.hardware import DeviceSpec, LinkSpec
 from autotune.layout import Layout
-from autotune.models.flops import model_flops_per_step
-from autotune.models.memory import dtype_bytes, layer_params_per_rank, params_per_rank
+from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
+from autotune.models.memory import dtype_bytes, params_per_rank
 
 __all__ = [
     "StepEstimate",
@@ -52,6 +52,8 @@ __all__ = [
     "zero3_gather_time_s",
     "optimizer_time_s",
     "pipeline_time_s",
+    "host_layer_time_s",
+    "host_exposed_time_s",
     "link_level",
     "calibrate",
     "device_perf",
@@ -179,6 +181,8 @@ HOST_OPS_PER_LAYER_PASS = 50
 """Framework operators the host dispatches per transformer layer and pass (LayerNorms,
 linears, views and transposes, softmax, dropout, bias-adds, TP region copies)."""
 HOST_SERIAL_FRACTION = 0.25
+"""Share of the shorter of host and device time that does not overlap (see
+:func:`host_exposed_time_s`): a quarter, i.e. mostly asynchronous."""
 
 
 def host_layer_time_s(layout: Layout, perf: DevicePerf) -> float:
@@ -194,6 +198,19 @@ def host_layer_time_s(layout: Layout, perf: DevicePerf) -> float:
     if layout.tp > 1:
         ops += 6 if layout.recompute == "full" else 4
     return ops * perf.host_op_s
+
+
+def host_exposed_time_s(device_s: float, host_s: float, *,
+                        serial_fraction: float = HOST_SERIAL_FRACTION) -> float:
+    """Host time not hidden behind the device for one layer and micro-batch.
+
+    The device runs behind the host asynchronously, so a layer takes ``max(device,
+    host)``; the overlap is imperfect (synchronising calls: collectives, the recompute
+    wrapper's RNG bookkeeping, allocator), charged as ``HOST_SERIAL_FRACTION`` of the
+    smaller of the two. Returns the time beyond ``device_s``.
+    """
+    layer = max(device_s, host_s) + serial_fraction * min(device_s, host_s)
+    return layer - device_s
 
 
 def logits_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
@@ -282,14 +299,20 @@ def pipeline_time_s(stage_times_s: list[float], micro_batches: int) -> float:
 
 @dataclass(frozen=True)
 class StepEstimate:
-    """Predicted time of one optimizer step, with its breakdown (seconds per step)."""
+    """Predicted time of one optimizer step and its breakdown, in seconds per step.
+
+    The terms add up to ``step_time_s``; the first four are the slowest stage's, summed
+    over the ``grad_accum`` micro-batches.
+    """
 
     compute_s: float
-    """Forward, backward and recompute of the slowest stage, all micro-batches."""
+    """Device compute: forward, backward, recompute, output layer and loss."""
     tp_comm_s: float
-    """TP all-reduces of the slowest stage, all micro-batches."""
+    """TP all-reduces."""
+    host_s: float
+    """Host dispatch time not hidden behind the device (small kernels: overhead-bound)."""
     pp_p2p_s: float
-    """Point-to-point sends of the slowest stage, all micro-batches."""
+    """Point-to-point sends between stages."""
     bubble_s: float
     """Pipeline fill and drain beyond ``m`` times the slowest stage."""
     zero3_comm_s: float
@@ -307,66 +330,76 @@ class StepEstimate:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class _Stage:
+    compute: float
+    tp_comm: float
+    host: float
+    p2p: float
+    zero3: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp_comm + self.host + self.p2p + self.zero3
+
+
 def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
                   dtype: str = "bf16", flash_attention: bool = True) -> StepEstimate:
     """Predicted step time and throughput of ``layout`` on ``cluster`` (pure function)."""
     spec = cluster.device_spec()
     perf = device_perf(spec.name)
-    peak_tflops = spec.peak_tflops(dtype) or perf.fallback_peak_tflops or 1.0
-    peak = peak_tflops * 1e12
+    peak = (spec.peak_tflops(dtype) or perf.fallback_peak_tflops or 1.0) * 1e12
     dpc = spec.devices_per_card
     lay, m, p = layout, layout.grad_accum, layout.pp
     rc = 1.0 if lay.recompute == "full" else 0.0
+    layers = math.ceil(model.n_layer / p)
 
-    # One layer, one micro-batch: forward, backward (2x forward), recompute forward.
+    # One layer, one micro-batch: forward, backward (2 forwards), recompute forward; its
+    # TP all-reduces run on the device stream too. The host dispatches asynchronously.
     fwd = layer_forward_time_s(model, lay, peak, perf, dtype, flash_attention=flash_attention)
     tp_comm = tp_allreduce_time_s(model, lay, spec, link_level(lay.tp, cluster, dpc), dtype)
-    host = host_layer_time_s(lay, perf)
     device_t = (3.0 + rc) * fwd + tp_comm
-    layer_t = max(device_t, host) + HOST_SERIAL_FRACTION * min(device_t, host)
-    p2p = p2p_time_s(model, lay, spec, link_level(lay.world_size, cluster, dpc), dtype)
-    layers = math.ceil(model.n_layer / p)
+    exposed_host = host_exposed_time_s(device_t, host_layer_time_s(lay, perf))
     logits = 3.0 * logits_forward_time_s(model, lay, peak, perf)
-
+    p2p = p2p_time_s(model, lay, spec, link_level(lay.world_size, cluster, dpc), dtype)
     dp_link = _link(spec, link_level(lay.tp * lay.dp, cluster, dpc)) if lay.dp > 1 else None
-    stage_names = ["only"] if p == 1 else ["first", "last"]
-    stage_t: dict[str, float] = {}
-    z3: dict[str, float] = {}
-    for name in stage_names:
-        compute = layers * layer_compute + (logits if name in ("last", "only") else 0.0)
-        n_params = params_per_rank(model, lay, name)
-        gather = zero3_gather_time_s(n_params, lay, dp_link, dtype) if dp_link else 0.0
-        # DeepSpeed prefetches the next layer's weights: gathers hide behind compute.
-        z3[name] = max(0.0, gather - compute)
-        stage_t[name] = compute + layers * tp_comm + p2p + z3[name]
-    times = ([stage_t["only"]] if p == 1
-             else [stage_t["first"], *[stage_t["first"] - _embed_share(model, lay)] * (p - 2),
-                   stage_t["last"]])
-    pipe = pipeline_time_s(times, m)
-    slow = max(stage_names, key=lambda n: stage_t[n])
-    compute_slow = layers * layer_compute + (logits if slow in ("last", "only") else 0.0)
 
-    # Data-parallel reduction and optimizer step of the slowest stage (largest shard).
-    n_slow = max(params_per_rank(model, lay, n) for n in stage_names)
+    stages: dict[str, _Stage] = {}
+    for name in (["only"] if p == 1 else ["first", "last"]):
+        compute = layers * (3.0 + rc) * fwd + (logits if name in ("last", "only") else 0.0)
+        gather = (zero3_gather_time_s(params_per_rank(model, lay, name), lay, dp_link, dtype)
+                  if dp_link is not None else 0.0)
+        # DeepSpeed prefetches the next layer's weights: gathers hide behind compute.
+        stages[name] = _Stage(compute, layers * tp_comm, layers * exposed_host, p2p,
+                              max(0.0, gather - compute))
+    slow_name = max(stages, key=lambda n: stages[n].total)
+    slow = stages[slow_name]
+    times = ([stages["only"].total] if p == 1
+             else [stages["first"].total, *[stages["first"].total] * (p - 2),
+                   stages["last"].total])
+    pipe = pipeline_time_s(times, m)
+
+    # Data-parallel reduction and optimizer step of the largest shard.
+    n_max = max(params_per_rank(model, lay, n) for n in stages)
     dp = 0.0
     if dp_link is not None and lay.zero_stage < 3:
-        dp = dp_reduce_time_s(n_slow, lay, dp_link, dtype)
+        dp = dp_reduce_time_s(n_max, lay, dp_link, dtype)
         if p == 1 and lay.zero_stage in DP_OVERLAP_STAGES:
             dp = max(0.0, dp - layers * 2.0 * fwd)  # hidden behind the last backward
-    opt = optimizer_time_s(n_slow, lay, perf, dtype)
+    opt = optimizer_time_s(n_max, lay, perf, dtype)
     step = pipe + dp + opt
 
     world = lay.world_size
     model_flops = model_flops_per_step(model, lay.global_batch)
-    hw_flops = model_flops + rc * model.n_layer * _layer_flops(model, lay.global_batch)
-    b, s, h = lay.micro_batch, model.seq_len, model.hidden
-    big = 2 * b * s * h * model.ffn / lay.tp
+    hw_flops = hardware_flops_per_step(model, lay.global_batch, recompute=bool(rc))
+    big = 2 * lay.micro_batch * model.seq_len * model.hidden * model.ffn / lay.tp
     return StepEstimate(
-        compute_s=m * compute_slow,
-        tp_comm_s=m * layers * tp_comm,
-        pp_p2p_s=m * p2p if p > 1 else 0.0,
-        bubble_s=pipe - m * max(times),
-        zero3_comm_s=m * z3[slow],
+        compute_s=m * slow.compute,
+        tp_comm_s=m * slow.tp_comm,
+        host_s=m * slow.host,
+        pp_p2p_s=m * slow.p2p,
+        bubble_s=pipe - m * slow.total,
+        zero3_comm_s=m * slow.zero3,
         dp_comm_s=dp,
         optimizer_s=opt,
         step_time_s=step,
@@ -374,17 +407,6 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
         hardware_tflops_per_device=hw_flops / (step * world) / 1e12,
         gemm_efficiency=gemm_efficiency(big, peak, perf),
     )
-
-
-def _embed_share(model: ModelConfig, layout: Layout) -> float:
-    # Middle stages are first stages without the embedding lookup: negligible time.
-    return 0.0
-
-
-def _layer_flops(model: ModelConfig, sequences: int) -> float:
-    from autotune.models.flops import layer_forward_flops
-
-    return layer_forward_flops(model, sequences)
 
 
 def calibrate(predicted_s: list[float], measured_s: list[float]) -> float:
@@ -398,5 +420,3 @@ def calibrate(predicted_s: list[float], measured_s: list[float]) -> float:
         return 1.0
     return math.exp(sum(math.log(m / p) for p, m in pairs) / len(pairs))
 
-
-_ = layer_params_per_rank  # re-exported for callers that size ZeRO-3 buckets

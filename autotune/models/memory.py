@@ -20,7 +20,7 @@ With ``pp = 1`` the two coincide. See ``docs/models.md`` for the derivations.
 >>> est = estimate_memory(MODEL_PRESETS["gpt-1.3b"], Layout(tp=1, pp=1, dp=8, micro_batch=1,
 ...                       grad_accum=1, zero_stage=1, recompute="full"), dtype="bf16")
 >>> est.stage, round(est.peak_bytes / 2**30, 1)
-('only', 15.9)
+('only', 17.5)
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ __all__ = [
     "logits_bytes",
     "buffer_bytes",
     "runtime_bytes",
+    "optimizer_temp_bytes",
     "dtype_bytes",
+    "CPU_ALLOCATOR_OVERHEAD",
     "RUNTIME_BYTES",
     "COMM_BUCKET_ELEMENTS",
 ]
@@ -61,6 +63,9 @@ RUNTIME_BYTES: dict[str, int] = {
     "default": 1536 * MiB,
 }
 """Fixed per-rank allowance for the runtime, by device name ("default" for accelerators)."""
+
+CPU_ALLOCATOR_OVERHEAD = 1.15
+"""Peak RSS over live bytes on CPU (allocator retention), charged to ``runtime_bytes``."""
 
 COMM_BUCKET_ELEMENTS = 500_000_000
 """DeepSpeed's default ``reduce_bucket_size``/``allgather_bucket_size`` (5e8 elements)."""
@@ -186,12 +191,23 @@ def logits_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
 
 def buffer_bytes(model: ModelConfig, layout: Layout, dtype: str, n_params: int) -> int:
     """Communication buffers: one gradient bucket (DeepSpeed's default 5e8 elements,
-    capped by the rank's parameters); with ZeRO-3 also the gathered (unsharded) weights
-    of two layers (the one computing and the one prefetched)."""
+    capped by the rank's parameters), doubled when gradients are all-reduced over
+    ``dp > 1`` (the flattened bucket and the collective's copy); with ZeRO-3 also the
+    gathered (unsharded) weights of two layers (the one computing, the one prefetched)."""
     bucket = min(n_params, COMM_BUCKET_ELEMENTS) * dtype_bytes(dtype)
+    if layout.dp > 1:
+        bucket *= 2  # the flattened bucket and the collective's staging copy of it
     if layout.zero_stage >= 3:
         bucket += 2 * layer_params_per_rank(model, layout.tp) * dtype_bytes(dtype)
     return bucket
+
+
+def optimizer_temp_bytes(n_params: int, layout: Layout) -> int:
+    """Temporaries of the optimizer step: torch's multi-tensor AdamW allocates
+    ``sqrt(v)`` for every parameter it updates (``torch/optim/adamw.py``,
+    ``_multi_tensor_adamw``), 4 bytes each in fp32; ZeRO-1+ updates ``1/dp`` of them."""
+    updated = n_params / layout.dp if layout.zero_stage >= 1 else n_params
+    return int(4 * updated)
 
 
 def runtime_bytes(device: str | None) -> int:
@@ -214,7 +230,9 @@ class MemoryEstimate:
     activations_bytes: int
     logits_bytes: int
     buffers_bytes: int
+    """Communication buckets and optimizer-step temporaries."""
     runtime_bytes: int
+    """Runtime allowance (with the CPU allocator's retention on ``cpu``)."""
     peak_bytes: int
     """Sum of the terms above on the worst stage."""
     stage_peak_bytes: tuple[int, ...]
@@ -231,9 +249,14 @@ def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
     w, g, o = model_state_bytes(n, layout, dtype)
     act = activation_bytes(model, layout, dtype, stage, flash_attention=flash_attention)
     logit = logits_bytes(model, layout, dtype) if stage in ("last", "only") else 0
-    buf = buffer_bytes(model, layout, dtype, n)
+    buf = buffer_bytes(model, layout, dtype, n) + optimizer_temp_bytes(n, layout)
     rt = runtime_bytes(device)
-    total = w + g + o + act + logit + buf + rt
+    dynamic = w + g + o + act + logit + buf
+    if device == "cpu":
+        # glibc malloc keeps freed blocks of the step's temporaries in its arenas: peak RSS
+        # exceeds the live bytes (measured against the trainer, tests/models/).
+        rt += int((CPU_ALLOCATOR_OVERHEAD - 1.0) * dynamic)
+    total = dynamic + rt
     return MemoryEstimate(stage, n, w, g, o, act, logit, buf, rt, total, (total,))
 
 

@@ -27,6 +27,7 @@ from autotune.errors import SpecError
 from autotune.hardware import get_device
 
 __all__ = ["SiteProfile", "SiteSlurm", "load_site", "list_sites", "check_name", "check_text",
+           "name_list", "env_map", "SRUN_ARG_RE",
            "NAME_RE", "ENV_NAME_RE", "MODULE_RE", "SCHEDULERS"]
 
 SITES_DIR = Path(__file__).parent
@@ -58,7 +59,7 @@ def check_text(field_name: str, value: Any) -> str:
     return text
 
 
-def _str_list(field_name: str, value: Any, pattern: re.Pattern[str]) -> tuple[str, ...]:
+def name_list(field_name: str, value: Any, pattern: re.Pattern[str]) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
@@ -66,7 +67,7 @@ def _str_list(field_name: str, value: Any, pattern: re.Pattern[str]) -> tuple[st
     return tuple(check_name(f"{field_name}[{i}]", v, pattern) for i, v in enumerate(value))
 
 
-def _env(field_name: str, value: Any) -> dict[str, str]:
+def env_map(field_name: str, value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -99,7 +100,7 @@ class SiteSlurm:
         if data.get("cpus_per_task") is not None:
             out["cpus_per_task"] = check_int("site.slurm.cpus_per_task", data["cpus_per_task"])
         for key in ("srun_args", "sbatch_args"):
-            out[key] = _str_list(f"site.slurm.{key}", data.get(key), SRUN_ARG_RE)
+            out[key] = name_list(f"site.slurm.{key}", data.get(key), SRUN_ARG_RE)
         return cls(**out)
 
 
@@ -137,8 +138,8 @@ class SiteProfile:
                 devices_per_node=check_int("site.devices_per_node",
                                            data.get("devices_per_node", 1)),
                 slurm=SiteSlurm.from_dict(data.get("slurm")),
-                modules=_str_list("site.modules", data.get("modules"), MODULE_RE),
-                env=_env("site.env", data.get("env")),
+                modules=name_list("site.modules", data.get("modules"), MODULE_RE),
+                env=env_map("site.env", data.get("env")),
             )
         except SpecError as err:
             raise SpecError(err.field, err.value, err.allowed, source=source) from None

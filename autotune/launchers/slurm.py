@@ -1,0 +1,310 @@
+"""SLURM launcher: each trial is one ``srun`` job step inside the current allocation.
+
+Run ``autotune run`` inside ``salloc``/``sbatch`` (``SLURM_JOB_ID`` set). A trial of
+world size W on nodes of D devices becomes::
+
+    srun -v --nodes=N --ntasks=W --ntasks-per-node=min(W, D) --exact --kill-on-bad-exit=1 \\
+         --time=ceil(timeout/60) --job-name=at-STUDY-trial-00003-KEY [site/--gres ...] \\
+         python -m trainer --spec S --result R
+
+one task per device; the trainer reads ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``
+and takes the first node of ``SLURM_STEP_NODELIST`` as rendezvous host (``MASTER_ADDR`` is
+set here only when the launcher is pinned to nodes); ``MASTER_PORT`` is a fresh port per
+step so that side-by-side steps never collide.
+
+srun runs in its own process session. Its step id (``JOB.STEP``) is read from the
+``srun: launching StepId=J.S`` line that ``-v`` prints to the trial's stderr, or failing
+that from ``squeue --steps`` by the unique step name. :meth:`_kill` cancels that step with
+``scancel J.S`` (SLURM kills every rank on every node) and then the local srun group;
+:meth:`_finish` asks ``sacct`` for the step's final state (``COMPLETED``, ``FAILED``,
+``OUT_OF_MEMORY``, ``TIMEOUT``, ``NODE_FAIL``, ``CANCELLED``) and its hosts, which
+:func:`autotune.outcome.classify` maps to an outcome when the trainer wrote no result.
+
+Side-by-side trials: when a trial needs fewer nodes than the allocation has,
+:func:`node_groups` splits the allocation into disjoint groups; the runner makes one
+``SlurmLauncher(nodelist=group)`` per group and runs each in its own thread (``--exact``
+keeps the steps from sharing CPUs; ``--nodelist`` keeps them on disjoint nodes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autotune.config.launcher import SlurmOptions
+from autotune.errors import LaunchError
+from autotune.launchers.base import Launcher, LaunchReport, TrialPaths
+from autotune.launchers.local import trainer_env
+from autotune.sites import SiteProfile, load_site
+from autotune.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from autotune.spec import StudySpec
+
+__all__ = ["SlurmLauncher", "allocation_job_id", "expand_hostlist", "node_groups",
+           "step_name", "TERMINAL_STATES"]
+
+_KILL_GRACE_S = 10.0
+_SACCT_WAIT_S = 20.0
+"""slurmdbd records a step's end a few seconds after srun returns."""
+_STEP_RE = re.compile(r"launching StepId=(\d+)\.(\d+)")
+_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+TERMINAL_STATES = ("COMPLETED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL",
+                   "CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+
+
+def allocation_job_id(env: dict[str, str] | None = None) -> str:
+    """The job id of the allocation we run in; a clear error outside one."""
+    env = dict(os.environ) if env is None else env
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job or not job.isdigit():
+        raise LaunchError("the slurm launcher runs trials as job steps inside an allocation, "
+                          "but SLURM_JOB_ID is not set: start `autotune run` inside salloc or "
+                          "an sbatch script (see docs/hpc.md), or use launcher.kind: local")
+    return job
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Host names of a SLURM host list (``node[01-03]``), via ``scontrol show hostnames``."""
+    out = _slurm(["scontrol", "show", "hostnames", hostlist])
+    return [h for h in out.split() if h]
+
+
+def node_groups(nodes_per_trial: int, env: dict[str, str] | None = None) -> list[list[str]]:
+    """The allocation's nodes split into disjoint groups of ``nodes_per_trial``.
+
+    One group per concurrent trial: the runner makes ``SlurmLauncher(nodelist=g)`` for
+    each group ``g`` and runs them in threads. Nodes left over are unused.
+    """
+    env = dict(os.environ) if env is None else env
+    allocation_job_id(env)
+    nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
+    if nodes_per_trial < 1 or len(nodes) < nodes_per_trial:
+        raise LaunchError(f"a trial needs {nodes_per_trial} nodes; the allocation has "
+                          f"{len(nodes)} ({', '.join(nodes) or 'none'})")
+    n = len(nodes) // nodes_per_trial
+    return [nodes[i * nodes_per_trial:(i + 1) * nodes_per_trial] for i in range(n)]
+
+
+def step_name(paths: TrialPaths) -> str:
+    """A job-step name unique per trial: ``at-<study>-<trial dir>``, plain characters only."""
+    raw = f"at-{paths.root.parent.name}-{paths.root.name}"
+    return _NAME_BAD.sub("-", raw)[:120]
+
+
+@dataclass
+class _Step:
+    proc: subprocess.Popen[bytes]
+    job_id: str
+    name: str
+    paths: TrialPaths
+    step_id: str | None = None
+    hosts: list[str] = field(default_factory=list)
+
+
+class SlurmLauncher(Launcher):
+    """Runs each trial as an ``srun`` job step of the current allocation."""
+
+    kind = "slurm"
+
+    def __init__(self, options: SlurmOptions | None = None, *,
+                 devices_per_node: int | None = None,
+                 site: SiteProfile | None = None, nodelist: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.options = options or SlurmOptions()
+        self.site = site or (load_site(self.options.site) if self.options.site else None)
+        if self.site is not None:
+            self.site.require_slurm()
+        self.nodelist = list(nodelist or [])
+        self._env = dict(os.environ) if env is None else env
+        self.job_id = allocation_job_id(self._env)
+        self.devices_per_node = devices_per_node or self._default_devices_per_node()
+        self._timeout_s = 0.0
+
+    @classmethod
+    def for_study(cls, spec: StudySpec) -> SlurmLauncher:
+        """The launcher a study file asks for: its ``launcher.slurm`` options and node size."""
+        return cls(spec.launcher.slurm, devices_per_node=spec.cluster.devices_per_node)
+
+    def _default_devices_per_node(self) -> int:
+        """Ranks per node when not given: the allocation's ``--ntasks-per-node`` (campaign
+        jobs set it to the study's devices per node), else the site's, else 1."""
+        m = re.match(r"\d+", self._env.get("SLURM_NTASKS_PER_NODE", ""))
+        if m:
+            return int(m.group(0))
+        return self.site.devices_per_node if self.site is not None else 1
+
+    # -- the step command -----------------------------------------------------------------
+
+    def command(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> list[str]:
+        world = spec.layout.world_size
+        per_node = min(world, self.devices_per_node)
+        nodes = math.ceil(world / per_node)
+        if self.nodelist and len(self.nodelist) < nodes:
+            raise LaunchError(f"the trial needs {nodes} nodes of {per_node} ranks; this "
+                              f"launcher is pinned to {len(self.nodelist)}: {self.nodelist}")
+        site_slurm = self.site.slurm if self.site else None
+        gres = self.options.gpus_per_node or (site_slurm.gres if site_slurm else None)
+        cpus = self.options.cpus_per_task or (site_slurm.cpus_per_task if site_slurm else None)
+        minutes = max(1, math.ceil(timeout_s / 60))  # srun --time is whole minutes
+        cmd = ["srun", "-v", f"--jobid={self.job_id}", f"--nodes={nodes}", f"--ntasks={world}",
+               f"--ntasks-per-node={per_node}", "--exact", "--kill-on-bad-exit=1",
+               f"--time={minutes}", f"--job-name={step_name(paths)}", "--export=ALL",
+               f"--output={paths.stdout}", f"--error={paths.stderr}"]
+        if gres:
+            cmd.append(f"--gres={gres}")
+        if cpus:
+            cmd.append(f"--cpus-per-task={cpus}")
+        if self.nodelist:
+            cmd.append(f"--nodelist={','.join(self.nodelist[:nodes])}")
+        cmd += list(site_slurm.srun_args if site_slurm else ()) + list(self.options.extra_args)
+        return [*cmd, sys.executable, "-m", "trainer", "--spec", str(paths.spec),
+                "--result", str(paths.result)]
+
+    def step_env(self, spec: TrialSpec) -> dict[str, str]:
+        extra = dict(self.site.env) if self.site else {}
+        extra.update(self.options.env)
+        extra["MASTER_PORT"] = str(_pick_port())
+        if self.nodelist:
+            extra["MASTER_ADDR"] = self.nodelist[0]
+        env = trainer_env(spec, extra)
+        # Step geometry comes from the srun options, not from the allocation's defaults
+        # (an sbatch -n 8 exports SLURM_NTASKS=8, which srun would otherwise inherit).
+        for var in ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE",
+                    "SLURM_CPUS_PER_TASK", "SLURM_NNODES", "SLURM_DISTRIBUTION"):
+            env.pop(var, None)
+        return env
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def run(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> LaunchReport:
+        self._timeout_s = timeout_s  # the step's --time backstop needs it in _start
+        return super().run(spec, paths, timeout_s=timeout_s)
+
+    def _start(self, spec: TrialSpec, paths: TrialPaths) -> _Step:
+        cmd = self.command(spec, paths, timeout_s=self._timeout_s)
+        try:
+            # srun's own messages (-v) go to a separate log: it is where the step id is read.
+            with open(paths.root / "srun.log", "wb") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                        env=self.step_env(spec), start_new_session=True)
+        except OSError as err:
+            raise LaunchError(f"could not start srun: {err}") from err
+        return _Step(proc=proc, job_id=self.job_id, name=step_name(paths), paths=paths)
+
+    def _poll(self, handle: _Step) -> int | None:
+        return handle.proc.poll()
+
+    def _kill(self, handle: _Step) -> None:
+        step = self._discover(handle, wait_s=3.0)
+        if step is not None:  # SLURM kills every rank on every node, then srun exits
+            subprocess.run(["scancel", step], capture_output=True, check=False, timeout=30)
+            if _wait(handle.proc, _KILL_GRACE_S):
+                return
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # srun forwards SIGTERM to its ranks
+            try:
+                os.killpg(handle.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            if _wait(handle.proc, _KILL_GRACE_S):
+                return
+
+    def _finish(self, handle: _Step) -> tuple[str | None, list[str]]:
+        step = self._discover(handle, wait_s=0.0)
+        if step is None:
+            return None, []
+        state, nodelist = None, ""
+        deadline = time.monotonic() + _SACCT_WAIT_S
+        while time.monotonic() < deadline:
+            state, nodelist = _sacct_step(step)
+            if state is not None and state.split(" ")[0] in TERMINAL_STATES:
+                break
+            time.sleep(0.5)
+        hosts = expand_hostlist(nodelist) if nodelist and nodelist != "None assigned" else []
+        return state, hosts
+
+    def describe(self) -> dict[str, Any]:
+        return {"launcher": self.kind, "job_id": self.job_id,
+                "site": self.site.name if self.site else None, "nodelist": self.nodelist}
+
+    # -- step discovery -------------------------------------------------------------------
+
+    def _discover(self, handle: _Step, *, wait_s: float) -> str | None:
+        """``JOB.STEP`` of this trial: from srun's -v log, else ``squeue --steps`` by name."""
+        deadline = time.monotonic() + wait_s
+        while handle.step_id is None:
+            try:
+                m = _STEP_RE.search((handle.paths.root / "srun.log").read_text(errors="replace"))
+            except FileNotFoundError:
+                m = None
+            if m:
+                handle.step_id = f"{m.group(1)}.{m.group(2)}"
+                break
+            try:
+                out = _slurm(["squeue", "--steps", "-h", "-j", handle.job_id, "-o", "%i|%j"])
+            except LaunchError:
+                out = ""
+            for line in out.splitlines():
+                sid, _, name = line.partition("|")
+                if name.strip() == handle.name:
+                    handle.step_id = sid.strip()
+            if handle.step_id is None and time.monotonic() >= deadline:
+                break
+            if handle.step_id is None:
+                time.sleep(0.3)
+        return handle.step_id
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    try:
+        proc.wait(timeout=timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _sacct_step(step: str) -> tuple[str | None, str]:
+    try:
+        out = _slurm(["sacct", "-j", step, "--format=JobID,State,NodeList", "--parsable2",
+                      "-n"])
+    except LaunchError:
+        return None, ""
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) >= 3 and parts[0] == step:
+            return parts[1] or None, parts[2]
+    return None, ""
+
+
+def _slurm(cmd: list[str]) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise LaunchError(f"{cmd[0]} failed: {err}") from err
+    if done.returncode != 0:
+        raise LaunchError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _pick_port() -> int:
+    """A port free on this host, from a range away from the ephemeral ports of most Linux
+    systems (32768-60999), so that a rendezvous on another node rarely collides either."""
+    for _ in range(50):
+        port = random.randint(20000, 32000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise LaunchError("no free TCP port for the trial's rendezvous in 20000-32000")

@@ -1,0 +1,71 @@
+"""Shared test helpers: tiny specs and study files, running the CLI, process checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.config.model import ModelConfig
+from autotune.layout import Layout
+from autotune.trial import RunConfig, TrialSpec
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY = ModelConfig(n_layer=2, hidden=32, n_head=4, seq_len=16, vocab_size=64, ffn_hidden=128,
+                   name="test-tiny")
+
+
+def tiny_spec(layout: Layout | None = None, **run: Any) -> TrialSpec:
+    layout = layout or Layout(tp=1, pp=1, dp=2, micro_batch=1, grad_accum=2)
+    return TrialSpec(model=TINY, layout=layout,
+                     run=RunConfig(device="cpu", warmup_steps=1, measure_steps=2, **run))
+
+
+def write_study(path: Path, *, name: str = "t", devices: int = 2, n_trials: int = 3,
+                db: Path | None = None, run_dir: Path | None = None, **sections: Any) -> Path:
+    """A tiny CPU study file; ``sections`` override or add top-level sections."""
+    study: dict[str, Any] = {
+        "name": name,
+        "model": {"n_layer": 2, "hidden": 32, "n_head": 4, "seq_len": 16, "vocab_size": 64,
+                  "ffn_hidden": 128, "name": "test-tiny"},
+        "cluster": {"nodes": 1, "devices_per_node": devices, "device": "cpu"},
+        "training": {"global_batch": 8, "dtype": "fp32"},
+        "search": {"tp": [1, 2], "pp": [1, 2], "micro_batch": [1, 2, 4], "zero_stage": [0, 1],
+                   "recompute": ["none"], "n_trials": n_trials},
+        "trial": {"warmup_steps": 1, "measure_steps": 2, "timeout_s": 120, "device": "cpu"},
+        "storage": {"url": f"sqlite:///{db or path.parent / 'study.db'}",
+                    "heartbeat_interval_s": 1, "grace_period_s": 3},
+        "launcher": {"kind": "local", "run_dir": str(run_dir or path.parent / "runs")},
+    }
+    study.update(sections)
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def run_cli(*args: str, timeout: float = 600, cwd: Path | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``autotune ARGS`` in a subprocess (exit codes and output as a user sees them)."""
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **(env or {})})
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes containing ``text`` (e.g. a trial directory)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().split(") ")[-1][:1]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            out.append(cmd)
+    return out

@@ -1,0 +1,126 @@
+"""Fixtures for the HPC tests: a real SLURM, PostgreSQL and MariaDB, or a visible skip.
+
+``.ci/services.sh`` brings the services up and writes ``/tmp/autotune-ci/env``; it is read
+here so that a developer who ran the script once needs nothing else. Under ``CI=true``
+a missing service is a test failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ENV_FILE = Path(os.environ.get("AUTOTUNE_CI_ENV", "/tmp/autotune-ci/env"))
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+DEFAULT_MYSQL = "mysql+pymysql://root@127.0.0.1:3306/test"
+
+
+def _load_env_file() -> None:
+    if not ENV_FILE.is_file():
+        return
+    for line in ENV_FILE.read_text().splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, _, value = line[len("export "):].partition("=")
+            os.environ.setdefault(key.strip(), value.strip())
+
+
+_load_env_file()
+
+
+def unavailable(what: str, why: str) -> None:
+    """Fail under CI=true (the services must be there), skip with the reason otherwise."""
+    msg = f"{what} unavailable: {why} (run `bash .ci/services.sh` as root)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(msg, pytrace=False)
+    pytest.skip(msg)
+
+
+def _run(cmd: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="session")
+def slurm() -> None:
+    """A SLURM controller with an idle node and working accounting (sacct)."""
+    if shutil.which("sinfo") is None:
+        unavailable("SLURM", "sinfo is not installed")
+    try:
+        info = _run(["sinfo", "-h", "-o", "%t"])
+        acct = _run(["sacct", "-n", "-X", "-o", "JobID", "-S", "now"])
+    except subprocess.TimeoutExpired:
+        unavailable("SLURM", "sinfo/sacct timed out")
+    if info.returncode != 0 or not any(s.strip().rstrip("*") in ("idle", "mix", "alloc")
+                                       for s in info.stdout.split()):
+        unavailable("SLURM", f"no usable node: {info.stdout.strip()} {info.stderr.strip()}")
+    if acct.returncode != 0:
+        unavailable("SLURM accounting", acct.stderr.strip())
+
+
+def _db_reachable(url: str) -> str | None:
+    from sqlalchemy import create_engine, text
+
+    try:
+        engine = create_engine(url, connect_args={"connect_timeout": 5})
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+        engine.dispose()
+        return None
+    except Exception as err:  # any driver error: report it
+        return str(err).splitlines()[0]
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    url = os.environ.get("AUTOTUNE_TEST_PG_URL", DEFAULT_PG)
+    why = _db_reachable(url)
+    if why:
+        unavailable("PostgreSQL", why)
+    return url
+
+
+@pytest.fixture(scope="session")
+def mysql_url() -> str:
+    url = os.environ.get("AUTOTUNE_TEST_MYSQL_URL", DEFAULT_MYSQL)
+    why = _db_reachable(url)
+    if why:
+        unavailable("MySQL/MariaDB", why)
+    return url
+
+
+@pytest.fixture
+def unique() -> str:
+    """A study-name suffix unique to this test run (tests share the databases)."""
+    return uuid.uuid4().hex[:8]
+
+
+def wait_for_jobs(job_ids: list[str], timeout_s: float) -> None:
+    """Poll squeue until none of the jobs is queued or running (sbatch --wait polls slowly)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i %T"]).stdout
+        if not out.strip():
+            return
+        time.sleep(1.0)
+    pytest.fail(f"jobs {job_ids} still queued/running after {timeout_s:.0f} s:\n"
+                + _run(["squeue", "-r"]).stdout)
+
+
+@pytest.fixture(scope="module")
+def allocation(slurm: None) -> Iterator[str]:
+    """A 4-CPU allocation held for the module (``salloc --no-shell``): steps go into it."""
+    done = _run(["salloc", "--no-shell", "-N1", "-n4", "-t", "15", "-J", "autotune-tests"],
+                timeout=120)
+    job = next((w for w in done.stderr.split() if w.isdigit()), None)
+    if done.returncode != 0 or job is None:
+        pytest.fail(f"salloc failed: {done.stderr.strip()}")
+    try:
+        yield job
+    finally:
+        _run(["scancel", job])

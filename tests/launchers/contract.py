@@ -1,0 +1,66 @@
+"""The launcher contract test, written once and run against every launcher.
+
+Subclass :class:`LauncherContract` and provide the ``launcher`` fixture (and, for
+launchers that run real processes, ``supports_processes = True``). See
+``autotune/launchers/base.py`` for the contract itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.launchers.base import Launcher, TrialPaths
+from autotune.outcome import classify
+from autotune.trial import TrialSpec
+from tests.helpers import processes_mentioning, tiny_spec
+
+
+class LauncherContract:
+    """Every launcher: success, crash without raising, timeout kill, cancel."""
+
+    supports_processes = True
+    """False for launchers that answer instantly (replay): no timeout/cancel checks."""
+
+    def spec(self, **run: object) -> TrialSpec:
+        """The spec each check runs; launchers override to fit their candidates."""
+        return tiny_spec(**run)  # type: ignore[arg-type]
+
+    def test_success_writes_result(self, launcher: Launcher, tmp_path: Path) -> None:
+        paths = TrialPaths(tmp_path / "ok")
+        report = launcher.run(self.spec(), paths, timeout_s=300)
+        assert report.result is not None, report.stderr_tail
+        assert report.result.status == "ok", report.result.error
+        outcome = classify(report)
+        assert outcome.kind == "complete" and outcome.value and outcome.value > 0
+        assert paths.spec.exists() and paths.report.exists()
+
+    def test_timeout_kills_everything(self, launcher: Launcher, tmp_path: Path) -> None:
+        if not self.supports_processes:
+            pytest.skip("this launcher starts no processes: nothing to time out")
+        paths = TrialPaths(tmp_path / "hang")
+        started = time.monotonic()
+        report = launcher.run(self.spec(test_hook="hang"), paths, timeout_s=25)
+        assert report.timed_out
+        assert time.monotonic() - started < 25 + 30
+        assert classify(report).kind == "timeout"
+        time.sleep(1)
+        assert processes_mentioning(str(paths.root)) == []
+
+    def test_cancel_returns_promptly(self, launcher: Launcher, tmp_path: Path) -> None:
+        if not self.supports_processes:
+            pytest.skip("this launcher starts no processes: nothing to cancel")
+        paths = TrialPaths(tmp_path / "cancel")
+        timer = threading.Timer(4.0, launcher.cancel)
+        timer.start()
+        started = time.monotonic()
+        report = launcher.run(self.spec(test_hook="hang"), paths, timeout_s=300)
+        timer.cancel()
+        assert report.interrupted
+        assert time.monotonic() - started < 40
+        assert classify(report).kind == "interrupted"
+        time.sleep(1)
+        assert processes_mentioning(str(paths.root)) == []

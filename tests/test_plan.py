@@ -1,0 +1,131 @@
+"""The planner: ranking, exclusions, output formats, speed, and the shipped study files."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autotune.config.study import SearchConfig
+from autotune.errors import SpecError
+from autotune.feasibility import Constraints
+from autotune.plan import plan_study, render_plan
+from autotune.space import enumerate_layouts
+from autotune.spec import load_study, parse_study
+
+REPO = Path(__file__).resolve().parents[1]
+STUDIES = sorted((REPO / "studies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
+def test_shipped_studies_load_and_plan_non_empty(path: Path) -> None:
+    result = plan_study(load_study(path), top=5)
+    assert result.n_feasible > 0 and result.rows
+    assert sum(e.count for e in result.excluded) == result.n_layouts - result.n_feasible
+
+
+def test_ranked_best_first_and_every_row_passes_the_check() -> None:
+    spec = load_study(REPO / "studies" / "lrz_gpt18.4b.yaml")
+    result = plan_study(spec, top=1000)
+    tflops = [r.step.model_tflops_per_device for r in result.rows]
+    assert tflops == sorted(tflops, reverse=True)
+    assert [r.rank for r in result.rows] == list(range(1, len(result.rows) + 1))
+    cons = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial)
+    assert all(cons.check(r.layout, spec.model) == [] for r in result.rows)
+    assert len(result.rows) == result.n_feasible
+
+
+def test_175b_on_1024_devices_plans_in_under_a_second() -> None:
+    spec = load_study(REPO / "studies" / "lrz_gpt175b.yaml")
+    plan_study(spec, top=20)  # warm imports
+    start = time.perf_counter()
+    result = plan_study(spec, top=20)
+    elapsed = time.perf_counter() - start
+    assert result.world_size == 1024 and result.n_feasible > 0
+    assert elapsed < 1.0, elapsed
+    assert {e.code for e in result.excluded} >= {"memory", "tp_heads"}
+
+
+def test_render_table_csv_json() -> None:
+    result = plan_study(load_study(REPO / "studies" / "lrz_gpt3.6b.yaml"), top=3)
+    table = render_plan(result, "table")
+    assert "rank" in table and result.rows[0].layout.key() in table
+    rows = list(csv.DictReader(io.StringIO(render_plan(result, "csv"))))
+    assert len(rows) == 3 and rows[0]["layout"] == result.rows[0].layout.key()
+    assert float(rows[0]["model_tflops_per_device"]) > 0
+    data = json.loads(render_plan(result, "json"))
+    assert data["n_feasible"] == result.n_feasible and len(data["feasible"]) == 3
+    assert {"code", "count", "example"} <= set(data["excluded"][0])
+    with pytest.raises(SpecError):
+        render_plan(result, "xml")
+    with pytest.raises(SpecError):
+        plan_study(load_study(REPO / "studies" / "cpu_demo.yaml"), top=0)
+
+
+def _study(tp, pp, mb, zero, rc, nodes, dpn, batch, device, tp_nodes) -> dict:
+    return {"name": "prop",
+            "model": {"preset": "gpt-1.3b"},
+            "cluster": {"nodes": nodes, "devices_per_node": dpn, "device": device},
+            "training": {"global_batch": batch, "dtype": "bf16"},
+            "search": {"tp": tp, "pp": pp, "micro_batch": mb, "zero_stage": zero,
+                       "recompute": rc, "tp_across_nodes": tp_nodes}}
+
+
+pow2 = st.sampled_from([1, 2, 4, 8, 16])
+space = st.builds(
+    _study,
+    tp=st.lists(pow2, min_size=1, max_size=4, unique=True) | st.just("auto"),
+    pp=st.lists(pow2, min_size=1, max_size=4, unique=True) | st.just("auto"),
+    mb=st.lists(pow2, min_size=1, max_size=4, unique=True) | st.just("auto"),
+    zero=st.lists(st.sampled_from([0, 1, 2, 3]), min_size=1, max_size=4, unique=True),
+    rc=st.lists(st.sampled_from(["none", "full"]), min_size=1, max_size=2, unique=True),
+    nodes=st.sampled_from([1, 2, 4]), dpn=st.sampled_from([2, 4, 8]),
+    batch=st.sampled_from([8, 16, 64, 96, 256]),
+    device=st.sampled_from(["a100-40gb", "h100", "max1550-tile"]),
+    tp_nodes=st.booleans())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(space)
+def test_property_ranked_layouts_pass_the_check_and_accepted_are_in_the_space(data) -> None:
+    spec = parse_study(data)
+    result = plan_study(spec, top=10_000)
+    cons = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial)
+    layouts = enumerate_layouts(spec.search, spec.world_size, spec.training.global_batch)
+    in_space = set(layouts)
+    for row in result.rows:
+        assert cons.check(row.layout, spec.model) == []
+        assert row.layout in in_space
+    accepted = {lay for lay in layouts if not cons.check(lay, spec.model)}
+    assert accepted == {r.layout for r in result.rows}
+    # the check accepts nothing outside the space: widen the axes and compare
+    wide = SearchConfig(zero_stage=(0, 1, 2, 3), recompute=("none", "full"),
+                        tp_across_nodes=spec.search.tp_across_nodes)
+    for lay in enumerate_layouts(wide, spec.world_size, spec.training.global_batch):
+        if not cons.check(lay, spec.model) and lay not in in_space:
+            axes = spec.search
+            assert ((axes.tp != "auto" and lay.tp not in axes.tp)
+                    or (axes.pp != "auto" and lay.pp not in axes.pp)
+                    or (axes.micro_batch != "auto" and lay.micro_batch not in axes.micro_batch)
+                    or lay.zero_stage not in axes.zero_stage
+                    or lay.recompute not in axes.recompute)
+
+
+def test_cli_plan_formats_and_usage_errors(tmp_path: Path) -> None:
+    from tests.helpers import run_cli
+
+    ok = run_cli("plan", str(REPO / "studies" / "nvidia_h100_gpt1.3b.yaml"), "--top", "2",
+                 "--format", "json", timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert len(json.loads(ok.stdout)["feasible"]) == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {preset: tiny}\ncluster: {nodes: -1}\ntraining: {global_batch: 8}\n")
+    out = run_cli("plan", str(bad), timeout=120)
+    assert out.returncode == 2 and "cluster.nodes" in out.stderr
+    assert "Traceback" not in out.stderr
