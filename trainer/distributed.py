@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["LaunchEnv", "DeviceInfo", "launch_env_from", "expand_nodelist", "pick_device",
-           "prepare_environment", "init_process_group", "synchronize", "reset_peak_memory",
+           "prepare_environment", "init_process_group", "set_group_timeout", "synchronize",
+           "reset_peak_memory",
            "peak_memory", "DEFAULT_MASTER_PORT"]
 
 DEFAULT_MASTER_PORT = 29500
@@ -213,6 +214,7 @@ def init_process_group(launch: LaunchEnv, device: DeviceInfo, timeout_s: int) ->
     os.environ.update({"RANK": str(launch.rank), "WORLD_SIZE": str(launch.world_size),
                        "LOCAL_RANK": str(launch.local_rank),  # PipelineModule reads it
                        "MASTER_ADDR": launch.master_addr, "MASTER_PORT": str(launch.master_port)})
+    set_group_timeout(timeout_s)
     if not dist.is_initialized():
         dist.init_process_group(
             backend=device.backend, init_method="env://",
@@ -230,6 +232,21 @@ def init_process_group(launch: LaunchEnv, device: DeviceInfo, timeout_s: int) ->
         ds_comm_torch.build_shm_op = lambda: None  # no JIT build
     deepspeed.init_distributed(dist_backend=device.backend, dist_init_required=False,
                                timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def set_group_timeout(timeout_s: int) -> None:
+    """Make groups created from now on (DeepSpeed's grid, ZeRO's) time out after ``timeout_s``.
+
+    ``dist.new_group`` without a ``timeout`` falls back to torch's module default (30 min),
+    not to the world group's timeout, and DeepSpeed creates its groups without one. A
+    rank blocked on a dead peer in such a group would wait half an hour.
+    """
+    import torch.distributed.distributed_c10d as c10d
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    c10d.default_pg_timeout = timeout
+    if hasattr(c10d, "default_pg_nccl_timeout"):
+        c10d.default_pg_nccl_timeout = timeout
 
 
 def _torch_device(device: DeviceInfo) -> Any:

@@ -181,6 +181,7 @@ def _run_one(job: _Job, ctx: _Context) -> str:
     err_path = Path(f"{job.result_path}.rank{launch.rank}.err")
     err_path.unlink(missing_ok=True)
     torch.manual_seed(run.seed)
+    distributed.set_group_timeout(run.collective_timeout_s)  # for this trial's new groups
 
     def sync() -> None:
         distributed.synchronize(device)
@@ -214,11 +215,17 @@ def _run_one(job: _Job, ctx: _Context) -> str:
         write_json_atomic(err_path, {"rank": launch.rank, "host": socket.gethostname(),
                                      "status": classify(err), "error": _tail(err)})
     status = _agree(classify(error), ctx)
-    if status == "ok":
-        assert engine is not None
-        _finish_ok(job, ctx, engine, losses, clock.times_s, started)
-    else:
-        _finish_failed(job, ctx, status, error, losses, started)
+    # A peer that exits now makes torchrun SIGTERM this rank; the result must still be
+    # written (torchrun's SIGKILL follows only after its grace period).
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        if status == "ok":
+            assert engine is not None
+            _finish_ok(job, ctx, engine, losses, clock.times_s, started)
+        else:
+            _finish_failed(job, ctx, status, error, losses, started)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if engine is not None:
         try:
             engine.close()

@@ -2,7 +2,7 @@
 
 * :mod:`~autotune.campaign.config`: the campaign file, validated (``load_campaign``).
 * :mod:`~autotune.campaign.render`: the on-disk layout, study documents and sbatch scripts.
-* :mod:`~autotune.campaign.submit`: submission (idempotent), budget check, status.
+* :mod:`~autotune.campaign.jobs`: submission (idempotent), budget check, status.
 * :mod:`~autotune.campaign.cli`: ``autotune campaign submit|status|check``.
 
 See ``docs/hpc.md``.
@@ -11,8 +11,8 @@ See ``docs/hpc.md``.
 from __future__ import annotations
 
 from autotune.campaign.config import CampaignSpec, load_campaign
+from autotune.campaign.jobs import status, submit
 from autotune.campaign.render import CampaignPaths, render_script
-from autotune.campaign.submit import status, submit
 
 __all__ = ["CampaignSpec", "CampaignPaths", "load_campaign", "render_script", "status",
            "submit"]

@@ -47,22 +47,22 @@ def _fill(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Execute a parsed ``campaign`` command; errors are the caller's to map to exit codes."""
-    from autotune.campaign import config, submit
+    from autotune.campaign import config, jobs
 
     if args.campaign_command == "check":
         from autotune.spec import load_study
 
         study = load_study(args.study)
-        met = submit.budget_met(args.storage, study.name, args.n_trials)
+        met = jobs.budget_met(args.storage, study.name, args.n_trials)
         print(f"{study.name}: budget {'met' if met else 'not met'} ({args.n_trials} trials)")
         return 0 if met else EXIT_BUDGET_OPEN
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         campaign = config.load_campaign(args.file)
         if args.campaign_command == "submit":
-            rows = submit.submit(campaign, dry_run=args.dry_run)
+            rows = jobs.submit(campaign, dry_run=args.dry_run)
         else:
-            rows = submit.status(campaign)
+            rows = jobs.status(campaign)
     for w in {str(w.message) for w in caught}:
         print(f"warning: {w}", file=sys.stderr)
     if args.json:
@@ -72,8 +72,10 @@ def run(args: argparse.Namespace) -> int:
             for r in rows:
                 print(f"{r.study}: {r.action}" + (f" [{', '.join(r.jobs)}]"
                                                   if r.action == "submitted" else ""))
+                if r.error:
+                    print(f"  budget not checked: {r.error}", file=sys.stderr)
         else:
-            print(submit.format_status(rows))
+            print(jobs.format_status(rows))
     return 1 if any(r.error for r in rows) and args.campaign_command == "status" else 0
 
 

@@ -209,7 +209,9 @@ def _expand_study(i: int, entry: Any, base_dir: Path) -> list[tuple[str, dict[st
             check_name(f"{where}.matrix key", k, re.compile(r"^[a-z_]+(\.[a-z_]+)+$"))
             _set_dotted(d, k, v)
         if keys:  # one study name per point: base name + the values
-            suffix = "-".join(re.sub(r"[^A-Za-z0-9_.]", "", str(v)) for v in combo)
+            suffix = "-".join(k.split(".")[-1].replace("_", "") + re.sub(r"[^A-Za-z0-9_.]",
+                                                                          "", str(v))
+                              for k, v in zip(keys, combo, strict=True))
             d["name"] = f"{doc['name']}-{suffix}"[:100]
         out.append((str(path), d))
     return out

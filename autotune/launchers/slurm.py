@@ -224,12 +224,15 @@ class SlurmLauncher(Launcher):
         if step is None:
             return None, []
         state, nodelist = None, ""
-        deadline = time.monotonic() + _SACCT_WAIT_S
+        ok = handle.proc.returncode == 0  # then only COMPLETED is possible: do not wait long
+        deadline = time.monotonic() + (3.0 if ok else _SACCT_WAIT_S)
         while time.monotonic() < deadline:
             state, nodelist = _sacct_step(step)
             if state is not None and state.split(" ")[0] in TERMINAL_STATES:
                 break
             time.sleep(0.5)
+        else:
+            state = "COMPLETED" if ok else state
         hosts = expand_hostlist(nodelist) if nodelist and nodelist != "None assigned" else []
         return state, hosts
 
@@ -275,7 +278,7 @@ def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
 
 def _sacct_step(step: str) -> tuple[str | None, str]:
     try:
-        out = _slurm(["sacct", "-j", step, "--format=JobID,State,NodeList", "--parsable2",
+        out = _slurm(["sacct", "-j", step, "--format=JobIDRaw,State,NodeList", "--parsable2",
                       "-n"])
     except LaunchError:
         return None, ""

@@ -11,8 +11,11 @@ the same for every trial of a study (Optuna refuses a categorical whose choices 
 **TPE/GP strategies** keep a private in-memory study that mirrors the history. A sampled
 combination that is not a candidate (infeasible) is told as PRUNED (never launched) and
 the sampler asked again; one that was measured already is told as FAIL (no new
-information) and asked again; after :data:`MAX_ASKS` such asks the strategy falls back to
-a random untried candidate, so it always proposes an untried candidate.
+information) and asked again; after :data:`MAX_ASKS` such asks the last proposal is
+projected onto the untried candidate that differs from it in the fewest axes (random among
+ties), so the strategy always proposes an untried candidate and stays near the sampler's
+choice (GP's acquisition often peaks on a measured point: asking it again is slow and
+returns the same point).
 
 **The adapter** (:func:`enqueue_next`) reads the history from the real study, asks any
 strategy for the next layout and enqueues its parameters; the objective then reads the
@@ -37,7 +40,7 @@ __all__ = ["PARAM_AXES", "MAX_ASKS", "STARTUP_TRIALS", "axis_distributions", "la
            "OptunaSamplerStrategy"]
 
 PARAM_AXES: tuple[str, ...] = ("tp", "pp", "micro_batch", "zero_stage", "recompute")
-MAX_ASKS = 30
+MAX_ASKS = 4
 STARTUP_TRIALS = 3
 """Random trials before TPE/GP model anything: Optuna's default of 10 would make both
 pure random search within a budget of ~10 trials."""
@@ -167,9 +170,11 @@ class OptunaSamplerStrategy(Strategy):
         self._sync(candidates, history)
         assert self._study is not None
         free_set = set(free)
+        params: dict[str, Any] = {}
         for _ in range(MAX_ASKS):
             trial = self._study.ask(self._dists)
-            lay = layout_from_params(trial.params, candidates)
+            params = trial.params
+            lay = layout_from_params(params, candidates)
             if lay in free_set:
                 # Closed as FAIL (ignored by the samplers) so the study has nothing running;
                 # the measured result is told by _sync as a new trial once it exists.
@@ -177,4 +182,11 @@ class OptunaSamplerStrategy(Strategy):
                 return lay  # type: ignore[return-value]
             # Not a candidate: infeasible (pruned, learned). A repeat: no information.
             self._study.tell(trial, state=TrialState.PRUNED if lay is None else TrialState.FAIL)
-        return self._rng.choice(free)
+        return self._nearest(params, free)
+
+    def _nearest(self, params: dict[str, Any], free: list[Layout]) -> Layout:
+        def distance(lay: Layout) -> int:
+            return sum(getattr(lay, axis) != params.get(axis) for axis in PARAM_AXES)
+
+        best = min(distance(lay) for lay in free)
+        return self._rng.choice([lay for lay in free if distance(lay) == best])

@@ -9,6 +9,8 @@ is the one session scope: it commits, rolls back, and translates database errors
 
 from __future__ import annotations
 
+import random
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +29,8 @@ from autotune.storage.schema import SCHEMA_VERSION, Base, LayoutClaim, Measureme
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
 __all__ = ["Storage", "open_storage", "engine_kwargs"]
+
+_SCHEMA_ATTEMPTS = 8
 
 
 def engine_kwargs(url: str) -> dict[str, Any]:
@@ -51,24 +55,35 @@ class Storage:
         self.url = resolve_url(config.url)
         self.masked_url = mask_url(self.url)
         self.backend = backend_of(self.url)
-        try:
-            self.engine: Engine = create_engine(self.url, **engine_kwargs(self.url))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                self.optuna = optuna.storages.RDBStorage(
-                    self.url, engine_kwargs=engine_kwargs(self.url),
-                    heartbeat_interval=config.heartbeat_interval_s,
-                    grace_period=config.grace_period_s,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                        max_retry=3),
-                )
-            self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-            self._create_schema()
-        except AutotuneError:
-            raise
-        except (SQLAlchemyError, OSError, ValueError, ImportError) as err:
-            raise StorageError(f"cannot open the database {self.masked_url}: "
-                               f"{_short(err, self.url)}") from None
+        for attempt in range(_SCHEMA_ATTEMPTS):
+            try:
+                self._open()
+                break
+            except AutotuneError:
+                raise
+            except (SQLAlchemyError, OSError, ValueError, ImportError) as err:
+                # Workers started together race to create the tables of a new database;
+                # the loser sees "already exists" (or a lock) and simply tries again.
+                racing = any(t in str(err) for t in ("already exists", "locked", "duplicate"))
+                if racing and attempt + 1 < _SCHEMA_ATTEMPTS:
+                    time.sleep(0.2 + random.random())
+                    continue
+                raise StorageError(f"cannot open the database {self.masked_url}: "
+                                   f"{_short(err, self.url)}") from None
+
+    def _open(self) -> None:
+        self.engine: Engine = create_engine(self.url, **engine_kwargs(self.url))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self.optuna = optuna.storages.RDBStorage(
+                self.url, engine_kwargs=engine_kwargs(self.url),
+                heartbeat_interval=self.config.heartbeat_interval_s,
+                grace_period=self.config.grace_period_s,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=3),
+            )
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._create_schema()
 
     def _create_schema(self) -> None:
         Base.metadata.create_all(self.engine)
