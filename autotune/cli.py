@@ -157,6 +157,56 @@ def cmd_best(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _log(quiet: bool) -> Callable[[str], None]:
+    def log(text: str) -> None:
+        if not quiet:
+            print(f"[autotune] {text}", file=sys.stderr, flush=True)
+    return log
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from autotune.report.build import study_report
+    from autotune.report.crossstudy import campaign_report
+    from autotune.results import load_existing_study
+
+    if args.all:
+        storage, _ = _open(args.storage, args.study)
+        path = campaign_report(storage, Path(args.out or "reports/campaign"), fmt=args.format,
+                               device_type=args.device_type, model=args.model,
+                               log=_log(args.quiet))
+    else:
+        if not args.study:
+            raise UsageError("report: give a STUDY (study file or name), or --all for the "
+                             "cross-study view")
+        if args.device_type or args.model:
+            raise UsageError("report: --device-type and --model filter the cross-study view;"
+                             " add --all")
+        storage, name = _open(args.storage, args.study)
+        study = load_existing_study(storage, name)
+        path = study_report(storage, study, Path(args.out or f"reports/{name}"),
+                            fmt=args.format, log=_log(args.quiet))
+    print(path)
+    return EXIT_OK
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from autotune.config.study import StorageConfig
+    from autotune.dashboard import serve
+    from autotune.spec import load_study
+
+    url = args.storage or (load_study(args.study).storage.url if args.study
+                           else StorageConfig().url)
+    serve(url, host=args.host, port=args.port)
+    return EXIT_OK
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"got {value}; allowed: a port 1-65535")
+    return value
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from autotune.plan import plan_study, render_plan
     from autotune.spec import load_study
@@ -207,6 +257,29 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--top", type=_positive_int, default=20, metavar="K")
     pl.add_argument("--format", choices=("table", "csv", "json"), default="table")
     pl.set_defaults(func=cmd_plan)
+
+    rp = sub.add_parser("report", help="a study's report: tables, plots, CSV/Parquet exports")
+    rp.add_argument("study", nargs="?", metavar="STUDY", help="study file or name")
+    rp.add_argument("--storage", metavar="URL")
+    rp.add_argument("--out", metavar="DIR",
+                    help="report directory (default: reports/STUDY, reports/campaign)")
+    rp.add_argument("--format", choices=("md", "html"), default="md")
+    rp.add_argument("--all", action="store_true",
+                    help="cross-study view of every measurement in the database")
+    rp.add_argument("--device-type", metavar="NAME", help="with --all: only this device type")
+    rp.add_argument("--model", metavar="NAME", help="with --all: only this model name")
+    rp.add_argument("--quiet", action="store_true", help="no progress lines")
+    rp.set_defaults(func=cmd_report)
+
+    d = sub.add_parser("dashboard", help="optuna-dashboard on the study database (localhost)")
+    d.add_argument("study", nargs="?", metavar="STUDY.yaml",
+                   help="take the storage URL from this study file")
+    d.add_argument("--storage", metavar="URL", help="database URL (default: the study "
+                   "file's, else sqlite:///autotune.db)")
+    d.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only)")
+    d.add_argument("--port", type=_port, default=8080)
+    d.set_defaults(func=cmd_dashboard)
 
     from autotune.campaign.cli import add_parser as add_campaign_parser
 

@@ -136,22 +136,27 @@ class TrialResult:
     layout: dict[str, Any] | None = None
     elapsed_s: float | None = None
     """Wall time of the whole trial process, launch to result."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keys a (newer) trainer wrote that this schema does not name: kept, not dropped."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise SpecError("result.status", self.status, f"allowed: one of {STATUSES}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out.update(out.pop("extra"))
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str | None = None) -> TrialResult:
         if not isinstance(data, dict):
             raise SpecError("result", data, "expected a JSON object", source=source)
-        known = set(cls.__dataclass_fields__)
-        # Unknown keys are tolerated: a newer trainer may extend the result.
+        known = set(cls.__dataclass_fields__) - {"extra"}
+        # Unknown keys are kept aside: a newer trainer may extend the result.
+        extra = {k: v for k, v in data.items() if k not in known}
         try:
-            return cls(**{k: v for k, v in data.items() if k in known})
+            return cls(**{k: v for k, v in data.items() if k in known}, extra=extra)
         except TypeError as err:
             raise SpecError("result", data.get("status"), f"malformed ({err})",
                             source=source) from None

@@ -19,7 +19,6 @@ stage's replicated parameters only on the replica's first rank.
 from __future__ import annotations
 
 import gc
-from typing import Any
 
 import deepspeed
 import torch
@@ -27,6 +26,7 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
 from autotune.config.model import ModelConfig
+from autotune.dsconfig import LEARNING_RATE, deepspeed_config
 from autotune.layout import Layout
 from autotune.trial import RunConfig
 from trainer.distributed import DeviceInfo
@@ -34,26 +34,7 @@ from trainer.model import GPT, LossFn
 from trainer.pipeline import build_pipeline_module
 from trainer.tensor_parallel import TPContext
 
-__all__ = ["deepspeed_config", "TrainEngine", "LEARNING_RATE"]
-
-LEARNING_RATE = 1e-3
-
-
-def deepspeed_config(layout: Layout, run: RunConfig) -> dict[str, Any]:
-    """The DeepSpeed JSON config of a trial."""
-    return {
-        "train_micro_batch_size_per_gpu": layout.micro_batch,
-        "gradient_accumulation_steps": layout.grad_accum,
-        "train_batch_size": layout.global_batch,
-        "optimizer": {"type": "AdamW", "params": {
-            "lr": LEARNING_RATE, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
-            "torch_adam": True}},
-        "zero_optimization": {"stage": layout.zero_stage},
-        "bf16": {"enabled": run.dtype == "bf16"},
-        "gradient_clipping": 0.0,
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
-    }
+__all__ = ["TrainEngine", "LEARNING_RATE"]
 
 
 class TrainEngine:
@@ -68,7 +49,7 @@ class TrainEngine:
         self.dp_rank: int = coord.data
         self.tp = TPContext(rank=coord.model, size=layout.tp)
         recompute = layout.recompute == "full"
-        config = deepspeed_config(layout, run)
+        config = deepspeed_config(layout, run.dtype)
         self.device = device
         if layout.pp > 1:
             module: torch.nn.Module = build_pipeline_module(model, self.topology, self.tp,

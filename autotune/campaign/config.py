@@ -256,17 +256,17 @@ def _parse(data: Any, src: Path) -> CampaignSpec:
     for i, entry in enumerate(entries):
         for base_file, doc in _expand_study(i, entry, src.parent):
             doc["storage"] = {**(doc.get("storage") or {}), "url": url}
-            spec = parse_study(doc, source=f"{src.name}: studies[{i}] ({base_file})")
-            check_name(f"studies[{i}].name", spec.name, NAME_RE)
-            studies.append(CampaignStudy(spec=spec, base_file=base_file, document=doc))
+            study = parse_study(doc, source=f"{src.name}: studies[{i}] ({base_file})")
+            check_name(f"studies[{i}].name", study.name, NAME_RE)
+            studies.append(CampaignStudy(spec=study, base_file=base_file, document=doc))
     names = [s.name for s in studies]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise SpecError("studies", dup, "study names must be unique: set `name:` per entry")
-    spec = CampaignSpec(name=name, storage_url=url, password_file=pw_file, site=site,
+    campaign = CampaignSpec(name=name, storage_url=url, password_file=pw_file, site=site,
                         slurm=CampaignSlurm.from_dict(data.get("slurm")),
                         studies=tuple(studies), source=src,
                         env=env_map("env", data.get("env")), venv=venv, launcher=launcher)
-    if spec.backend == "sqlite":
+    if campaign.backend == "sqlite":
         warnings.warn(SQLITE_WARNING, UserWarning, stacklevel=3)
-    return spec
+    return campaign

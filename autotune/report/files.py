@@ -64,7 +64,8 @@ def atomic_path(target: Path) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     # A unique name, created by the writer itself so that it gets the umask's mode
     # (mkstemp's 0600 would make a shared report unreadable to the group).
-    tmp = target.parent / f".{target.stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp{target.suffix}"
+    unique = f"{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    tmp = target.parent / f".{target.stem}.{unique}.tmp{target.suffix}"
     try:
         yield Path(tmp)
         os.replace(tmp, target)

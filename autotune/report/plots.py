@@ -95,6 +95,10 @@ def microbatch_effect(done: pd.DataFrame, path: Path) -> None:
         right.scatter(group["bubble_fraction"], group["value"], color=line.get_color(),
                       label=f"tp{tp} pp{pp}")
     left.set_xscale("log", base=2)
+    mbs = sorted(done["micro_batch"].unique())
+    left.set_xticks(mbs, [str(m) for m in mbs])
+    left.set_ylim(bottom=0)
+    right.set_ylim(bottom=0)
     left.set_xlabel("micro-batch size (sequences)")
     left.set_ylabel("model TFLOPS / device")
     left.set_title("micro-batch size (labels: gradient-accumulation steps)")
@@ -140,7 +144,8 @@ def outcomes_map(trials: pd.DataFrame, path: Path) -> None:
     outcome of its latest trial."""
     t = trials.sort_values("number")
     t = t.assign(row=[f"tp{a} pp{b} z{c} {d}" for a, b, c, d in
-                      zip(t["tp"], t["pp"], t["zero_stage"], t["recompute"])])
+                      zip(t["tp"], t["pp"], t["zero_stage"], t["recompute"],
+                                             strict=True)])
     latest = t.groupby(["row", "micro_batch"])["outcome"].last()
     rows = sorted(latest.index.get_level_values(0).unique(),
                   key=lambda r: [int(x[2:]) if x[:2] in ("tp", "pp") else x

@@ -135,8 +135,9 @@ def _html_table(table: Table) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
     rows = []
     for row in frame.itertuples(index=False):
-        cells = "".join(f"<td class=\"num\">{html.escape(_cell(v))}</td>" if num
-                        else f"<td>{html.escape(_cell(v))}</td>" for v, num in zip(row, numeric))
+        tags = ("<td class='num'>" if num else "<td>" for num in numeric)
+        cells = "".join(f"{tag}{html.escape(_cell(v))}</td>"
+                        for tag, v in zip(tags, row, strict=True))
         rows.append(f"<tr>{cells}</tr>")
     caption = f"<caption>{html.escape(table.caption)}</caption>" if table.caption else ""
     return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"

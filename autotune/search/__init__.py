@@ -52,7 +52,7 @@ def _tpe(seed: int):
     import optuna
 
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS,
-                                      multivariate=True, warn_independent_sampling=False)
+                                      multivariate=True)
 
 
 def _gp(seed: int):

@@ -16,7 +16,7 @@ from autotune.campaign import jobs
 from autotune.campaign.config import load_campaign
 from autotune.campaign.render import CampaignPaths, Commands, render_script
 from autotune.errors import SpecError
-from autotune.sites import list_sites, load_site
+from autotune.sites import SITES_DIR, list_sites, load_site
 from tests.helpers import REPO
 
 HOSTILE = ["a'b", 'a"b', "$(touch /tmp/pwned)", "`id`", "a\nb", "a;rm -rf x", "a b", "a|b",
@@ -67,8 +67,7 @@ def test_hostile_names_are_rejected(tmp_path: Path, where: str, bad: str) -> Non
         "time": {"slurm": {"time": bad}},
     }.get(where, {})
     if where == "module":
-        site = yaml.safe_load((Path(load_site.__code__.co_filename).parent /
-                               "local-ci.yaml").read_text())
+        site = yaml.safe_load((SITES_DIR / "local-ci.yaml").read_text())
         site["modules"] = [bad]
         (tmp_path / "site.yaml").write_text(yaml.safe_dump(site))
         over = {"site": "site.yaml"}

@@ -66,7 +66,7 @@ def study_file(tmp_path: Path, url: str, name: str, n_trials: int) -> Path:
 @pytest.mark.slow
 def test_16_workers_on_postgres_record_each_trial_once(tmp_path: Path, pg_url: str,
                                                        unique: str) -> None:
-    name, n_trials = f"pg16-{unique}", 32
+    name, n_trials = f"pg16-{unique}", 24
     path = study_file(tmp_path, pg_url, name, n_trials)
     done = run_workers(path, N_WORKERS)
     for d in done:

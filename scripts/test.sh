@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up everything and run the whole test suite (what CI runs: .ci/run calls this).
+#
+#   1. scripts/setup.sh: the virtual environment (torch CPU, DeepSpeed, autotune[dev])
+#   2. .ci/services.sh: a real single-node SLURM with accounting, and the PostgreSQL and
+#      MariaDB this machine runs (needs root and apt; skipped elsewhere: the SLURM and
+#      database tests then skip with their reason, except under CI=true, where they fail)
+#   3. pytest over tests/ and the doctests of autotune/ and trainer/
+#
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$(date +%s)
+bash scripts/setup.sh
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  bash .ci/services.sh start
+else
+  echo "[test] not root with apt: SLURM/PostgreSQL services not started (their tests skip)"
+fi
+[ -f /tmp/autotune-ci/env ] && . /tmp/autotune-ci/env
+# DeepSpeed JIT-builds its CPU communication op once; keep the build with the checkout's
+# caches rather than in a home directory that CI may not keep.
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}
+echo "[test] setup took $(( $(date +%s) - t0 )) s; running pytest"
+.venv/bin/python -m pytest -q --durations=15 "$@" tests autotune trainer

@@ -1,0 +1,47 @@
+"""The benchmark harness: random search matches its analytic expectation."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from autotune.search import make_strategy
+from tests.search.conftest import synthetic_group
+
+
+def test_random_matches_the_analytic_expectation(bench):
+    group = synthetic_group(n_good=3)
+    n, k = len(group.measurements), bench.good_count(group, 0.02)
+    assert k == 3
+    trials = [bench.trials_to_hit(make_strategy("random", seed=s), group, 0.02)
+              for s in range(400)]
+    expected = bench.random_expectation(n, k)  # (N+1)/(k+1)
+    # Sd of one draw is below N/2; the mean of 400 is within ~4 sd of noise.
+    assert abs(statistics.fmean(trials) - expected) < 4 * (n / 2) / 20
+    p = bench.random_success_probability(n, k, 5)
+    hit = sum(t <= 5 for t in trials) / len(trials)
+    assert abs(hit - p) < 0.1
+
+
+def test_main_writes_the_contract_json(bench, tmp_path):
+    csv = tmp_path / "l.csv"
+    header = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
+              "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
+              "iteration time (ms)\n")
+    rows = []
+    for tp, pp in ((1, 1), (1, 2), (2, 1), (1, 4), (4, 1), (2, 2)):
+        dp = 4 // (tp * pp)
+        for mb in (1, 2, 4, 8):
+            if 8 % (dp * mb) == 0:
+                rows.append(f"4,8,{mb},1024,16,8,1024,{tp},{dp},{pp},{100 + 10 * tp + pp + mb}")
+    csv.write_text(header + "\n".join(rows) + "\n")
+    out = tmp_path / "o.json"
+    bench.main(["--landscape", str(csv), "--strategies", "default,random,grid",
+                "--repeats", "5", "--jobs", "1", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["tolerance"] == 0.02 and doc["budget"] == 10
+    assert set(doc["strategies"]) == {"default", "random", "grid"}
+    for s in doc["strategies"].values():
+        assert {"median_trials", "success_rate"} <= set(s)
+    [g] = doc["groups"]
+    assert g["n_layouts"] == len(rows) and "median_trials" in g["strategies"]["default"]

@@ -1,0 +1,61 @@
+"""The replay launcher: the table's value for a known layout, a clear refusal otherwise."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from autotune.errors import LaunchError, SpecError
+from autotune.launchers.base import Launcher, TrialPaths
+from autotune.launchers.replay import ReplayLauncher, group_from_frame
+from autotune.layout import Layout
+from autotune.outcome import classify
+from autotune.trial import RunConfig, TrialSpec
+from tests.search.conftest import synthetic_group
+
+
+def test_is_a_launcher_and_returns_the_table_value(group, tmp_path):
+    launcher = ReplayLauncher(group)
+    assert isinstance(launcher, Launcher)
+    m = group.best()
+    spec = TrialSpec(group.model, m.layout, RunConfig())
+    report = launcher.run(spec, TrialPaths(tmp_path / "t"), timeout_s=5)
+    assert report.result.status == "ok"
+    assert report.result.model_tflops_per_device == m.model_tflops_per_device
+    assert report.result.step_time_s > 0
+    outcome = classify(report)
+    assert outcome.kind == "complete" and outcome.value == m.model_tflops_per_device
+
+
+def test_oom_rows_replay_as_oom(tmp_path):
+    group = synthetic_group(oom_mb=4)
+    oom = next(m for m in group.measurements if m.status == "oom")
+    report = ReplayLauncher(group).run(TrialSpec(group.model, oom.layout),
+                                       TrialPaths(tmp_path / "t"), timeout_s=5)
+    assert report.result.status == "oom" and classify(report).kind == "oom"
+
+
+def test_unknown_layout_is_refused(group, tmp_path):
+    unknown = Layout(tp=8, pp=1, dp=1, micro_batch=1, grad_accum=16)
+    with pytest.raises(LaunchError, match="not in landscape 'synthetic'"):
+        ReplayLauncher(group).result_for(unknown)
+    with pytest.raises(LaunchError, match="tp8-pp1-dp1-mb1-ga16"):
+        ReplayLauncher(group).run(TrialSpec(group.model, unknown), TrialPaths(tmp_path / "t"),
+                                  timeout_s=5)
+
+
+def test_group_from_measurements_frame(group):
+    rows = [{**m.layout.to_dict(), "status": m.status,
+             "model_tflops_per_device": m.model_tflops_per_device}
+            for m in group.measurements]
+    rows.append({**rows[0], "status": None, "outcome": "infeasible"})  # never ran: dropped
+    rows.append({**rows[1], "model_tflops_per_device": rows[1]["model_tflops_per_device"] + 2})
+    df = pd.DataFrame(rows)
+    rebuilt = group_from_frame(df, group.model, group.cluster, 16, "fp32")
+    assert len(rebuilt.measurements) == len(group.measurements)
+    assert rebuilt.best().layout == group.best().layout
+    second = rebuilt.lookup(group.measurements[1].layout)
+    assert second.model_tflops_per_device == pytest.approx(
+        group.measurements[1].model_tflops_per_device + 1)  # merged: the mean
+    with pytest.raises(SpecError, match="missing column"):
+        group_from_frame(df.drop(columns=["tp"]), group.model, group.cluster, 16, "fp32")
