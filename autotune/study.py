@@ -22,14 +22,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from types import FrameType
 from typing import Any
 
 import optuna
@@ -40,6 +36,7 @@ from autotune.errors import UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.layout import Layout
+from autotune.lifecycle import StopSignals, heartbeat
 from autotune.outcome import Outcome, classify, infeasible
 from autotune.progress import Progress
 from autotune.records import TrialFacts, measurement_row, user_attrs
@@ -96,64 +93,22 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
             study = optuna.load_study(study_name=spec.name, storage=storage.optuna)
     existing = study.user_attrs.get("fingerprint")
     if existing is None and create:
-        study.set_metric_names(["model_tflops_per_device"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(["model_tflops_per_device"])
         study.set_user_attr("fingerprint", fingerprint)
         study.set_user_attr("model", spec.model.name)
         study.set_user_attr("cluster", f"{spec.cluster.nodes} x {spec.cluster.devices_per_node}"
                             f" {spec.cluster.device}")
         study.set_user_attr("objective", "model TFLOPS per device (higher is better)")
+        study.set_user_attr("device_memory_gib",
+                            round(spec.cluster.device_spec().memory_bytes / 2**30, 3))
     elif existing is not None and existing != fingerprint:
         diff = sorted(k for k in fingerprint if fingerprint[k] != existing.get(k))
         raise UsageError(
             f"study {spec.name!r} in {storage.masked_url} was created for a different "
             f"{', '.join(diff)}; give this study another name (name: in the study file)")
     return study
-
-
-@contextmanager
-def _heartbeat(storage: Storage, trial_id: int) -> Iterator[None]:
-    """Record a heartbeat for ``trial_id`` until the block ends (Optuna's own thread is
-    private API; this is the public ``record_heartbeat`` on a timer)."""
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(storage.config.heartbeat_interval_s):
-            try:
-                storage.optuna.record_heartbeat(trial_id)
-            except Exception:  # a missed beat is retried; never kill the trial for it
-                pass
-
-    storage.optuna.record_heartbeat(trial_id)
-    thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-
-
-class _Signals:
-    """SIGINT/SIGTERM: cancel the running trial, stop launching. Restored on exit."""
-
-    def __init__(self, launcher: Launcher) -> None:
-        self.launcher = launcher
-        self.received: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signum
-        self.launcher.cancel()
-
-    def __enter__(self) -> _Signals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 _OBSERVED = {"complete": "ok", "oom": "oom", "error": "error", "timeout": "error"}
@@ -222,7 +177,7 @@ def _run(spec: StudySpec, storage: Storage, launcher: Launcher, *, n_trials: int
                         seed=spec.search.seed, device=spec.trial.device,
                         collective_timeout_s=spec.trial.collective_timeout_s)
     idle = 0
-    with _Signals(launcher) as signals:
+    with StopSignals(launcher) as signals:
         while True:
             if signals.received is not None:
                 summary.stopped_by = "sigterm" if signals.received == signal.SIGTERM \
@@ -277,7 +232,7 @@ def _run(spec: StudySpec, storage: Storage, launcher: Launcher, *, n_trials: int
             trial_spec = TrialSpec(model=spec.model, layout=layout, run=run_cfg)
             progress.trial_started(trial.number, layout, cand.predicted_tflops if cand else None)
             t0 = _utcnow()
-            with _heartbeat(storage, trial._trial_id):
+            with heartbeat(storage, trial._trial_id):
                 report = launcher.run(trial_spec, paths, timeout_s=spec.trial.timeout_s)
             outcome = classify(report)
             facts = TrialFacts(

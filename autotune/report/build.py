@@ -39,8 +39,9 @@ def study_report(storage: Storage, study: optuna.Study, out_dir: Path, *, fmt: s
                  memory_gib: float | None = None, log: Log = _quiet) -> Path:
     """Write the report of ``study`` under ``out_dir``; return the report file's path.
 
-    ``memory_gib`` overrides the device memory drawn in the memory plot (the study file's
-    ``cluster.memory_gb``); by default it comes from the hardware table.
+    ``memory_gib`` overrides the device memory drawn in the memory plot; by default it is
+    the study's ``device_memory_gib`` user attribute where the runner stored one (it
+    includes the study file's ``cluster.memory_gb``), else the hardware table's figure.
     """
     paths = ReportPaths(out_dir)
     log(f"report of study {study.study_name!r} from {storage.masked_url}")
@@ -49,6 +50,8 @@ def study_report(storage: Storage, study: optuna.Study, out_dir: Path, *, fmt: s
     log(f"read {len(trials)} trials and {len(meas)} measurement rows")
     device = (str(meas["device_type"].iloc[0]) if len(meas)
               else study.user_attrs.get("fingerprint", {}).get("device"))
+    if memory_gib is None and isinstance(study.user_attrs.get("device_memory_gib"), (int, float)):
+        memory_gib = float(study.user_attrs["device_memory_gib"])
     ctx = _Context(paths, log)
     report = Report(
         title=f"autotune report: {study.study_name}",
@@ -117,7 +120,13 @@ def _best(study: optuna.Study, trials: pd.DataFrame) -> Section:
         f"Best: {b['layout']} at {b['model_tflops_per_device']:.4g} model TFLOPS per device "
         f"(trial #{b['trial']}). The table ranks the complete trials by measured model TFLOPS "
         "per device; predicted columns are the cost and memory models' estimates."))
-    s.blocks.append(Table(top))
+    s.blocks.append(Table(top[["rank", "trial", "layout", "model_tflops_per_device",
+                               "predicted_tflops_per_device", "step_time_s",
+                               "peak_memory_gib", "predicted_memory_gib"]].rename(columns={
+        "model_tflops_per_device": "TFLOPS/device", "predicted_tflops_per_device":
+        "predicted TFLOPS/device", "step_time_s": "step (s)", "peak_memory_gib":
+        "peak memory (GiB)", "predicted_memory_gib": "predicted memory (GiB)"}),
+        "layout key: tp-pp-dp-micro batch-grad accum-ZeRO stage-recompute"))
     fp = study.user_attrs.get("fingerprint", {})
     lay = Layout(**{k: (str(b[k]) if k == "recompute" else int(b[k]))
                     for k in ("tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage",

@@ -58,12 +58,13 @@ def tp_pp_heatmap(best: pd.DataFrame, what: pd.DataFrame, path: Path) -> None:
     masked = np.ma.masked_invalid(data)
     im = ax.imshow(masked, cmap="viridis", aspect="auto", origin="lower")
     finite = data[np.isfinite(data)]
-    top = finite.max() if finite.size else 1.0
+    lo, hi = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)
     for i in range(data.shape[0]):
         for j in range(data.shape[1]):
             if np.isfinite(data[i, j]):
                 ax.text(j, i, _fmt(data[i, j]), ha="center", va="center",
-                        color="black" if data[i, j] > 0.6 * top else "white", fontsize=9)
+                        color="black" if data[i, j] - lo > 0.5 * (hi - lo) else "white",
+                        fontsize=9)
             else:
                 kind = what.iat[i, j]
                 label = "not tried" if not isinstance(kind, str) else _SHORT.get(kind, kind)

@@ -120,10 +120,12 @@ h1 { border-bottom: 2px solid #1565c0; padding-bottom: .2em; }
 h2 { margin-top: 1.8em; border-bottom: 1px solid #e0e0e0; }
 table { border-collapse: collapse; font-size: .88em; margin: .6em 0; }
 th, td { border: 1px solid #e0e0e0; padding: .25em .6em; text-align: left; }
+td { white-space: nowrap; } td:last-child { white-space: normal; }
+.wide { overflow-x: auto; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 th { background: #f5f5f5; }
 img { max-width: 100%; border: 1px solid #eeeeee; }
-pre { background: #f5f5f5; padding: .8em; overflow-x: auto; }
+pre { background: #f5f5f5; padding: .8em; white-space: pre-wrap; }
 .meta { color: #616161; } caption { text-align: left; font-style: italic; }
 nav a { margin-right: 1em; }
 """
@@ -140,7 +142,8 @@ def _html_table(table: Table) -> str:
                         for tag, v in zip(tags, row, strict=True))
         rows.append(f"<tr>{cells}</tr>")
     caption = f"<caption>{html.escape(table.caption)}</caption>" if table.caption else ""
-    return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return (f"<div class='wide'><table>{caption}<thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
 def _html(report: Report) -> str:

@@ -1,0 +1,65 @@
+"""A worker's life around one trial: heartbeats while it runs, signals that stop it.
+
+Kept apart from the runner's logic (:mod:`autotune.study`) because both deal with threads
+and process-wide signal handlers, which deserve one small, careful place.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from autotune.launchers.base import Launcher
+from autotune.storage.db import Storage
+
+__all__ = ["heartbeat", "StopSignals"]
+
+
+@contextmanager
+def heartbeat(storage: Storage, trial_id: int) -> Iterator[None]:
+    """Record a heartbeat for ``trial_id`` until the block ends (Optuna's own thread is
+    private API; this is the public ``record_heartbeat`` on a timer)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(storage.config.heartbeat_interval_s):
+            try:
+                storage.optuna.record_heartbeat(trial_id)
+            except Exception:  # a missed beat is retried; never kill the trial for it
+                pass
+
+    storage.optuna.record_heartbeat(trial_id)
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+class StopSignals:
+    """SIGINT/SIGTERM: cancel the running trial, stop launching. Restored on exit."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.received: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+        self.launcher.cancel()
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
