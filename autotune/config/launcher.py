@@ -46,7 +46,7 @@ class SlurmOptions:
     """``srun`` job steps inside an allocation (see ``docs/hpc.md``)."""
 
     site: str | None = None
-    """A site profile name (``autotune/campaign/sites``) for modules, env and GRES."""
+    """A site profile (``autotune/sites/*.yaml`` name or a file path): modules, env, GRES."""
     gpus_per_node: str | None = None
     """GRES request per node, e.g. ``gpu:4`` (None: no GRES)."""
     cpus_per_task: int | None = None

@@ -22,7 +22,7 @@ def make_launcher(spec: StudySpec) -> Launcher:
     if cfg.kind == "slurm":
         from autotune.launchers.slurm import SlurmLauncher
 
-        return SlurmLauncher(cfg.slurm)  # type: ignore[call-arg]
+        return SlurmLauncher.for_study(spec)
     from autotune.launchers.replay import ReplayLauncher
 
     return ReplayLauncher.for_study(spec)  # type: ignore[attr-defined]
