@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from autotune.atomic import write_json_atomic
 from autotune.config._fields import check_choice, check_int, check_keys
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
 from autotune.layout import Layout
 
-__all__ = ["RunConfig", "TrialSpec", "TrialResult", "Status", "write_json_atomic",
+__all__ = ["RunConfig", "TrialSpec", "TrialResult", "Status",
            "read_result"]
 
 Status = Literal["ok", "oom", "error"]
@@ -165,23 +165,6 @@ class TrialResult:
 
     def write(self, path: str | os.PathLike[str]) -> None:
         write_json_atomic(path, self.to_dict())
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never a part."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_result(path: str | os.PathLike[str]) -> TrialResult | None:

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.atomic import write_json_atomic
 from autotune.errors import AutotuneError
 from autotune.feasibility import check_layout
-from autotune.trial import TrialResult, TrialSpec, write_json_atomic
+from autotune.trial import TrialResult, TrialSpec
 from trainer.distributed import LaunchEnv, launch_env_from
 
 __all__ = ["run_trials", "classify", "is_out_of_memory", "STATUS_CODES"]

@@ -20,11 +20,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from autotune.atomic import write_json_atomic
 from autotune.campaign.config import SQLITE_WARNING, CampaignSpec, CampaignStudy
 from autotune.campaign.render import CampaignPaths, Commands, write_script, write_study
 from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, LaunchError, StorageError
-from autotune.trial import write_json_atomic
 
 __all__ = ["SlurmCli", "StudyProgress", "StudyStatus", "submit", "status", "study_progress",
            "budget_met", "load_state", "format_status"]

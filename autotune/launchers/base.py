@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from autotune.atomic import write_json_atomic
 from autotune.errors import SpecError
-from autotune.trial import TrialResult, TrialSpec, read_result, write_json_atomic
+from autotune.trial import TrialResult, TrialSpec, read_result
 
 __all__ = ["Launcher", "LaunchReport", "TrialPaths", "tail"]
 

@@ -18,9 +18,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.atomic import write_json_atomic
 from autotune.dsconfig import deepspeed_config
 from autotune.layout import Layout
-from autotune.trial import write_json_atomic
 
 __all__ = ["emit_best", "megatron_deepspeed_args", "best_json"]
 

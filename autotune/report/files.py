@@ -14,12 +14,10 @@ whole new one, never a part (submitit's result-file pattern).
 
 from __future__ import annotations
 
-import os
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from autotune.atomic import atomic_path, write_text_atomic
 
 __all__ = ["ReportPaths", "atomic_path", "write_text_atomic"]
 
@@ -53,27 +51,3 @@ class ReportPaths:
         """A link from the report file to ``path`` (always with ``/``)."""
         return path.relative_to(self.root).as_posix()
 
-
-@contextmanager
-def atomic_path(target: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``target``; rename it over ``target`` on success.
-
-    The temporary name keeps the suffix so that writers choosing a format by extension
-    (matplotlib's ``savefig``) still do the right thing.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # A unique name, created by the writer itself so that it gets the umask's mode
-    # (mkstemp's 0600 would make a shared report unreadable to the group).
-    unique = f"{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    tmp = target.parent / f".{target.stem}.{unique}.tmp{target.suffix}"
-    try:
-        yield Path(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(target: Path, text: str) -> None:
-    with atomic_path(target) as tmp:
-        tmp.write_text(text, encoding="utf-8")

@@ -26,7 +26,7 @@ def test_four_workers_share_one_sqlite_study(tmp_path: Path) -> None:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for _ in range(4)]
     for w in workers:
-        out, err = w.communicate(timeout=600)
+        _, err = w.communicate(timeout=600)
         assert w.returncode == 0, err
 
     trials = optuna.load_study(study_name="shared", storage=f"sqlite:///{db}").get_trials()
