@@ -181,8 +181,8 @@ HOST_OPS_PER_LAYER_PASS = 50
 """Framework operators the host dispatches per transformer layer and pass (LayerNorms,
 linears, views and transposes, softmax, dropout, bias-adds, TP region copies)."""
 HOST_SERIAL_FRACTION = 0.25
-"""Share of the shorter of host and device time that does not overlap (see
-:func:`host_exposed_time_s`): a quarter, i.e. mostly asynchronous."""
+"""Share of the shorter of host and device time that does not overlap when the two are
+balanced (see :func:`host_exposed_time_s`): a quarter, i.e. mostly asynchronous."""
 
 
 def host_layer_time_s(layout: Layout, perf: DevicePerf) -> float:
@@ -204,12 +204,24 @@ def host_exposed_time_s(device_s: float, host_s: float, *,
                         serial_fraction: float = HOST_SERIAL_FRACTION) -> float:
     """Host time not hidden behind the device for one layer and micro-batch.
 
-    The device runs behind the host asynchronously, so a layer takes ``max(device,
-    host)``; the overlap is imperfect (synchronising calls: collectives, the recompute
-    wrapper's RNG bookkeeping, allocator), charged as ``HOST_SERIAL_FRACTION`` of the
-    smaller of the two. Returns the time beyond ``device_s``.
+    The host enqueues kernels ahead of the device (CUDA streams are asynchronous), so
+    host and device form a two-stage tandem: when one side is much slower it sets the
+    pace and the other is hidden entirely, ``max(device, host)``; this is the
+    overhead-bound regime of He (2022), where the time per micro-batch does not depend on
+    the kernels' size (vTrain: tp = 4, h = 2048 takes the same time per micro-batch at
+    micro-batch 1 and 2). Overlap is lost when neither side dominates: the per-operator
+    costs alternate (a long GEMM, then a run of short element-wise kernels, a collective),
+    so each side is in turn the bottleneck and the other waits. The exposed part is
+    charged as ``serial_fraction * min * (min / max)``: ``HOST_SERIAL_FRACTION`` of the
+    shorter side when the two are equal, vanishing as one side dominates. (Before: a
+    constant quarter of the shorter side, which charged up to a quarter of the device time
+    to overhead-bound layouts whose device work is fully hidden.) Returns the time beyond
+    ``device_s``.
     """
-    layer = max(device_s, host_s) + serial_fraction * min(device_s, host_s)
+    longer, shorter = max(device_s, host_s), min(device_s, host_s)
+    if longer <= 0:
+        return 0.0
+    layer = longer + serial_fraction * shorter * (shorter / longer)
     return layer - device_s
 
 

@@ -114,3 +114,13 @@ def test_calibrate_is_the_geometric_mean_ratio() -> None:
     assert cost.calibrate([], []) == 1.0
     with pytest.raises(ValueError):
         cost.calibrate([1.0], [1.0, 2.0])
+
+
+def test_host_overlap_hides_the_shorter_side_unless_balanced() -> None:
+    # balanced host and device: HOST_SERIAL_FRACTION of the shorter side is exposed
+    assert math.isclose(cost.host_exposed_time_s(1.0, 1.0), cost.HOST_SERIAL_FRACTION)
+    # overhead-bound (host 2x device): 2 + 0.25 * 1 * (1/2) - 1 beyond the device time
+    assert math.isclose(cost.host_exposed_time_s(1.0, 2.0), 1.0 + cost.HOST_SERIAL_FRACTION / 2)
+    # device-bound 10:1: the host is almost fully hidden
+    assert math.isclose(cost.host_exposed_time_s(10.0, 1.0), cost.HOST_SERIAL_FRACTION / 10)
+    assert cost.host_exposed_time_s(0.0, 0.0) == 0.0
