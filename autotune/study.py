@@ -157,104 +157,149 @@ def run_study(spec: StudySpec, storage: Storage, launcher: Launcher, *,
 def _run(spec: StudySpec, storage: Storage, launcher: Launcher, *, n_trials: int | None,
          timeout_s: float | None, progress: Progress | None) -> RunSummary:
     n_trials = n_trials or spec.search.n_trials
-    timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
-    progress = progress or Progress(total=n_trials, enabled=False)
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial)
     candidates = rank_candidates(spec, constraints)
     if not candidates:
         raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")
-    by_key: dict[str, Candidate] = {c.layout.key(): c for c in candidates}
-    study = open_study(spec, storage)
-    strategy = make_strategy(spec.search.strategy, seed=spec.search.seed,
-                             predict=lambda lay: by_key[lay.key()].predicted_tflops
-                             if lay.key() in by_key else 0.0)
-    worker = f"{socket.gethostname()}:{os.getpid()}"
-    summary = RunSummary()
-    started = time.monotonic()
-    run_cfg = RunConfig(warmup_steps=spec.trial.warmup_steps,
-                        measure_steps=spec.trial.measure_steps, dtype=spec.training.dtype,
-                        seed=spec.search.seed, device=spec.trial.device,
-                        collective_timeout_s=spec.trial.collective_timeout_s)
-    idle = 0
-    with StopSignals(launcher) as signals:
-        while True:
-            if signals.received is not None:
-                summary.stopped_by = "sigterm" if signals.received == signal.SIGTERM \
-                    else "interrupt"
-                break
-            if timeout_s is not None and time.monotonic() - started > timeout_s:
-                summary.stopped_by = "timeout"
-                break
-            optuna.storages.fail_stale_trials(study)
-            claimed = storage.claimed_keys(spec.name)
-            waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-            if len(claimed) >= n_trials and not waiting:
-                summary.stopped_by = "budget"
-                break
-            if not waiting:
-                proposal = strategy.propose([c.layout for c in candidates],
-                                            _history(study, claimed))
-                if proposal is None:
-                    summary.stopped_by = "exhausted"
+    worker = _Worker(spec, storage, launcher, candidates, constraints, n_trials,
+                     progress or Progress(total=n_trials, enabled=False))
+    return worker.run(timeout_s if timeout_s is not None else spec.search.timeout_s)
+
+
+class _Worker:
+    """One worker's loop over the shared study (see the module docstring)."""
+
+    def __init__(self, spec: StudySpec, storage: Storage, launcher: Launcher,
+                 candidates: list[Candidate], constraints: Constraints, n_trials: int,
+                 progress: Progress) -> None:
+        self.spec, self.storage, self.launcher = spec, storage, launcher
+        self.candidates, self.constraints = candidates, constraints
+        self.n_trials, self.progress = n_trials, progress
+        self.by_key: dict[str, Candidate] = {c.layout.key(): c for c in candidates}
+        self.study = open_study(spec, storage)
+        self.strategy = make_strategy(
+            spec.search.strategy, seed=spec.search.seed,
+            predict=lambda lay: self.by_key[lay.key()].predicted_tflops
+            if lay.key() in self.by_key else 0.0)
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.run_cfg = RunConfig(warmup_steps=spec.trial.warmup_steps,
+                                 measure_steps=spec.trial.measure_steps,
+                                 dtype=spec.training.dtype, seed=spec.search.seed,
+                                 device=spec.trial.device,
+                                 collective_timeout_s=spec.trial.collective_timeout_s)
+        self.summary = RunSummary()
+
+    def run(self, timeout_s: float | None) -> RunSummary:
+        started = time.monotonic()
+        idle = 0
+        with StopSignals(self.launcher) as signals:
+            while True:
+                if signals.received is not None:
+                    self.summary.stopped_by = ("sigterm" if signals.received == signal.SIGTERM
+                                               else "interrupt")
                     break
-                study.enqueue_trial({a: getattr(proposal, a) for a in AXES},
-                                    skip_if_exists=False)
-            trial = study.ask()
-            layout = _suggest(trial, spec)
-            key = layout.key()
-            reasons = constraints.check(layout, spec.model)
-            oom = dominated_by_oom(layout, _history(study, {}))
-            if oom is not None:
-                reasons.append(Reason("oom_dominated", f"needs at least the memory of "
-                                      f"{oom.key()}, which ran out of memory"))
-            if reasons:
-                _tell_infeasible(study, trial, layout, infeasible(reasons), worker)
-                summary.infeasible += 1
-                idle += 1
-                if idle > _MAX_IDLE_PROPOSALS:
-                    summary.stopped_by = "exhausted"
+                if timeout_s is not None and time.monotonic() - started > timeout_s:
+                    self.summary.stopped_by = "timeout"
                     break
-                continue
-            if not storage.claim(spec.name, key, trial._trial_id, worker,
-                                 may_take_over=lambda owner: _retryable(study, owner)):
-                _tell_skipped(study, trial, layout, "another trial owns this layout")
-                idle += 1
-                continue
-            if storage.claim_rank(spec.name, key) > n_trials and not _is_retry(study, trial):
-                storage.release(spec.name, key, trial._trial_id)
-                _tell_skipped(study, trial, layout, "the trial budget was reached")
-                summary.stopped_by = "budget"
-                break
-            idle = 0
-            cand = by_key.get(key)
-            paths = TrialPaths.for_trial(spec.launcher.run_dir, spec.name, trial.number, key)
-            trial_spec = TrialSpec(model=spec.model, layout=layout, run=run_cfg)
-            progress.trial_started(trial.number, layout, cand.predicted_tflops if cand else None)
-            t0 = _utcnow()
-            with heartbeat(storage, trial._trial_id):
-                report = launcher.run(trial_spec, paths, timeout_s=spec.trial.timeout_s)
-            outcome = classify(report)
-            facts = TrialFacts(
-                study_name=spec.name, trial_number=trial.number, trial_id=trial._trial_id,
-                layout=layout, outcome=outcome, result=report.result, launcher=launcher.kind,
-                worker=worker, started_at=t0, finished_at=_utcnow(),
-                elapsed_s=report.elapsed_s, hosts=report.hosts,
-                predicted_tflops_per_device=cand.predicted_tflops if cand else None,
-                predicted_memory_bytes=cand.predicted_memory_bytes if cand else None,
-                trial_dir=str(paths.root))
-            storage.add_measurement(measurement_row(
-                facts, model=spec.model, cluster=spec.cluster,
-                global_batch=spec.training.global_batch, dtype=spec.training.dtype))
-            _tell_outcome(study, trial, layout, facts)
-            if outcome.retry:
-                study.enqueue_trial({a: getattr(layout, a) for a in AXES},
-                                    user_attrs={"retry_of": trial.number})
-            summary.measured += 1
-            progress.trial_finished(trial.number, layout, outcome, _best(study))
-    summary.best = _best(study)
-    summary.trials = study.get_trials(deepcopy=False)
-    return summary
+                stop = self._enqueue_next()
+                if stop:
+                    self.summary.stopped_by = stop
+                    break
+                trial = self.study.ask()
+                try:
+                    admitted = self._admit(trial)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    # SQLite can hand one waiting trial to two workers; the other one has
+                    # it (and its layout claim). Leave it alone.
+                    continue
+                if admitted == "budget":
+                    self.summary.stopped_by = "budget"
+                    break
+                if admitted is None:
+                    idle += 1
+                    if idle > _MAX_IDLE_PROPOSALS:
+                        self.summary.stopped_by = "exhausted"
+                        break
+                    continue
+                idle = 0
+                self._measure(trial, admitted)
+        self.summary.best = _best(self.study)
+        self.summary.trials = self.study.get_trials(deepcopy=False)
+        return self.summary
+
+    def _enqueue_next(self) -> str | None:
+        """Enqueue the strategy's next layout unless a retry waits; a stop reason if none."""
+        optuna.storages.fail_stale_trials(self.study)
+        claimed = self.storage.claimed_keys(self.spec.name)
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if waiting:
+            return None
+        if len(claimed) >= self.n_trials:
+            return "budget"
+        proposal = self.strategy.propose([c.layout for c in self.candidates],
+                                         _history(self.study, claimed))
+        if proposal is None:
+            return "exhausted"
+        self.study.enqueue_trial({a: getattr(proposal, a) for a in AXES})
+        return None
+
+    def _admit(self, trial: optuna.Trial) -> Layout | str | None:
+        """The trial's layout if it may be launched; ``None`` if it was told infeasible or
+        skipped; ``"budget"`` when the budget is used up."""
+        layout = _suggest(trial, self.spec)
+        key = layout.key()
+        reasons = self.constraints.check(layout, self.spec.model)
+        oom = dominated_by_oom(layout, _history(self.study, {}))
+        if oom is not None:
+            reasons.append(Reason("oom_dominated", f"needs at least the memory of "
+                                  f"{oom.key()}, which ran out of memory"))
+        if reasons:
+            _tell_infeasible(self.study, trial, layout, infeasible(reasons), self.name)
+            self.summary.infeasible += 1
+            return None
+        claimed = self.storage.claim(self.spec.name, key, trial._trial_id, self.name,
+                                     may_take_over=lambda owner: _retryable(self.study, owner))
+        if claimed == "other-worker":
+            return None  # the same trial was handed to another worker, which runs it
+        if not claimed:
+            _tell_skipped(self.study, trial, layout, "another trial owns this layout")
+            return None
+        rank = self.storage.claim_rank(self.spec.name, key)
+        if rank > self.n_trials and not _is_retry(self.study, trial):
+            self.storage.release(self.spec.name, key, trial._trial_id)
+            _tell_skipped(self.study, trial, layout, "the trial budget was reached")
+            return "budget"
+        return layout
+
+    def _measure(self, trial: optuna.Trial, layout: Layout) -> None:
+        spec, key = self.spec, layout.key()
+        cand = self.by_key.get(key)
+        paths = TrialPaths.for_trial(spec.launcher.run_dir, spec.name, trial.number, key)
+        trial_spec = TrialSpec(model=spec.model, layout=layout, run=self.run_cfg)
+        self.progress.trial_started(trial.number, layout,
+                                    cand.predicted_tflops if cand else None)
+        t0 = _utcnow()
+        with heartbeat(self.storage, trial._trial_id):
+            report = self.launcher.run(trial_spec, paths, timeout_s=spec.trial.timeout_s)
+        outcome = classify(report)
+        facts = TrialFacts(
+            study_name=spec.name, trial_number=trial.number, trial_id=trial._trial_id,
+            layout=layout, outcome=outcome, result=report.result, launcher=self.launcher.kind,
+            worker=self.name, started_at=t0, finished_at=_utcnow(),
+            elapsed_s=report.elapsed_s, hosts=report.hosts,
+            predicted_tflops_per_device=cand.predicted_tflops if cand else None,
+            predicted_memory_bytes=cand.predicted_memory_bytes if cand else None,
+            trial_dir=str(paths.root))
+        self.storage.add_measurement(measurement_row(
+            facts, model=spec.model, cluster=spec.cluster,
+            global_batch=spec.training.global_batch, dtype=spec.training.dtype))
+        _tell_outcome(self.study, trial, layout, facts)
+        if outcome.retry:
+            self.study.enqueue_trial({a: getattr(layout, a) for a in AXES},
+                                     user_attrs={"retry_of": trial.number})
+        self.summary.measured += 1
+        self.progress.trial_finished(trial.number, layout, outcome, _best(self.study))
 
 
 def _suggest(trial: optuna.Trial, spec: StudySpec) -> Layout:

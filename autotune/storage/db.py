@@ -122,12 +122,14 @@ class Storage:
     # -- layout claims: each layout measured once per study, across workers ---------------
 
     def claim(self, study: str, key: str, trial_id: int, worker: str,
-              *, may_take_over: Callable[[int], bool]) -> bool:
-        """Make ``trial_id`` the owner of layout ``key``; ``False`` if another owns it.
+              *, may_take_over: Callable[[int], bool]) -> bool | str:
+        """Make ``trial_id`` (run by ``worker``) the owner of layout ``key``.
 
-        A claim held by a trial that can no longer measure (``may_take_over(owner)``: it
-        failed stale or was interrupted) is taken over atomically, which is how a layout
-        whose runner was killed gets retried exactly once.
+        ``True``: claimed. ``False``: another trial owns the layout. ``"other-worker"``:
+        this very trial is claimed by another worker (SQLite can hand one waiting trial to
+        two workers), which will run it. A claim held by a trial that can no longer
+        measure (``may_take_over(owner)``: it failed stale or was interrupted) is taken
+        over atomically: that is how a layout whose runner was killed is retried once.
         """
         try:
             with self.session() as s:
@@ -135,14 +137,16 @@ class Storage:
                                   worker=worker, created_at=_now()))
             return True
         except StorageError as err:
-            if not isinstance(err.__context__, IntegrityError) and "UNIQUE" not in str(err) \
-                    and "unique" not in str(err) and "Duplicate" not in str(err):
+            if not _is_unique_violation(err):
                 raise
         with self.session() as s:
-            owner = s.scalar(select(LayoutClaim.trial_id).where(
-                LayoutClaim.study_name == study, LayoutClaim.layout_key == key))
-            if owner is None or owner == trial_id:
-                return owner == trial_id
+            row = s.execute(select(LayoutClaim.trial_id, LayoutClaim.worker).where(
+                LayoutClaim.study_name == study, LayoutClaim.layout_key == key)).first()
+            if row is None:
+                return False
+            owner, owner_worker = row
+            if owner == trial_id:
+                return True if owner_worker == worker else "other-worker"
             if not may_take_over(owner):
                 return False
             done = s.execute(update(LayoutClaim).where(
@@ -181,6 +185,14 @@ class Storage:
         self.engine.dispose()
         self.optuna.remove_session()
         self.optuna.engine.dispose()
+
+
+def _is_unique_violation(err: StorageError) -> bool:
+    cause = err.__context__
+    if isinstance(cause, IntegrityError):
+        return True
+    text = str(err)
+    return any(t in text for t in ("UNIQUE", "unique", "Duplicate", "duplicate key"))
 
 
 def open_storage(config: StorageConfig) -> Storage:
