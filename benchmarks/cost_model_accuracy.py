@@ -6,8 +6,8 @@ whether the measured best is among the predicted top 3. OOM rows are left out of
 correlation; the memory model's verdict on them is reported (``oom_flagged``).
 
     python benchmarks/cost_model_accuracy.py \\
-        --landscape /work/shared/landscapes/vtrain_a100_single_node.csv \\
-        --landscape /work/shared/landscapes/aurora_pvc_70b.csv --json accuracy.json
+        --landscape ../shared/landscapes/vtrain_a100_single_node.csv \\
+        --landscape ../shared/landscapes/aurora_pvc_70b.csv --json accuracy.json
 
 Attention: the vTrain runs (Megatron-DeepSpeed, 2022-23) used Megatron's fused softmax,
 which materialises the score matrix; the Aurora runs and our trainer use flash / SDPA

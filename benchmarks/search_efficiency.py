@@ -11,8 +11,8 @@ strategies). The random strategy is checked against its analytic expectation
 ``(N + 1) / (k + 1)`` for ``k`` good layouts among ``N``.
 
     python benchmarks/search_efficiency.py \\
-        --landscape shared/landscapes/vtrain_a100_single_node.csv \\
-        --landscape shared/landscapes/aurora_pvc_70b.csv --json search.json
+        --landscape ../shared/landscapes/vtrain_a100_single_node.csv \\
+        --landscape ../shared/landscapes/aurora_pvc_70b.csv --json search.json
 
 ``--json`` writes the format of ``shared/CONTRACTS.md`` (extended: quartiles, mean trials,
 speed-up = analytic random mean / strategy mean, the analytic random expectation). Runs in

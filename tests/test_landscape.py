@@ -13,7 +13,8 @@ from autotune.landscape import load_landscape
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 
-SHARED = Path("/work/shared/landscapes")
+# shared/ lies beside the checkout (here and in CI).
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "landscapes"
 VTRAIN_HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
                  "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
                  "iteration time (ms)\n")

@@ -64,7 +64,9 @@ class Storage:
             except (SQLAlchemyError, OSError, ValueError, ImportError) as err:
                 # Workers started together race to create the tables of a new database;
                 # the loser sees "already exists" (or a lock) and simply tries again.
-                racing = any(t in str(err) for t in ("already exists", "locked", "duplicate"))
+                text = str(err).lower()
+                racing = any(t in text for t in ("already exists", "locked", "duplicate",
+                                                 "unique constraint"))
                 if racing and attempt + 1 < _SCHEMA_ATTEMPTS:
                     time.sleep(0.2 + random.random())
                     continue
