@@ -2,7 +2,7 @@
 
 A :class:`Strategy` gets the candidate layouts (the feasible space, in plan order) and the
 history of what was measured, and returns the next layout or ``None``. The study runner
-uses it through :func:`enqueue_next` / :func:`suggest_layout`; the benchmark
+(:mod:`autotune.study`) enqueues what it proposes into the real Optuna study; the benchmark
 (``benchmarks/search_efficiency.py``) drives the very same objects. See ``docs/search.md``.
 
 >>> from autotune.layout import Layout
@@ -31,11 +31,8 @@ from autotune.search._optuna import (
     STARTUP_TRIALS,
     OptunaSamplerStrategy,
     axis_distributions,
-    enqueue_next,
-    history_from_study,
     layout_from_params,
     layout_params,
-    suggest_layout,
 )
 from autotune.search._residual import ResidualStrategy
 from autotune.search._seeding import cost_model_predictor
@@ -43,9 +40,8 @@ from autotune.search._simple import CostModelOnlyStrategy, GridStrategy, RandomS
 
 __all__ = ["STRATEGIES", "PARAM_AXES", "Observation", "Predictor", "Strategy", "make_strategy",
            "dominated_by_oom", "needs_no_less_memory", "untried", "axis_distributions",
-           "layout_params", "layout_from_params", "suggest_layout", "history_from_study",
-           "enqueue_next", "cost_model_predictor", "ResidualStrategy", "CostModelOnlyStrategy",
-           "GridStrategy", "RandomStrategy", "OptunaSamplerStrategy"]
+           "layout_params", "layout_from_params", "cost_model_predictor", "ResidualStrategy",
+           "CostModelOnlyStrategy", "GridStrategy", "RandomStrategy", "OptunaSamplerStrategy"]
 
 
 def _tpe(seed: int):

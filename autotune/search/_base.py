@@ -9,7 +9,7 @@ A strategy never launches anything and never sees a launcher or a study. It is g
 
 and returns one layout of ``candidates`` that is not in ``history`` and not dominated by a
 measured OOM (strategies that use the rule), or ``None`` when nothing is left. The same
-objects drive the real Optuna study (:func:`autotune.search.enqueue_next`) and the
+objects drive the real Optuna study (:mod:`autotune.study`) and the
 benchmark (``benchmarks/search_efficiency.py``), so what is benchmarked is what ships.
 """
 

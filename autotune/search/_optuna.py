@@ -17,9 +17,8 @@ ties), so the strategy always proposes an untried candidate and stays near the s
 choice (GP's acquisition often peaks on a measured point: asking it again is slow and
 returns the same point).
 
-**The adapter** (:func:`enqueue_next`) reads the history from the real study, asks any
-strategy for the next layout and enqueues its parameters; the objective then reads the
-layout back with :func:`suggest_layout`.
+The real study is driven by :mod:`autotune.study`, which asks a strategy for the next
+layout, enqueues its five axis parameters and reads the outcome back from its trials.
 """
 
 from __future__ import annotations
@@ -30,14 +29,13 @@ from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune.layout import Layout
 from autotune.search._base import Observation, Strategy
 
 __all__ = ["PARAM_AXES", "MAX_ASKS", "STARTUP_TRIALS", "axis_distributions", "layout_params",
-           "layout_from_params", "suggest_layout", "history_from_study", "enqueue_next",
-           "OptunaSamplerStrategy"]
+           "layout_from_params", "OptunaSamplerStrategy"]
 
 PARAM_AXES: tuple[str, ...] = ("tp", "pp", "micro_batch", "zero_stage", "recompute")
 MAX_ASKS = 4
@@ -64,64 +62,6 @@ def layout_from_params(params: dict[str, Any], candidates: Sequence[Layout]) -> 
         if all(getattr(lay, axis) == params.get(axis) for axis in PARAM_AXES):
             return lay
     return None
-
-
-def suggest_layout(trial: optuna.trial.BaseTrial, candidates: Sequence[Layout]) -> Layout | None:
-    """In the objective: read (or sample) the five axis parameters, return the candidate.
-
-    ``None`` means the combination is not a candidate: the objective must not launch it and
-    should record it as infeasible (``autotune.outcome.infeasible``, PRUNED + constraint).
-    """
-    dists = axis_distributions(candidates)
-    params = {axis: trial.suggest_categorical(axis, dists[axis].choices) for axis in PARAM_AXES}
-    return layout_from_params(params, candidates)
-
-
-def _observation(trial: FrozenTrial, layout: Layout) -> Observation | None:
-    """How a trial of the real study counts for a strategy (``None``: not at all).
-
-    The outcome kind is read from the ``outcome`` user attribute when the runner sets it
-    (:data:`autotune.outcome.OUTCOME_KINDS`), else from the state.
-    """
-    kind = trial.user_attrs.get("outcome")
-    if trial.state in (TrialState.RUNNING, TrialState.WAITING):
-        return Observation(layout, "pending")
-    if kind == "interrupted":
-        return None  # never judged: it will be measured again
-    if trial.state == TrialState.COMPLETE and trial.value is not None:
-        return Observation(layout, "ok", float(trial.value))
-    if kind == "oom" or (kind is None and trial.state == TrialState.PRUNED):
-        return Observation(layout, "oom")
-    return Observation(layout, "error")
-
-
-def history_from_study(study: optuna.Study, candidates: Sequence[Layout]) -> list[Observation]:
-    """Observations of every trial of ``study`` whose parameters name a candidate, in
-    trial order (a layout tried twice counts once: its first judged result)."""
-    out: dict[Layout, Observation] = {}
-    for trial in study.get_trials(deepcopy=False):
-        params = trial.params or trial.system_attrs.get("fixed_params", {})
-        lay = layout_from_params(params, candidates)
-        if lay is None:
-            continue
-        obs = _observation(trial, lay)
-        if obs is not None and (lay not in out or out[lay].status == "pending"):
-            out[lay] = obs
-    return list(out.values())
-
-
-def enqueue_next(study: optuna.Study, candidates: Sequence[Layout],
-                 strategy: Strategy) -> Layout | None:
-    """Ask ``strategy`` for the next layout given ``study``'s trials and enqueue it.
-
-    Returns the layout, or ``None`` when the strategy has nothing left (stop the study).
-    Call it once before each ``study.optimize(objective, n_trials=1)`` (or each worker's
-    loop iteration); the objective reads the layout with :func:`suggest_layout`.
-    """
-    layout = strategy.propose(candidates, history_from_study(study, candidates))
-    if layout is not None:
-        study.enqueue_trial(layout_params(layout), skip_if_exists=True)
-    return layout
 
 
 class OptunaSamplerStrategy(Strategy):

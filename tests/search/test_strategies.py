@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import optuna
 import pytest
 
 from autotune.errors import SpecError
@@ -11,11 +10,7 @@ from autotune.search import (
     STRATEGIES,
     Observation,
     dominated_by_oom,
-    enqueue_next,
-    history_from_study,
-    layout_params,
     make_strategy,
-    suggest_layout,
 )
 from tests.search.conftest import synthetic_group
 
@@ -88,31 +83,3 @@ def test_unknown_strategy_and_missing_cost_model():
         make_strategy("bogus", seed=0)
     with pytest.raises(SpecError, match="cost model"):
         make_strategy("cost-model-only", seed=0, predict=None)
-
-
-@pytest.mark.parametrize("name", ["default", "tpe"])
-def test_optuna_adapter_round_trip(name, group, bench):
-    """enqueue_next + suggest_layout drive a real study; the history is read back."""
-    candidates = bench.candidates_of(group)
-    strategy = make_strategy(name, seed=0, predict=_predict)
-    study = optuna.create_study(direction="maximize")
-    seen = []
-
-    def objective(trial: optuna.Trial) -> float:
-        lay = suggest_layout(trial, candidates)
-        assert lay is not None
-        seen.append(lay)
-        return group.lookup(lay).model_tflops_per_device
-
-    for _ in range(5):
-        assert enqueue_next(study, candidates, strategy) is not None
-        study.optimize(objective, n_trials=1)
-    assert len(set(seen)) == 5
-    assert set(study.trials[0].params) == {"tp", "pp", "micro_batch", "zero_stage",
-                                           "recompute"}
-    history = history_from_study(study, candidates)
-    assert [o.layout for o in history] == seen and all(o.status == "ok" for o in history)
-    # An enqueued, not yet run trial counts as pending: never enqueued twice.
-    nxt = enqueue_next(study, candidates, strategy)
-    assert layout_params(nxt) == study.get_trials()[-1].system_attrs["fixed_params"]
-    assert history_from_study(study, candidates)[-1].status == "pending"
