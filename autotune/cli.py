@@ -62,7 +62,7 @@ def _open(storage_url: str | None, study_arg: str | None):  # -> (Storage, name 
 def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from autotune.launchers import make_launcher
+    from autotune.launchers import make_launchers
     from autotune.progress import Progress
     from autotune.spec import load_study
     from autotune.storage import open_storage
@@ -74,13 +74,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.n_trials:
         spec = replace(spec, search=replace(spec.search, n_trials=args.n_trials))
     storage = open_storage(spec.storage)
-    launcher = make_launcher(spec)
+    launchers = make_launchers(spec)
     n = spec.search.n_trials
     progress = Progress(total=n, enabled=not args.quiet)
     progress.message(f"study {spec.name!r}: {spec.model.name} ({spec.model.n_params() / 1e6:.1f}M "
                      f"params) on {spec.cluster.nodes} x {spec.cluster.devices_per_node} "
                      f"{spec.cluster.device}; budget {n} trials; storage {storage.masked_url}")
-    summary = run_study(spec, storage, launcher, n_trials=n, timeout_s=args.timeout,
+    if len(launchers) > 1:
+        progress.message(f"{len(launchers)} trials side by side on disjoint node groups")
+    summary = run_study(spec, storage, launchers, n_trials=n, timeout_s=args.timeout,
                         progress=progress)
     _print_trials(summary.trials)
     stop_msg = {"budget": f"budget of {n} trials reached",

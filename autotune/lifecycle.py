@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -43,16 +43,25 @@ def heartbeat(storage: Storage, trial_id: int) -> Iterator[None]:
 
 
 class StopSignals:
-    """SIGINT/SIGTERM: cancel the running trial, stop launching. Restored on exit."""
+    """SIGINT/SIGTERM: cancel the running trials of every launcher, stop launching.
 
-    def __init__(self, launcher: Launcher) -> None:
-        self.launcher = launcher
+    Installed by the main thread (Python delivers signals there); worker threads running
+    side by side read :attr:`received`. The previous handlers are restored on exit.
+    """
+
+    def __init__(self, launchers: Sequence[Launcher]) -> None:
+        self.launchers = list(launchers)
         self.received: int | None = None
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.stop(signum)
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Stop as if ``signum`` had arrived (a worker thread failed, say)."""
         self.received = signum
-        self.launcher.cancel()
+        for launcher in self.launchers:
+            launcher.cancel()
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():

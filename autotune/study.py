@@ -22,8 +22,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -141,30 +143,73 @@ def _layout_from_key(key: str) -> Layout:
                   recompute=rc)  # type: ignore[arg-type]
 
 
-def run_study(spec: StudySpec, storage: Storage, launcher: Launcher, *,
+def run_study(spec: StudySpec, storage: Storage, launchers: Launcher | Sequence[Launcher], *,
               n_trials: int | None = None, timeout_s: float | None = None,
               progress: Progress | None = None) -> RunSummary:
-    """Run this worker's share of the study until the budget, the timeout or a signal."""
+    """Run this worker's share of the study until the budget, the timeout or a signal.
+
+    With several launchers (disjoint node groups of one allocation: see
+    :func:`autotune.launchers.make_launchers`) one worker thread drives each, side by
+    side; the layout claims keep them from measuring anything twice.
+    """
+    launchers = [launchers] if isinstance(launchers, Launcher) else list(launchers)
     with warnings.catch_warnings():
         # ask/tell with heartbeats and stale-trial failing is deliberate (module docstring);
         # Optuna warns that heartbeats "are supposed to be used with Study.optimize".
         warnings.filterwarnings("ignore", message="Heartbeat of storage")
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return _run(spec, storage, launcher, n_trials=n_trials, timeout_s=timeout_s,
+        return _run(spec, storage, launchers, n_trials=n_trials, timeout_s=timeout_s,
                     progress=progress)
 
 
-def _run(spec: StudySpec, storage: Storage, launcher: Launcher, *, n_trials: int | None,
-         timeout_s: float | None, progress: Progress | None) -> RunSummary:
+def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
+         n_trials: int | None, timeout_s: float | None,
+         progress: Progress | None) -> RunSummary:
     n_trials = n_trials or spec.search.n_trials
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial)
     candidates = rank_candidates(spec, constraints)
     if not candidates:
         raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")
-    worker = _Worker(spec, storage, launcher, candidates, constraints, n_trials,
-                     progress or Progress(total=n_trials, enabled=False))
-    return worker.run(timeout_s if timeout_s is not None else spec.search.timeout_s)
+    open_study(spec, storage)  # created once, before any thread races to create it
+    progress = progress or Progress(total=n_trials, enabled=False)
+    timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
+    workers = [_Worker(spec, storage, launcher, candidates, constraints, n_trials, progress,
+                       name_suffix=f"/{i}" if len(launchers) > 1 else "")
+               for i, launcher in enumerate(launchers)]
+    with StopSignals(launchers) as signals:
+        if len(workers) == 1:
+            return workers[0].run(timeout_s, signals)
+        errors: list[BaseException] = []
+
+        def drive(worker: _Worker) -> None:
+            try:
+                worker.run(timeout_s, signals)
+            except BaseException as err:  # re-raised in the main thread below
+                errors.append(err)
+                signals.stop()
+
+        threads = [threading.Thread(target=drive, args=(w,), name=f"worker{w.name_suffix}")
+                   for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():  # join in slices so that the main thread takes signals
+                t.join(timeout=0.5)
+        if errors:
+            raise errors[0]
+    return _merge([w.summary for w in workers])
+
+
+def _merge(summaries: list[RunSummary]) -> RunSummary:
+    first = summaries[0]
+    merged = RunSummary(measured=sum(s.measured for s in summaries),
+                        infeasible=sum(s.infeasible for s in summaries),
+                        stopped_by=next((s.stopped_by for s in summaries
+                                         if s.stopped_by in ("interrupt", "sigterm")),
+                                        first.stopped_by),
+                        best=first.best, trials=first.trials)
+    return merged
 
 
 class _Worker:
@@ -172,7 +217,7 @@ class _Worker:
 
     def __init__(self, spec: StudySpec, storage: Storage, launcher: Launcher,
                  candidates: list[Candidate], constraints: Constraints, n_trials: int,
-                 progress: Progress) -> None:
+                 progress: Progress, *, name_suffix: str = "") -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
         self.candidates, self.constraints = candidates, constraints
         self.n_trials, self.progress = n_trials, progress
@@ -182,7 +227,8 @@ class _Worker:
             spec.search.strategy, seed=spec.search.seed,
             predict=lambda lay: self.by_key[lay.key()].predicted_tflops
             if lay.key() in self.by_key else 0.0)
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.name_suffix = name_suffix
+        self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
         self.run_cfg = RunConfig(warmup_steps=spec.trial.warmup_steps,
                                  measure_steps=spec.trial.measure_steps,
                                  dtype=spec.training.dtype, seed=spec.search.seed,
@@ -190,40 +236,39 @@ class _Worker:
                                  collective_timeout_s=spec.trial.collective_timeout_s)
         self.summary = RunSummary()
 
-    def run(self, timeout_s: float | None) -> RunSummary:
+    def run(self, timeout_s: float | None, signals: StopSignals) -> RunSummary:
         started = time.monotonic()
         idle = 0
-        with StopSignals(self.launcher) as signals:
-            while True:
-                if signals.received is not None:
-                    self.summary.stopped_by = ("sigterm" if signals.received == signal.SIGTERM
-                                               else "interrupt")
+        while True:
+            if signals.received is not None:
+                self.summary.stopped_by = ("sigterm" if signals.received == signal.SIGTERM
+                                           else "interrupt")
+                break
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                self.summary.stopped_by = "timeout"
+                break
+            stop = self._enqueue_next()
+            if stop:
+                self.summary.stopped_by = stop
+                break
+            trial = self.study.ask()
+            try:
+                admitted = self._admit(trial)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # SQLite can hand one waiting trial to two workers; the other one has it
+                # (and its layout claim). Leave it alone.
+                continue
+            if admitted == "budget":
+                self.summary.stopped_by = "budget"
+                break
+            if admitted is None:
+                idle += 1
+                if idle > _MAX_IDLE_PROPOSALS:
+                    self.summary.stopped_by = "exhausted"
                     break
-                if timeout_s is not None and time.monotonic() - started > timeout_s:
-                    self.summary.stopped_by = "timeout"
-                    break
-                stop = self._enqueue_next()
-                if stop:
-                    self.summary.stopped_by = stop
-                    break
-                trial = self.study.ask()
-                try:
-                    admitted = self._admit(trial)
-                except optuna.exceptions.UpdateFinishedTrialError:
-                    # SQLite can hand one waiting trial to two workers; the other one has
-                    # it (and its layout claim). Leave it alone.
-                    continue
-                if admitted == "budget":
-                    self.summary.stopped_by = "budget"
-                    break
-                if admitted is None:
-                    idle += 1
-                    if idle > _MAX_IDLE_PROPOSALS:
-                        self.summary.stopped_by = "exhausted"
-                        break
-                    continue
-                idle = 0
-                self._measure(trial, admitted)
+                continue
+            idle = 0
+            self._measure(trial, admitted)
         self.summary.best = _best(self.study)
         self.summary.trials = self.study.get_trials(deepcopy=False)
         return self.summary
