@@ -167,9 +167,9 @@ def load_landscape(
 
 def _read_text(path: str | os.PathLike[str] | IO[str]) -> tuple[str, str]:
     if hasattr(path, "read"):
-        return getattr(path, "name", "<stream>"), path.read()  # type: ignore[union-attr]
+        return getattr(path, "name", "<stream>"), path.read()
     try:
-        return str(path), Path(path).read_text()  # type: ignore[arg-type]
+        return str(path), Path(path).read_text()
     except FileNotFoundError:
         raise SpecError("--landscape", str(path), "no such file") from None
 
@@ -189,10 +189,10 @@ class _Row:
         return SpecError(f"line {self.line}, column {column!r}", self.values.get(column),
                          allowed, source=self.source)
 
-    def str(self, column: str) -> str:
+    def text(self, column: str) -> str:
         return self.values[column]
 
-    def int(self, column: str, *, minimum: int = 1) -> int:
+    def integer(self, column: str, *, minimum: int = 1) -> int:
         raw = self.values[column]
         try:
             value = float(raw)
@@ -202,7 +202,7 @@ class _Row:
             raise self._err(column, f"allowed: an integer >= {minimum}")
         return int(value)
 
-    def float(self, column: str, *, optional: bool = False) -> float | None:
+    def number(self, column: str, *, optional: bool = False) -> float | None:
         raw = self.values[column]
         if raw == "" and optional:
             return None
@@ -214,7 +214,7 @@ class _Row:
             raise self._err(column, "allowed: a positive number")
         return value
 
-    def bool(self, column: str) -> bool:
+    def flag(self, column: str) -> bool:
         raw = self.values[column].lower()
         if raw in ("true", "1", "yes"):
             return True
@@ -244,12 +244,12 @@ def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: s
     groups: dict[tuple, dict[str, Any]] = {}
     for line, cells in rows:
         row = _Row(header, line, cells, source)
-        gpus, gb = row.int("# GPUs"), row.int("global batch")
-        h, a, nl, s = (row.int(c) for c in ("hidden size", "attention heads", "# layers",
+        gpus, gb = row.integer("# GPUs"), row.integer("global batch")
+        h, a, nl, s = (row.integer(c) for c in ("hidden size", "attention heads", "# layers",
                                             "sequence length"))
-        tp, dp, pp, mb = (row.int(c) for c in ("tensor parallelism", "data parallelism",
+        tp, dp, pp, mb = (row.integer(c) for c in ("tensor parallelism", "data parallelism",
                                                "pipeline parallelism", "micro batch"))
-        iter_s = row.float("iteration time (ms)") / 1e3  # type: ignore[operator]
+        iter_s = row.number("iteration time (ms)") / 1e3  # type: ignore[operator]
         if tp * pp * dp != gpus:
             raise row._err("# GPUs", f"expected tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp}")
         if gb % (dp * mb):
@@ -280,27 +280,29 @@ def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: s
     groups: dict[tuple, dict[str, Any]] = {}
     for line, cells in rows:
         row = _Row(header, line, cells, source)
-        name, table = row.str("model"), row.str("table")
-        nodes, devices, gb = row.int("nodes"), row.int("devices"), row.int("global_batch")
+        name, table = row.text("model"), row.text("table")
+        nodes, devices = row.integer("nodes"), row.integer("devices")
+        gb = row.integer("global_batch")
         if devices % nodes:
             raise row._err("devices", f"expected a multiple of nodes={nodes}")
-        tp, pp, dp, mb, ga = (row.int(c) for c in ("tp", "pp", "dp", "micro_batch",
+        tp, pp, dp, mb, ga = (row.integer(c) for c in ("tp", "pp", "dp", "micro_batch",
                                                    "grad_accum"))
         if tp * pp * dp != devices:
             raise row._err("devices", f"expected tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp}")
         if dp * mb * ga != gb:
             raise row._err("global_batch", f"expected dp*micro_batch*grad_accum = "
                                             f"{dp * mb * ga}")
-        recompute = row.bool("activation_checkpointing")
-        status = row.str("status")
+        recompute = row.flag("activation_checkpointing")
+        status = row.text("status")
         if status not in ("ok", "oom", "error"):
             raise row._err("status", "allowed: 'ok', 'oom' or 'error'")
         key = (name, devices, gb, table)
         if key not in groups:
-            model = row.build("model", ModelConfig, n_layer=row.int("n_layer"),
-                              hidden=row.int("hidden"), n_head=row.int("heads"),
-                              seq_len=row.int("seq_len"), vocab_size=vocab_size,
-                              ffn_hidden=row.int("ffn_hidden"), n_kv_head=row.int("kv_heads"),
+            model = row.build("model", ModelConfig, n_layer=row.integer("n_layer"),
+                              hidden=row.integer("hidden"), n_head=row.integer("heads"),
+                              seq_len=row.integer("seq_len"), vocab_size=vocab_size,
+                              ffn_hidden=row.integer("ffn_hidden"),
+                              n_kv_head=row.integer("kv_heads"),
                               name=name)
             cluster = row.build("cluster", ClusterConfig, nodes=nodes,
                                 devices_per_node=devices // nodes, device=hardware)
@@ -308,15 +310,15 @@ def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: s
                            "cluster": cluster, "global_batch": gb, "rows": []}
         g = groups[key]
         layout = row.build("layout", Layout, tp=tp, pp=pp, dp=dp, micro_batch=mb,
-                           grad_accum=ga, zero_stage=row.int("zero_stage", minimum=0),
+                           grad_accum=ga, zero_stage=row.integer("zero_stage", minimum=0),
                            recompute="full" if recompute else "none")
         tflops = iter_s = None
         if status == "ok":
-            hw = row.float("tflops_per_device")
+            hw = row.number("tflops_per_device")
             ratio = (model_flops_per_step(g["model"], gb)
                      / hardware_flops_per_step(g["model"], gb, recompute=recompute))
             tflops = hw * ratio  # type: ignore[operator]
-            sps = row.float("samples_per_s", optional=True)
+            sps = row.number("samples_per_s", optional=True)
             iter_s = gb / sps if sps else None
         g["rows"].append(Measurement(layout, status, tflops, iter_s))
     return [_finish(g, "bf16") for g in groups.values()]

@@ -14,7 +14,7 @@ decides which can run. The search, the planner and the replay launcher all draw 
 
 from __future__ import annotations
 
-from autotune.config.study import AUTO, SearchConfig
+from autotune.config.study import SearchConfig
 from autotune.layout import Layout
 
 __all__ = ["axis_choices", "enumerate_layouts"]
@@ -26,10 +26,10 @@ def _divisors(n: int) -> tuple[int, ...]:
 
 def axis_choices(search: SearchConfig, world_size: int, global_batch: int) -> dict[str, tuple]:
     """Concrete choices per axis (``auto`` resolved)."""
-    tp = _divisors(world_size) if search.tp == AUTO else search.tp
-    pp = _divisors(world_size) if search.pp == AUTO else search.pp
-    if search.micro_batch == AUTO:
-        mb = tuple(2**i for i in range(0, 11) if 2**i <= global_batch)
+    tp = _divisors(world_size) if isinstance(search.tp, str) else search.tp
+    pp = _divisors(world_size) if isinstance(search.pp, str) else search.pp
+    if isinstance(search.micro_batch, str):  # "auto"
+        mb: tuple[int, ...] = tuple(2**i for i in range(0, 11) if 2**i <= global_batch)
     else:
         mb = search.micro_batch
     return {"tp": tuple(tp), "pp": tuple(pp), "micro_batch": tuple(mb),

@@ -75,7 +75,8 @@ def layout_of(params: dict[str, Any], spec: StudySpec) -> Layout:
     dp = max(spec.world_size // (tp * pp), 1)
     ga = max(spec.training.global_batch // (dp * mb), 1)
     return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga,
-                  zero_stage=int(params["zero_stage"]), recompute=str(params["recompute"]))
+                  zero_stage=int(params["zero_stage"]),
+                  recompute="full" if params["recompute"] == "full" else "none")
 
 
 def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> optuna.Study:
@@ -261,7 +262,7 @@ class _Worker:
             if admitted == "budget":
                 self.summary.stopped_by = "budget"
                 break
-            if admitted is None:
+            if not isinstance(admitted, Layout):
                 idle += 1
                 if idle > _MAX_IDLE_PROPOSALS:
                     self.summary.stopped_by = "exhausted"

@@ -5,7 +5,7 @@
 #   2. .ci/services.sh: a real single-node SLURM with accounting, and the PostgreSQL and
 #      MariaDB this machine runs (needs root and apt; skipped elsewhere: the SLURM and
 #      database tests then skip with their reason, except under CI=true, where they fail)
-#   3. pytest over tests/ and the doctests of autotune/ and trainer/
+#   3. ruff and mypy, then pytest over tests/ and the doctests of autotune/ and trainer/
 #
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
 set -euo pipefail
@@ -21,5 +21,8 @@ fi
 # DeepSpeed JIT-builds its CPU communication op once; keep the build with the checkout's
 # caches rather than in a home directory that CI may not keep.
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}
-echo "[test] setup took $(( $(date +%s) - t0 )) s; running pytest"
+echo "[test] setup took $(( $(date +%s) - t0 )) s; lint and types"
+.venv/bin/ruff check autotune trainer tests benchmarks
+.venv/bin/mypy autotune trainer
+echo "[test] running pytest"
 .venv/bin/python -m pytest -q --durations=15 "$@" tests autotune trainer

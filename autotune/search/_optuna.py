@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState
 
 from autotune.layout import Layout
@@ -44,7 +44,7 @@ STARTUP_TRIALS = 3
 pure random search within a budget of ~10 trials."""
 
 
-def axis_distributions(candidates: Sequence[Layout]) -> dict[str, CategoricalDistribution]:
+def axis_distributions(candidates: Sequence[Layout]) -> dict[str, BaseDistribution]:
     """One categorical distribution per axis, over the values among the candidates."""
     return {axis: CategoricalDistribution(sorted({getattr(c, axis) for c in candidates},
                                                  key=lambda v: (str(type(v)), v)))
@@ -77,7 +77,7 @@ class OptunaSamplerStrategy(Strategy):
         self._rng = random.Random(seed)
         self._study: optuna.Study | None = None
         self._told: list[Observation] = []
-        self._dists: dict[str, CategoricalDistribution] = {}
+        self._dists: dict[str, BaseDistribution] = {}
 
     def _reset(self, candidates: Sequence[Layout]) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -119,7 +119,7 @@ class OptunaSamplerStrategy(Strategy):
                 # Closed as FAIL (ignored by the samplers) so the study has nothing running;
                 # the measured result is told by _sync as a new trial once it exists.
                 self._study.tell(trial, state=TrialState.FAIL)
-                return lay  # type: ignore[return-value]
+                return lay
             # Not a candidate: infeasible (pruned, learned). A repeat: no information.
             self._study.tell(trial, state=TrialState.PRUNED if lay is None else TrialState.FAIL)
         return self._nearest(params, free)

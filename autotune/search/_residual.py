@@ -150,5 +150,5 @@ class ResidualStrategy(Strategy):
         if not values or judged < SEED_TRIALS:  # the cost model's favourites first
             return max(free, key=lambda lay: self._prior[lay])
         mean, sd = self.scores(free, history)
-        ei = expected_improvement(mean, sd, math.log(max(values)))  # type: ignore[type-var]
+        ei = expected_improvement(mean, sd, math.log(max(values)))
         return free[int(np.argmax(ei))]

@@ -154,7 +154,8 @@ class Storage:
             done = s.execute(update(LayoutClaim).where(
                 LayoutClaim.study_name == study, LayoutClaim.layout_key == key,
                 LayoutClaim.trial_id == owner).values(trial_id=trial_id, worker=worker))
-            return bool(done.rowcount == 1)
+            # Exactly one row changed: this worker won the take-over race.
+            return bool(getattr(done, "rowcount", 0) == 1)
 
     def release(self, study: str, key: str, trial_id: int) -> None:
         with self.session() as s:
