@@ -10,9 +10,19 @@ See ``docs/hpc.md``.
 
 from __future__ import annotations
 
-from autotune.campaign.config import CampaignSpec, load_campaign
-from autotune.campaign.jobs import status, submit
-from autotune.campaign.render import CampaignPaths, render_script
+import importlib
+from typing import Any
 
 __all__ = ["CampaignSpec", "CampaignPaths", "load_campaign", "render_script", "status",
            "submit"]
+
+_WHERE = {"CampaignSpec": "config", "load_campaign": "config", "status": "jobs",
+          "submit": "jobs", "CampaignPaths": "render", "render_script": "render"}
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy: ``autotune --help`` and every other command import the campaign parser, not
+    the campaign machinery (SQLAlchemy, the study loader) behind it."""
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"autotune.campaign.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'autotune.campaign' has no attribute {name!r}")
