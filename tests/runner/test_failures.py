@@ -22,6 +22,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.launchers.base import LaunchReport, TrialPaths
 from autotune.launchers.local import LocalLauncher
@@ -113,8 +114,8 @@ def test_sigkilled_runner_leaves_a_trial_that_the_next_run_retries(tmp_path: Pat
         try:
             running = optuna.load_study(study_name="kill", storage=storage).get_trials(
                 states=(TrialState.RUNNING,))
-        except KeyError:
-            continue
+        except (KeyError, SQLAlchemyError):
+            continue  # not created yet, or this poll raced the runner creating the tables
         if running and processes_mentioning("-m trainer"):
             time.sleep(2)  # inside the trial
             os.kill(runner.pid, signal.SIGKILL)
