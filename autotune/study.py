@@ -172,11 +172,11 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     if not candidates:
         raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")
-    open_study(spec, storage)  # created once, before any thread races to create it
+    study = open_study(spec, storage)  # once, before worker threads could race to create it
     progress = progress or Progress(total=n_trials, enabled=False)
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
-    workers = [_Worker(spec, storage, launcher, candidates, constraints, n_trials, progress,
-                       name_suffix=f"/{i}" if len(launchers) > 1 else "")
+    workers = [_Worker(spec, storage, study, launcher, candidates, constraints, n_trials,
+                       progress, name_suffix=f"/{i}" if len(launchers) > 1 else "")
                for i, launcher in enumerate(launchers)]
     with StopSignals(launchers) as signals:
         if len(workers) == 1:
@@ -216,14 +216,14 @@ def _merge(summaries: list[RunSummary]) -> RunSummary:
 class _Worker:
     """One worker's loop over the shared study (see the module docstring)."""
 
-    def __init__(self, spec: StudySpec, storage: Storage, launcher: Launcher,
-                 candidates: list[Candidate], constraints: Constraints, n_trials: int,
-                 progress: Progress, *, name_suffix: str = "") -> None:
+    def __init__(self, spec: StudySpec, storage: Storage, study: optuna.Study,
+                 launcher: Launcher, candidates: list[Candidate], constraints: Constraints,
+                 n_trials: int, progress: Progress, *, name_suffix: str = "") -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
         self.candidates, self.constraints = candidates, constraints
         self.n_trials, self.progress = n_trials, progress
         self.by_key: dict[str, Candidate] = {c.layout.key(): c for c in candidates}
-        self.study = open_study(spec, storage)
+        self.study = study
         self.strategy = make_strategy(
             spec.search.strategy, seed=spec.search.seed,
             predict=lambda lay: self.by_key[lay.key()].predicted_tflops
