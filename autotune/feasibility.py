@@ -71,7 +71,7 @@ class MemoryBudget:
     """What predicted peak memory is compared against."""
 
     capacity_bytes: int
-    margin: float = 0.1
+    margin: float = 0.05
     """Fraction of the device memory kept free (allocator fragmentation, runtime)."""
     dtype: str = "bf16"
     device: str | None = None

@@ -303,7 +303,8 @@ def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: s
                               seq_len=row.integer("seq_len"), vocab_size=vocab_size,
                               ffn_hidden=row.integer("ffn_hidden"),
                               n_kv_head=row.integer("kv_heads"),
-                              name=name)
+                              # AuroraGPT is Llama-style: gated SwiGLU MLP (3 matrices).
+                              mlp="swiglu", name=name)
             cluster = row.build("cluster", ClusterConfig, nodes=nodes,
                                 devices_per_node=devices // nodes, device=hardware)
             groups[key] = {"name": f"{name}-{devices}dev-gb{gb}-{table}", "model": model,

@@ -95,6 +95,9 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
         else:
             study = optuna.load_study(study_name=spec.name, storage=storage.optuna)
     existing = study.user_attrs.get("fingerprint")
+    if isinstance(existing, dict) and isinstance(existing.get("model"), dict):
+        # Studies created before ModelConfig had ``mlp`` ran the (then only) GELU MLP.
+        existing = {**existing, "model": {"mlp": "gelu", **existing["model"]}}
     if existing is None and create:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

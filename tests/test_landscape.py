@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_aurora_hardware_to_model_flops_groups_and_oom():
     assert set(groups) == {"m70-96dev-gb12-t25", "m70-96dev-gb12-t28"}
     g = groups["m70-96dev-gb12-t25"]
     assert g.cluster.devices_per_node == 12 and g.cluster.device == "max1550-tile"
-    assert g.model.kv_heads == 8 and g.model.ffn == 28672
+    assert g.model.kv_heads == 8 and g.model.ffn == 28672 and g.model.mlp == "swiglu"
     oom, ckpt, nockpt = g.measurements
     assert oom.status == "oom" and oom.model_tflops_per_device is None
     ratio = model_flops_per_step(g.model, 12) / hardware_flops_per_step(g.model, 12,
@@ -116,3 +117,8 @@ def test_shipped_landscapes_load():
     aurora = load_landscape(SHARED / "aurora_pvc_70b.csv")
     assert sum(len(g.measurements) for g in aurora) == 41
     assert all(0 < m.model_tflops_per_device < 200 for g in aurora for m in g.ok())
+    # SwiGLU (3 MLP matrices) recovers the published 68.98B of the 70B model: with Llama's
+    # 32000-token vocabulary and less our learned positions (8192 x 8192), within 0.01B.
+    m70 = next(g.model for g in aurora if g.model.name == "auroragpt-70b")
+    n = replace(m70, vocab_size=32000).n_params() - m70.seq_len * m70.hidden
+    assert abs(n / 1e9 - 68.98) < 0.01

@@ -53,7 +53,7 @@ def test_175b_on_1024_devices_plans_in_under_a_second() -> None:
 
 
 def test_render_table_csv_json() -> None:
-    result = plan_study(load_study(REPO / "studies" / "lrz_gpt3.6b.yaml"), top=3)
+    result = plan_study(load_study(REPO / "studies" / "lrz_gpt175b.yaml"), top=3)
     table = render_plan(result, "table")
     assert "rank" in table and result.rows[0].layout.key() in table
     rows = list(csv.DictReader(io.StringIO(render_plan(result, "csv"))))

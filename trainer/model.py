@@ -1,7 +1,8 @@
 """The GPT decoder the trainer measures, built from three layer kinds.
 
 Pre-LayerNorm blocks (Radford et al. 2019, GPT-2), causal attention through
-``torch.nn.functional.scaled_dot_product_attention``, a GELU MLP of ``ffn_hidden``,
+``torch.nn.functional.scaled_dot_product_attention``, an MLP of ``ffn_hidden`` (GELU, or
+with ``mlp: swiglu`` the gated, bias-free SwiGLU MLP of Llama),
 learned position embeddings and an output layer untied from the token embedding, so
 that the parameter count is :meth:`autotune.config.model.ModelConfig.n_params` (plus the
 vocabulary padding TP needs).
@@ -76,8 +77,16 @@ class Block(nn.Module):
                                         row_groups=(h, kv, kv))
         self.proj = RowParallelLinear(init_normal((h, h), gen, out_std), tp)
         self.ln2 = nn.LayerNorm(h)
-        self.fc1 = ColumnParallelLinear(init_normal((f, h), gen), tp)
-        self.fc2 = RowParallelLinear(init_normal((h, f), gen, out_std), tp)
+        self.swiglu = model.mlp == "swiglu"
+        if self.swiglu:
+            # Gate and up are column-parallel over f, fused in one GEMM: each group is
+            # sharded separately (like Q, K, V), so a rank holds its gate and up columns.
+            gate_up = torch.cat([init_normal((f, h), gen), init_normal((f, h), gen)])
+            self.fc1 = ColumnParallelLinear(gate_up, tp, bias=False, row_groups=(f, f))
+            self.fc2 = RowParallelLinear(init_normal((h, f), gen, out_std), tp, bias=False)
+        else:
+            self.fc1 = ColumnParallelLinear(init_normal((f, h), gen), tp)
+            self.fc2 = RowParallelLinear(init_normal((h, f), gen, out_std), tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -92,7 +101,13 @@ class Block(nn.Module):
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
         y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, s, -1))
-        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+        return x + self.fc2(self._activation(self.fc1(self.ln2(x))))
+
+    def _activation(self, u: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:  # Shazeer 2020: silu(x W_gate) * (x W_up), on this rank's f/t columns
+            gate, up = u.chunk(2, dim=-1)
+            return nn.functional.silu(gate) * up
+        return nn.functional.gelu(u)
 
 
 class Head(nn.Module):

@@ -9,15 +9,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from autotune.config._fields import check_int, check_keys
+from autotune.config._fields import check_choice, check_int, check_keys
 from autotune.errors import SpecError
 
-__all__ = ["ModelConfig", "MODEL_PRESETS"]
+__all__ = ["ModelConfig", "MODEL_PRESETS", "MLP_KINDS"]
+
+MLP_KINDS = ("gelu", "swiglu")
+"""MLP kinds: GPT's ``fc2(gelu(fc1 x))`` and Llama's gated ``down(silu(gate x) * up x)``."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only GPT (pre-LayerNorm, GELU MLP, learned positions)."""
+    """A decoder-only GPT (pre-LayerNorm, GELU or SwiGLU MLP, learned positions)."""
 
     n_layer: int
     """Transformer layers."""
@@ -35,6 +38,11 @@ class ModelConfig:
     """Key/value heads for grouped-query attention; ``None`` means ``n_head``."""
     name: str = "custom"
     """A label for reports."""
+    mlp: str = "gelu"
+    """``"gelu"``: two matrices ``h x f`` and ``f x h`` with biases (GPT-2/3). ``"swiglu"``:
+    the gated MLP of Llama and AuroraGPT (Shazeer 2020, "GLU Variants Improve
+    Transformer"), three matrices (gate and up ``h x f``, down ``f x h``) and, as in Llama,
+    no biases on them; ``ffn_hidden`` is then the gate/up width (e.g. 28672 for h = 8192)."""
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "hidden", "n_head", "seq_len", "vocab_size"):
@@ -46,6 +54,7 @@ class ModelConfig:
             if self.n_head % self.n_kv_head:
                 raise SpecError("model.n_kv_head", self.n_kv_head,
                                 f"allowed: a divisor of n_head={self.n_head}")
+        check_choice("model.mlp", self.mlp, MLP_KINDS)
         if self.hidden % self.n_head:
             raise SpecError("model.n_head", self.n_head,
                             f"allowed: a divisor of hidden={self.hidden}")
@@ -64,14 +73,20 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.hidden // self.n_head
 
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of ``h x f`` in the MLP: 2 for GELU, 3 for SwiGLU."""
+        return 3 if self.mlp == "swiglu" else 2
+
     def n_params(self) -> int:
         """Trainable parameters (embeddings untied from the output layer, as in the trainer)."""
-        h, kv = self.hidden, self.kv_heads * self.head_dim
+        h, kv, f = self.hidden, self.kv_heads * self.head_dim, self.ffn
+        mlp = (3 * h * f if self.mlp == "swiglu"   # gate, up, down; no biases (Llama)
+               else h * f + f + f * h + h)         # up + bias, down + bias
         per_layer = (
             h * (h + 2 * kv) + (h + 2 * kv)  # QKV weight + bias
             + h * h + h                      # attention output
-            + h * self.ffn + self.ffn        # MLP up
-            + self.ffn * h + h               # MLP down
+            + mlp
             + 4 * h                          # two LayerNorms
         )
         embeddings = self.vocab_size * h + self.seq_len * h
@@ -87,7 +102,7 @@ class ModelConfig:
     def from_dict(cls, data: Any, *, section: str = "model") -> ModelConfig:
         """From a mapping: either ``{preset: NAME, ...overrides}`` or explicit dimensions."""
         allowed = {"preset", "n_layer", "hidden", "n_head", "seq_len", "vocab_size",
-                   "ffn_hidden", "n_kv_head", "name"}
+                   "ffn_hidden", "n_kv_head", "name", "mlp"}
         data = dict(check_keys(section, data, allowed))
         preset = data.pop("preset", None)
         try:

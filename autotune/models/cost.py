@@ -153,23 +153,28 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
                          perf: DevicePerf, dtype: str, *, flash_attention: bool) -> float:
     """Forward time of one transformer layer for one micro-batch on one TP rank.
 
-    GEMMs (per token: QKV ``2h(h+2kv)/t``, projection ``2h^2/t``, MLP ``2*2hf/t``; per
-    sequence the two attention matmuls ``2*2 s^2 h / t``: :mod:`autotune.models.flops`),
-    each timed with :func:`gemm_efficiency`; plus the memory-bound element-wise kernels
-    (LayerNorm, bias+GeLU, bias+dropout+residual: about ``11 + 8/t`` tensors of
-    ``s b h`` read or written), plus, without fused/flash attention, the score matrix
-    written, soft-maxed and dropped out (~5 passes over ``a s^2 b / t`` elements).
+    GEMMs (per token: QKV ``2h(h+2kv)/t``, projection ``2h^2/t``, MLP ``2hf/t`` per
+    matrix: up and down for GELU, gate, up and down for SwiGLU; per sequence the two
+    attention matmuls ``2*2 s^2 h / t``: :mod:`autotune.models.flops`), each timed with
+    :func:`gemm_efficiency`; plus the memory-bound element-wise kernels (LayerNorm,
+    bias+dropout+residual: ``11`` tensors of ``s b h``; bias+GeLU reads and writes
+    ``f/t`` per token, ``8/t`` of ``s b h`` at ``f = 4h``; SwiGLU's SiLU reads and writes
+    ``f/t``, its product reads ``2f/t`` and writes ``f/t``: one more kernel), plus,
+    without fused/flash attention, the score matrix written, soft-maxed and dropped out
+    (~5 passes over ``a s^2 b / t`` elements).
     """
     b, s, h, f, t = layout.micro_batch, model.seq_len, model.hidden, model.ffn, layout.tp
     kv = model.kv_heads * model.head_dim
     tokens = b * s
-    gemms = [2 * tokens * h * (h + 2 * kv) / t, 2 * tokens * h * h / t,
-             2 * tokens * h * f / t, 2 * tokens * f * h / t]
+    mlp = [2 * tokens * h * f / t] * model.mlp_matrices
+    gemms = [2 * tokens * h * (h + 2 * kv) / t, 2 * tokens * h * h / t, *mlp]
     attn = 4 * b * s * s * h / t
     gemms += [attn / 2, attn / 2] if not flash_attention else [attn]
     time = sum(gemm_time_s(w, peak_flops, perf) for w in gemms)
-    elem_bytes = tokens * h * (11 + 8 / t) * dtype_bytes(dtype)
-    n_elementwise = 6
+    swiglu = model.mlp == "swiglu"
+    mlp_elem = (5 if swiglu else 2) * f / t  # per token: elements read + written
+    elem_bytes = tokens * (11 * h + mlp_elem) * dtype_bytes(dtype)
+    n_elementwise = 7 if swiglu else 6
     if not flash_attention:
         elem_bytes += 5 * model.n_head * s * s * b / t * dtype_bytes(dtype)
         n_elementwise += 2

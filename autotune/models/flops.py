@@ -14,8 +14,11 @@ et al. 2022, PaLM, appendix B: model FLOPs utilisation), so without the recomput
     F_model = 72 B s l h^2 (1 + s / (6 h) + V / (12 l h))
 
 Both are computed below from the per-matmul terms, which reduce to the formulas above for
-the GELU-4h MLP and full multi-head attention, and stay right for other MLP sizes and for
-grouped-query attention.
+the GELU-4h MLP and full multi-head attention, and stay right for other MLP sizes, for
+grouped-query attention and for the gated (SwiGLU) MLP, whose three ``h x f`` matrices
+cost ``3 * 2 h f`` per token instead of ``2 * 2 h f`` (Shazeer 2020, "GLU Variants Improve
+Transformer"; the element-wise SiLU and product are not matmul FLOPs and, like the
+softmax, are not counted).
 
 >>> from autotune.config.model import ModelConfig
 >>> m = ModelConfig(n_layer=2, hidden=64, n_head=4, seq_len=32, vocab_size=128)
@@ -26,6 +29,12 @@ grouped-query attention.
 True
 >>> math.isclose(hardware_flops_per_step(m, B, recompute=True),
 ...              96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h)))
+True
+
+A SwiGLU MLP of width ``f`` adds one ``2 h f`` matmul per token and layer, x3 passes:
+
+>>> g = ModelConfig(n_layer=2, hidden=64, n_head=4, seq_len=32, vocab_size=128, mlp="swiglu")
+>>> model_flops_per_step(g, B) - model_flops_per_step(m, B) == 3 * l * B * s * 2 * h * (4 * h)
 True
 """
 
@@ -41,12 +50,13 @@ def layer_forward_flops(model: ModelConfig, sequences: int) -> float:
     """Forward FLOPs of one transformer layer for ``sequences`` sequences.
 
     A multiply-add is 2 FLOPs. Per token: QKV projection ``2 h (h + 2 kv)``, attention
-    output ``2 h^2``, MLP ``2 * 2 h f``; per sequence the score and value matmuls
-    ``2 * 2 s^2 h`` (Narayanan et al. 2021, eq. 3 derivation).
+    output ``2 h^2``, MLP ``2 * 2 h f`` (GELU: up, down) or ``3 * 2 h f`` (SwiGLU: gate,
+    up, down; Shazeer 2020); per sequence the score and value matmuls ``2 * 2 s^2 h``
+    (Narayanan et al. 2021, eq. 3 derivation, generalised).
     """
     h, s, f = model.hidden, model.seq_len, model.ffn
     kv = model.kv_heads * model.head_dim
-    per_token = 2 * h * (h + 2 * kv) + 2 * h * h + 4 * h * f
+    per_token = 2 * h * (h + 2 * kv) + 2 * h * h + model.mlp_matrices * 2 * h * f
     return float(sequences * (s * per_token + 4 * s * s * h))
 
 

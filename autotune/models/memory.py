@@ -86,11 +86,14 @@ def layer_params_per_rank(model: ModelConfig, tp: int) -> int:
     """Parameters of one transformer layer on one TP rank (see :func:`params_per_rank`)."""
     h, f, t = model.hidden, model.ffn, tp
     qkv = h + 2 * model.kv_heads * model.head_dim
+    if model.mlp == "swiglu":
+        mlp = 2 * h * f // t + f * h // t  # gate and up column-, down row-parallel; no biases
+    else:
+        mlp = (h * f + f) // t + f * h // t + h  # up column-, down row-parallel (bias replicated)
     return (
         (h * qkv + qkv) // t   # QKV weight + bias, column-parallel
         + h * h // t + h       # attention output, row-parallel; bias replicated
-        + (h * f + f) // t     # MLP up, column-parallel
-        + f * h // t + h       # MLP down, row-parallel; bias replicated
+        + mlp
         + 4 * h                # two LayerNorms, replicated
     )
 
@@ -101,6 +104,8 @@ def params_per_rank(model: ModelConfig, layout: Layout, stage: str) -> int:
     Megatron tensor parallelism (Shoeybi et al. 2019, section 3) splits the QKV and
     MLP-up weights and biases by columns (``/t``), the attention-output and MLP-down
     weights by rows (``/t``) with their biases replicated, and replicates the LayerNorms.
+    A SwiGLU MLP has two column-parallel matrices (gate, up) and one row-parallel (down),
+    all without biases (Llama-style; see :class:`~autotune.config.model.ModelConfig`).
     The word embedding and the output layer are vocabulary-parallel (``ceil(V/t)`` rows,
     the trainer pads V); the position embedding is replicated on the first stage.
     """
@@ -147,15 +152,26 @@ def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str, *,
         s b h (10 + 24 / t + 5 a s / (h t))
 
     The 10 are replicated (LayerNorm inputs, linear inputs, dropout masks), the 24 split
-    over TP (Q, K, V, attention output, MLP 4h tensors). The ``5 a s / h`` term is the
-    attention score matrix, softmax output and dropout mask; fused/flash attention (torch
-    SDPA, which our trainer uses) never stores them (Dao et al. 2022; only a per-row
-    log-sum-exp, negligible), so it is dropped when ``flash_attention``. For fp32 the
-    2-byte terms double (the 1-byte dropout masks are a small part: ignored).
+    over TP: 8 of attention (Q, K, V, attention output) and 16 of the MLP's two ``4h``
+    tensors (the GELU input and the down projection's input, 2 bytes each), written here
+    for any MLP width as ``4 f / h``. The ``5 a s / h`` term is the attention score
+    matrix, softmax output and dropout mask; fused/flash attention (torch SDPA, which our
+    trainer uses) never stores them (Dao et al. 2022; only a per-row log-sum-exp,
+    negligible), so it is dropped when ``flash_attention``. For fp32 the 2-byte terms
+    double (the 1-byte dropout masks are a small part: ignored).
+
+    SwiGLU (``down(silu(gate x) * up x)``), the same derivation adapted: the MLP input is
+    stored once (replicated, in the 10) and autograd keeps four ``s b f / t`` tensors
+    where GELU keeps two: the gate output (SiLU's input), the up output and the SiLU
+    output (the product's two operands), and the product (the down projection's input),
+    i.e. ``8 f / h`` instead of ``4 f / h``. (Megatron's fused ``bias_swiglu`` recomputes
+    the SiLU in backward and keeps three; the trainer runs it unfused.)
     """
     s, b, h, t, a = model.seq_len, layout.micro_batch, model.hidden, layout.tp, model.n_head
+    f = model.ffn
     scale = dtype_bytes(dtype) / 2
-    per = s * b * h * (10 + 24 / t) * scale
+    mlp_tensors = 4 if model.mlp == "swiglu" else 2  # stored s*b*f/t tensors, 2 bytes each
+    per = s * b * (h * (10 + 8 / t) + 2 * mlp_tensors * f / t) * scale
     if not flash_attention:
         per += 5 * a * s * s * b / t * scale
     return int(per)

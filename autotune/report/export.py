@@ -49,6 +49,8 @@ def megatron_deepspeed_args(layout: Layout, *, dtype: str,
                  "--ffn-hidden-size", str(model.get("ffn_hidden") or 4 * model["hidden"]),
                  "--seq-length", str(model["seq_len"]),
                  "--max-position-embeddings", str(model["seq_len"])]
+        if model.get("mlp") == "swiglu":
+            args.append("--swiglu")  # Megatron's gated MLP (3 matrices of ffn_hidden)
     return args
 
 

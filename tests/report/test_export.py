@@ -59,6 +59,9 @@ def test_megatron_deepspeed_args_match_the_layout(lay: Layout, dtype: str) -> No
     assert args["--ffn-hidden-size"] == str(4 * 2048)  # Megatron's default when unset
     assert args["--seq-length"] == args["--max-position-embeddings"] == "2048"
     assert MODEL["n_head"] % lay.tp == 0  # heads split evenly over tensor-parallel ranks
+    assert "--swiglu" not in args
+    gated = megatron_deepspeed_args(lay, dtype=dtype, model={**MODEL, "mlp": "swiglu"})
+    assert gated.count("--swiglu") == 1
 
 
 def test_best_emit_megatron_deepspeed_is_the_best_trials_layout(

@@ -104,3 +104,22 @@ def test_a_different_model_under_an_existing_study_name_is_refused(tmp_path: Pat
     path.write_text(yaml.safe_dump(data))
     proc = run_cli("run", str(path))
     assert proc.returncode == 2 and "different model" in proc.stderr
+
+
+def test_a_study_created_before_model_mlp_reopens_but_not_as_swiglu(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from autotune.errors import UsageError
+    from autotune.spec import load_study
+    from autotune.storage import open_storage
+    from autotune.study import open_study
+
+    spec = load_study(write_study(tmp_path / "a.yaml", name="old", db=tmp_path / "x.db"))
+    storage = open_storage(spec.storage)
+    study = open_study(spec, storage)
+    old = dict(study.user_attrs["fingerprint"])
+    old["model"] = {k: v for k, v in old["model"].items() if k != "mlp"}  # the old schema
+    study.set_user_attr("fingerprint", old)
+    open_study(spec, storage)  # the GELU model it always was
+    with pytest.raises(UsageError, match="different model"):
+        open_study(replace(spec, model=replace(spec.model, mlp="swiglu")), storage)

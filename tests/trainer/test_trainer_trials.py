@@ -27,6 +27,9 @@ LAYOUTS = [(2, 1, 1, 0), (1, 2, 1, 0), (1, 1, 2, 0), (1, 1, 2, 1), (1, 1, 2, 2),
            (2, 1, 2, 3)]
 # Grouped-query attention and a vocabulary that TP must pad (63 -> 64).
 ODD_MODEL = {**TINY_MODEL, "vocab_size": 63, "n_kv_head": 2}
+# The gated MLP of Llama/AuroraGPT (3 bias-free matrices), with GQA, at a width of 3h.
+SWIGLU_MODEL = {**TINY_MODEL, "mlp": "swiglu", "ffn_hidden": 96, "n_kv_head": 2}
+SWIGLU_LAYOUTS = [(2, 1, 1, 0), (1, 2, 1, 0), (2, 2, 1, 0)]
 
 
 def _name(tp: int, pp: int, dp: int, zero: int) -> str:
@@ -45,6 +48,10 @@ def trials(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     by_world[1]["odd_ref"] = spec(model=ODD_MODEL)
     by_world[2]["odd_tp2"] = spec(2, 1, 1, model=ODD_MODEL)
     by_world[4]["recompute_tp2pp2"] = spec(2, 2, 1, recompute="full")
+    by_world[1]["swiglu_ref"] = spec(model=SWIGLU_MODEL)
+    for tp, pp, dp, zero in SWIGLU_LAYOUTS:
+        by_world[tp * pp * dp]["swiglu_" + _name(tp, pp, dp, zero)] = spec(
+            tp, pp, dp, zero=zero, model=SWIGLU_MODEL)
     tokens = tmp / "tokens.bin"
     import numpy as np
 
@@ -75,21 +82,34 @@ def test_recompute_padding_and_gqa_match(trials: dict) -> None:
     assert trials["odd_tp2"]["losses"] == pytest.approx(trials["odd_ref"]["losses"], rel=1e-4)
 
 
+@pytest.mark.parametrize("layout", SWIGLU_LAYOUTS, ids=lambda lay: _name(*lay))
+def test_swiglu_losses_match_the_single_device_reference(trials: dict, layout: tuple) -> None:
+    ref = trials["swiglu_ref"]["losses"]
+    got = trials["swiglu_" + _name(*layout)]
+    assert got["status"] == "ok"
+    assert got["losses"] == pytest.approx(ref, rel=1e-4)
+
+
 def test_losses_change_over_steps(trials: dict) -> None:
     losses = trials["ref"]["losses"]
     assert len(set(losses)) == 3 and all(math.isfinite(x) for x in losses)
 
 
 def _replicated_under_tp(m: ModelConfig) -> int:
-    # LayerNorms, row-parallel biases, position embedding and final LayerNorm.
-    return m.n_layer * (4 * m.hidden + 2 * m.hidden) + m.seq_len * m.hidden + 2 * m.hidden
+    # LayerNorms, row-parallel biases (SwiGLU's down projection has none), position
+    # embedding and final LayerNorm.
+    row_biases = 1 if m.mlp == "swiglu" else 2
+    return (m.n_layer * (4 * m.hidden + row_biases * m.hidden) + m.seq_len * m.hidden
+            + 2 * m.hidden)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: _name(*lay))
+@pytest.mark.parametrize("layout", LAYOUTS + [("swiglu", *lay) for lay in SWIGLU_LAYOUTS],
+                         ids=lambda lay: ("swiglu_" if len(lay) == 5 else "") + _name(*lay[-4:]))
 def test_parameters_per_rank_match_the_layout(trials: dict, layout: tuple) -> None:
-    tp, pp, dp, _ = layout
-    model = ModelConfig(**TINY_MODEL)
-    per_rank = trials[_name(*layout)]["n_params_per_rank_all"]
+    prefix, (tp, pp, dp, zero) = ("swiglu_", layout[1:]) if len(layout) == 5 else ("", layout)
+    name = prefix + _name(tp, pp, dp, zero)
+    model = ModelConfig(**(SWIGLU_MODEL if prefix else TINY_MODEL))
+    per_rank = trials[name]["n_params_per_rank_all"]
     assert len(per_rank) == tp * pp * dp
     # Ranks are ordered (pipe, data, model): one replica is the first tp*pp ranks of
     # each data index. Sharded parameters add up over a replica; replicated ones are
@@ -99,7 +119,7 @@ def test_parameters_per_rank_match_the_layout(trials: dict, layout: tuple) -> No
     assert sum(replica) == model.n_params() + (tp - 1) * rep
     if pp == 1:
         assert per_rank[0] == (model.n_params() - rep) // tp + rep
-    assert trials[_name(*layout)]["n_params_per_rank"] == max(per_rank)
+    assert trials[name]["n_params_per_rank"] == max(per_rank)
 
 
 def test_tflops_recomputed_from_step_times(trials: dict) -> None:

@@ -23,6 +23,23 @@ def test_parameter_count_matches_model_config() -> None:
     gqa = ModelConfig(n_layer=2, hidden=32, n_head=4, n_kv_head=2, seq_len=16, vocab_size=64)
     assert sum(p.numel() for p in GPT(gqa, TPContext(), 1, recompute=False).parameters()) \
         == gqa.n_params()
+    swiglu = ModelConfig(n_layer=2, hidden=32, n_head=4, seq_len=16, vocab_size=64,
+                         ffn_hidden=48, mlp="swiglu")
+    assert sum(p.numel() for p in GPT(swiglu, TPContext(), 1, recompute=False).parameters()) \
+        == swiglu.n_params()
+
+
+def test_swiglu_block_computes_down_silu_gate_times_up() -> None:
+    from trainer.model import Block
+
+    m = ModelConfig(n_layer=1, hidden=32, n_head=4, seq_len=16, vocab_size=64, ffn_hidden=48,
+                    mlp="swiglu")
+    block = Block(m, TPContext(), seed=2, layer_index=1)
+    assert block.fc1.bias is None and block.fc2.bias is None
+    x = torch.randn(3, 32)
+    gate, up = block.fc1.weight[:48], block.fc1.weight[48:]
+    expected = (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ block.fc2.weight.T
+    assert torch.allclose(block.fc2(block._activation(block.fc1(x))), expected, atol=1e-6)
 
 
 def test_tp1_loss_is_cross_entropy_and_recompute_changes_nothing() -> None:
