@@ -202,18 +202,13 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
                 t.join(timeout=0.5)
         if errors:
             raise errors[0]
-    return _merge([w.summary for w in workers])
-
-
-def _merge(summaries: list[RunSummary]) -> RunSummary:
-    first = summaries[0]
-    merged = RunSummary(measured=sum(s.measured for s in summaries),
-                        infeasible=sum(s.infeasible for s in summaries),
-                        stopped_by=next((s.stopped_by for s in summaries
-                                         if s.stopped_by in ("interrupt", "sigterm")),
-                                        first.stopped_by),
-                        best=first.best, trials=first.trials)
-    return merged
+    summaries = [w.summary for w in workers]
+    return RunSummary(measured=sum(s.measured for s in summaries),
+                      infeasible=sum(s.infeasible for s in summaries),
+                      stopped_by=next((s.stopped_by for s in summaries
+                                       if s.stopped_by in ("interrupt", "sigterm")),
+                                      summaries[0].stopped_by),
+                      best=_best(study), trials=study.get_trials(deepcopy=False))
 
 
 class _Worker:
