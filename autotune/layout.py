@@ -17,6 +17,8 @@ bandwidth is (Narayanan et al. 2021, section 3.3: tensor parallelism within a no
 'tp2-pp2-dp2-mb1-ga4-z0-none'
 >>> Layout.from_dict(lay.to_dict()) == lay
 True
+>>> Layout.from_key(lay.key()) == lay
+True
 """
 
 from __future__ import annotations
@@ -83,6 +85,18 @@ class Layout:
             f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}"
             f"-ga{self.grad_accum}-z{self.zero_stage}-{self.recompute}"
         )
+
+    @classmethod
+    def from_key(cls, key: str) -> Layout:
+        """Inverse of :meth:`key` (the layout claims of a study store keys only)."""
+        try:
+            tp, pp, dp, mb, ga, z, rc = key.split("-")
+            return cls(tp=int(tp[2:]), pp=int(pp[2:]), dp=int(dp[2:]),
+                       micro_batch=int(mb[2:]), grad_accum=int(ga[2:]),
+                       zero_stage=int(z[1:]), recompute=rc)  # type: ignore[arg-type]
+        except ValueError:
+            raise SpecError("layout key", key,
+                            "expected the form tpT-ppP-dpD-mbM-gaG-zZ-none|full") from None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``layout`` object of a trial spec (``shared/CONTRACTS.md``)."""

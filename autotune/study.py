@@ -42,6 +42,7 @@ from autotune.lifecycle import StopSignals, heartbeat
 from autotune.outcome import Outcome, classify, infeasible
 from autotune.progress import Progress
 from autotune.records import TrialFacts, measurement_row, user_attrs
+from autotune.results import best_trial
 from autotune.search import Observation, dominated_by_oom, make_strategy
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
@@ -135,16 +136,8 @@ def _history(study: optuna.Study, claimed: dict[str, int]) -> list[Observation]:
         out.append(Observation(layout, status, t.value if status == "ok" else None))
     for key in claimed:
         if key not in seen:
-            out.append(Observation(_layout_from_key(key), "pending"))
+            out.append(Observation(Layout.from_key(key), "pending"))  # claims hold keys
     return out
-
-
-def _layout_from_key(key: str) -> Layout:
-    """Inverse of :meth:`Layout.key` (claims store keys only)."""
-    tp, pp, dp, mb, ga, z, rc = key.split("-")
-    return Layout(tp=int(tp[2:]), pp=int(pp[2:]), dp=int(dp[2:]), micro_batch=int(mb[2:]),
-                  grad_accum=int(ga[2:]), zero_stage=int(z[1:]),
-                  recompute=rc)  # type: ignore[arg-type]
 
 
 def run_study(spec: StudySpec, storage: Storage, launchers: Launcher | Sequence[Launcher], *,
@@ -208,7 +201,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
                       stopped_by=next((s.stopped_by for s in summaries
                                        if s.stopped_by in ("interrupt", "sigterm")),
                                       summaries[0].stopped_by),
-                      best=_best(study), trials=study.get_trials(deepcopy=False))
+                      best=best_trial(study), trials=study.get_trials(deepcopy=False))
 
 
 class _Worker:
@@ -268,7 +261,7 @@ class _Worker:
                 continue
             idle = 0
             self._measure(trial, admitted)
-        self.summary.best = _best(self.study)
+        self.summary.best = best_trial(self.study)
         self.summary.trials = self.study.get_trials(deepcopy=False)
         return self.summary
 
@@ -343,7 +336,7 @@ class _Worker:
             self.study.enqueue_trial({a: getattr(layout, a) for a in AXES},
                                      user_attrs={"retry_of": trial.number})
         self.summary.measured += 1
-        self.progress.trial_finished(trial.number, layout, outcome, _best(self.study))
+        self.progress.trial_finished(trial.number, layout, outcome, best_trial(self.study))
 
 
 def _suggest(trial: optuna.Trial, spec: StudySpec) -> Layout:
@@ -373,11 +366,6 @@ def _is_retry(study: optuna.Study, trial: optuna.Trial) -> bool:
     """A re-run of a layout whose first run was cut short (it is within the budget)."""
     frozen = study._storage.get_trial(trial._trial_id)
     return "failed_trial" in frozen.system_attrs or "retry_of" in frozen.user_attrs
-
-
-def _best(study: optuna.Study) -> FrozenTrial | None:
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return max(done, key=lambda t: t.value or 0.0) if done else None
 
 
 def _set_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
