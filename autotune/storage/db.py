@@ -89,14 +89,19 @@ class Storage:
 
     def _create_schema(self) -> None:
         Base.metadata.create_all(self.engine)
-        with self.session() as s:
-            found = s.scalar(select(func.max(SchemaVersion.version)))
-            if found is None:
-                s.add(SchemaVersion(version=SCHEMA_VERSION))
-            elif found > SCHEMA_VERSION:
-                raise StorageError(
-                    f"the database {self.masked_url} has autotune schema v{found}, newer than "
-                    f"this autotune (v{SCHEMA_VERSION}): upgrade autotune")
+        try:
+            with self.session() as s:
+                found = s.scalar(select(func.max(SchemaVersion.version)))
+                if found is None:
+                    s.add(SchemaVersion(version=SCHEMA_VERSION))
+        except StorageError as err:
+            if not _is_unique_violation(err):
+                raise
+            found = SCHEMA_VERSION  # a worker starting at the same moment recorded it
+        if found is not None and found > SCHEMA_VERSION:
+            raise StorageError(
+                f"the database {self.masked_url} has autotune schema v{found}, newer than "
+                f"this autotune (v{SCHEMA_VERSION}): upgrade autotune")
 
     @contextmanager
     def session(self) -> Iterator[Session]:
