@@ -15,13 +15,16 @@ Two file formats are read (``shared/landscapes/README.md``):
   row ran, so the larger A100 never makes a memory model refuse a measured layout) and
   the node size (default 8: one DGX A100). The runs were fp16, which has the BF16 peak, so
   the dtype is ``bf16``; activation recomputation was on (Megatron's default then), so
-  ``recompute="full"``; ZeRO was off (``zero_stage=0``). Throughput is model FLOPs over
+  ``recompute="full"``; ZeRO was off (``zero_stage=0``); attention was Megatron's
+  fused softmax over a materialised score matrix, before FlashAttention reached Megatron
+  (``attention="explicit"``). Throughput is model FLOPs over
   time: ``model_flops_per_step(model, global_batch) / (iteration_s * world) / 1e12``.
 * **Aurora** (``aurora_pvc_70b.csv``, argonne-lcf/Megatron-DeepSpeed notes): one row per
   run with the model, the layout, ``status`` (``ok``/``oom``) and Megatron-DeepSpeed's
   logged per-tile TFLOPS. Those count the recompute forward pass (hardware FLOPs), so
   they are converted to model TFLOPS with the ratio of :func:`model_flops_per_step` to
-  :func:`hardware_flops_per_step`. Device ``max1550-tile``; devices per node
+  :func:`hardware_flops_per_step`. Attention is flash (``attention="flash"``:
+  Megatron-DeepSpeed on Aurora runs a fused SDPA kernel). Device ``max1550-tile``; devices per node
   ``devices / nodes`` (12). OOM rows are kept (``status="oom"``, no throughput). Rows are
   grouped also by the ``table`` column, because the tables were measured with different
   software (PyTorch 2.5 vs 2.8, a second operator's stack): one layout gave 10.3 and
@@ -53,8 +56,9 @@ from pathlib import Path
 from statistics import fmean
 from typing import IO, Any
 
+from autotune.config._fields import check_choice
 from autotune.config.cluster import ClusterConfig
-from autotune.config.model import ModelConfig
+from autotune.config.model import ATTENTION_KINDS, ModelConfig
 from autotune.errors import SpecError
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
@@ -138,13 +142,18 @@ def load_landscape(
     hardware: str | None = None,
     devices_per_node: int | None = None,
     vocab_size: int = 51200,
+    attention: str | None = None,
 ) -> list[LandscapeGroup]:
     """Read a vTrain-format or Aurora-format CSV into landscape groups (file order).
 
     ``hardware`` and ``devices_per_node`` apply where the file lacks them (the vTrain
     format lacks both; the Aurora format has its node size); ``hardware`` also overrides
-    the Aurora default. ``vocab_size`` applies to both (neither file has it).
+    the Aurora default. ``vocab_size`` applies to both (neither file has it), and so does
+    ``attention`` (``"flash"`` or ``"explicit"``; default: what the format's runs used,
+    explicit for vTrain, flash for Aurora).
     """
+    if attention is not None:
+        check_choice("attention", attention, ATTENTION_KINDS)
     source, text = _read_text(path)
     reader = csv.reader(io.StringIO(text))
     try:
@@ -155,10 +164,10 @@ def load_landscape(
     if "iteration time (ms)" in header:
         return _load_vtrain(header, rows, source, hardware=hardware or DEFAULT_VTRAIN_HARDWARE,
                             devices_per_node=devices_per_node or DEFAULT_VTRAIN_DEVICES_PER_NODE,
-                            vocab_size=vocab_size)
+                            vocab_size=vocab_size, attention=attention or "explicit")
     if "tflops_per_device" in header:
         return _load_aurora(header, rows, source, hardware=hardware or DEFAULT_AURORA_HARDWARE,
-                            vocab_size=vocab_size)
+                            vocab_size=vocab_size, attention=attention or "flash")
     raise SpecError("landscape header", ",".join(header),
                     "unknown format; expected the vTrain columns (" + ", ".join(VTRAIN_COLUMNS)
                     + ") or the Aurora columns (" + ", ".join(AURORA_COLUMNS) + ")",
@@ -239,7 +248,8 @@ def _check_columns(header: list[str], required: Iterable[str], source: str) -> N
 
 
 def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: str, *,
-                 hardware: str, devices_per_node: int, vocab_size: int) -> list[LandscapeGroup]:
+                 hardware: str, devices_per_node: int, vocab_size: int,
+                 attention: str) -> list[LandscapeGroup]:
     _check_columns(header, VTRAIN_COLUMNS, source)
     groups: dict[tuple, dict[str, Any]] = {}
     for line, cells in rows:
@@ -258,7 +268,8 @@ def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: s
         key = (gpus, gb, h, a, nl, s)
         if key not in groups:
             model = row.build("model", ModelConfig, n_layer=nl, hidden=h, n_head=a, seq_len=s,
-                              vocab_size=vocab_size, name=f"gpt-h{h}-l{nl}")
+                              vocab_size=vocab_size, attention=attention,
+                              name=f"gpt-h{h}-l{nl}")
             dpn = min(devices_per_node, gpus)
             if gpus % dpn:
                 raise row._err("# GPUs", f"expected a multiple of devices_per_node={dpn}")
@@ -275,7 +286,7 @@ def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: s
 
 
 def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: str, *,
-                 hardware: str, vocab_size: int) -> list[LandscapeGroup]:
+                 hardware: str, vocab_size: int, attention: str) -> list[LandscapeGroup]:
     _check_columns(header, AURORA_COLUMNS, source)
     groups: dict[tuple, dict[str, Any]] = {}
     for line, cells in rows:
@@ -304,7 +315,7 @@ def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: s
                               ffn_hidden=row.integer("ffn_hidden"),
                               n_kv_head=row.integer("kv_heads"),
                               # AuroraGPT is Llama-style: gated SwiGLU MLP (3 matrices).
-                              mlp="swiglu", name=name)
+                              mlp="swiglu", attention=attention, name=name)
             cluster = row.build("cluster", ClusterConfig, nodes=nodes,
                                 devices_per_node=devices // nodes, device=hardware)
             groups[key] = {"name": f"{name}-{devices}dev-gb{gb}-{table}", "model": model,

@@ -11,7 +11,7 @@ correlation; the memory model's verdict on them is reported (``oom_flagged``).
 
 Attention: the vTrain runs (Megatron-DeepSpeed, 2022-23) used Megatron's fused softmax,
 which materialises the score matrix; the Aurora runs and our trainer use flash / SDPA
-attention. ``--attention auto`` picks by format; ``flash``/``explicit`` force one.
+attention. The loader sets ``model.attention`` by format; ``--attention`` overrides it.
 Nothing here is fitted to the files: the model's constants are physical (docs/models.md).
 """
 
@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from autotune.config.model import ATTENTION_KINDS
 from autotune.feasibility import MemoryBudget, check_layout
 from autotune.landscape import LandscapeGroup, load_landscape
 from autotune.models.cost import estimate_step
@@ -60,14 +61,14 @@ def _flagged(group: LandscapeGroup, margin: float, status: str = "oom") -> int:
                        for r in check_layout(m.layout, group.model, memory=budget)))
 
 
-def evaluate_group(group: LandscapeGroup, *, flash: bool, margin: float) -> dict:
+def evaluate_group(group: LandscapeGroup, *, margin: float) -> dict:
     ok = group.ok()
     if not ok:
         return {"name": group.name, "n_layouts": 0, "spearman": None, "best_in_top3": False,
                 "n_oom": sum(m.status == "oom" for m in group.measurements),
                 "oom_flagged": _flagged(group, margin), "ok_flagged_infeasible": 0}
-    predicted = [estimate_step(group.model, m.layout, group.cluster, dtype=group.dtype,
-                               flash_attention=flash).model_tflops_per_device for m in ok]
+    predicted = [estimate_step(group.model, m.layout, group.cluster,
+                               dtype=group.dtype).model_tflops_per_device for m in ok]
     measured = [float(m.model_tflops_per_device or 0.0) for m in ok]
     best = int(np.argmax(measured))
     top3 = sorted(range(len(ok)), key=lambda i: -predicted[i])[:3]
@@ -90,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices-per-node", type=int, metavar="N")
     p.add_argument("--vocab-size", type=int, default=51200, metavar="N")
     p.add_argument("--min-layouts", type=int, default=8, metavar="N")
-    p.add_argument("--attention", choices=("auto", "flash", "explicit"), default="auto")
+    p.add_argument("--attention", choices=ATTENTION_KINDS,
+                   help="override the file's attention kind (default: vTrain explicit, "
+                        "Aurora flash)")
     p.add_argument("--memory-margin", type=float, default=0.05,
                    help="as trial.memory_margin (default 0.05)")
     p.add_argument("--json", metavar="OUT")
@@ -100,10 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.landscape:
         for g in load_landscape(path, hardware=args.hardware,
                                 devices_per_node=args.devices_per_node,
-                                vocab_size=args.vocab_size):
-            flash = (args.attention == "flash"
-                     or (args.attention == "auto" and not g.name.startswith("vtrain")))
-            res = evaluate_group(g, flash=flash, margin=args.memory_margin)
+                                vocab_size=args.vocab_size, attention=args.attention):
+            res = evaluate_group(g, margin=args.memory_margin)
             oom_total += res["n_oom"]
             oom_flagged += res["oom_flagged"]
             ok_total += sum(m.status == "ok" for m in g.measurements)

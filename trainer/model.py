@@ -1,7 +1,9 @@
 """The GPT decoder the trainer measures, built from three layer kinds.
 
 Pre-LayerNorm blocks (Radford et al. 2019, GPT-2), causal attention through
-``torch.nn.functional.scaled_dot_product_attention``, an MLP of ``ffn_hidden`` (GELU, or
+``torch.nn.functional.scaled_dot_product_attention`` (``attention: flash``) or through the
+explicit score matrix, soft-maxed in fp32 and kept for the backward pass as Megatron's
+pre-FlashAttention path does (``attention: explicit``), an MLP of ``ffn_hidden`` (GELU, or
 with ``mlp: swiglu`` the gated, bias-free SwiGLU MLP of Llama),
 learned position embeddings and an output layer untied from the token embedding, so
 that the parameter count is :meth:`autotune.config.model.ModelConfig.n_params` (plus the
@@ -78,6 +80,7 @@ class Block(nn.Module):
         self.proj = RowParallelLinear(init_normal((h, h), gen, out_std), tp)
         self.ln2 = nn.LayerNorm(h)
         self.swiglu = model.mlp == "swiglu"
+        self.explicit_attention = model.attention == "explicit"
         if self.swiglu:
             # Gate and up are column-parallel over f, fused in one GEMM: each group is
             # sharded separately (like Q, K, V), so a rank holds its gate and up columns.
@@ -99,7 +102,8 @@ class Block(nn.Module):
         if self.kv_heads != self.heads:  # grouped-query attention
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = (_explicit_attention(q, k, v) if self.explicit_attention
+             else nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
         x = x + self.proj(y.transpose(1, 2).reshape(b, s, -1))
         return x + self.fc2(self._activation(self.fc1(self.ln2(x))))
 
@@ -108,6 +112,22 @@ class Block(nn.Module):
             gate, up = u.chunk(2, dim=-1)
             return nn.functional.silu(gate) * up
         return nn.functional.gelu(u)
+
+
+def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention over a materialised ``s x s`` score matrix per head.
+
+    What Megatron ran before FlashAttention (``FusedScaleMaskSoftmax``): the scores are a
+    GEMM, masked and soft-maxed in fp32 (for 16-bit inputs; the max-subtraction keeps it
+    stable), and autograd keeps the probabilities for the backward pass, which is the
+    ``5 a s / h`` activation term of :func:`autotune.models.memory.layer_activation_bytes`.
+    """
+    s = q.shape[-2]
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    causal = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(causal, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs, v)
 
 
 class Head(nn.Module):

@@ -12,10 +12,13 @@ from typing import Any
 from autotune.config._fields import check_choice, check_int, check_keys
 from autotune.errors import SpecError
 
-__all__ = ["ModelConfig", "MODEL_PRESETS", "MLP_KINDS"]
+__all__ = ["ModelConfig", "MODEL_PRESETS", "MLP_KINDS", "ATTENTION_KINDS"]
 
 MLP_KINDS = ("gelu", "swiglu")
 """MLP kinds: GPT's ``fc2(gelu(fc1 x))`` and Llama's gated ``down(silu(gate x) * up x)``."""
+ATTENTION_KINDS = ("flash", "explicit")
+"""How attention is computed: fused (the ``s x s`` scores never reach device memory) or
+explicit (the scores are written, soft-maxed and kept for the backward pass)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,14 @@ class ModelConfig:
     the gated MLP of Llama and AuroraGPT (Shazeer 2020, "GLU Variants Improve
     Transformer"), three matrices (gate and up ``h x f``, down ``f x h``) and, as in Llama,
     no biases on them; ``ffn_hidden`` is then the gate/up width (e.g. 28672 for h = 8192)."""
+    attention: str = "flash"
+    """``"flash"``: fused attention that never stores the ``s x s`` score matrix (torch
+    SDPA / FlashAttention, Dao et al. 2022; what the trainer runs by default and what
+    current Megatron and DeepSpeed stacks use). ``"explicit"``: the scores are computed by
+    a GEMM, soft-maxed and kept for the backward pass (Megatron's fused-softmax path
+    before FlashAttention; e.g. the vTrain measurements). It changes memory (the
+    ``5 a s / h`` term of Korthikanti et al. 2022) and time (memory-bound passes over the
+    scores), so the models must know which one a job runs."""
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "hidden", "n_head", "seq_len", "vocab_size"):
@@ -55,6 +66,7 @@ class ModelConfig:
                 raise SpecError("model.n_kv_head", self.n_kv_head,
                                 f"allowed: a divisor of n_head={self.n_head}")
         check_choice("model.mlp", self.mlp, MLP_KINDS)
+        check_choice("model.attention", self.attention, ATTENTION_KINDS)
         if self.hidden % self.n_head:
             raise SpecError("model.n_head", self.n_head,
                             f"allowed: a divisor of hidden={self.hidden}")
@@ -102,7 +114,7 @@ class ModelConfig:
     def from_dict(cls, data: Any, *, section: str = "model") -> ModelConfig:
         """From a mapping: either ``{preset: NAME, ...overrides}`` or explicit dimensions."""
         allowed = {"preset", "n_layer", "hidden", "n_head", "seq_len", "vocab_size",
-                   "ffn_hidden", "n_kv_head", "name", "mlp"}
+                   "ffn_hidden", "n_kv_head", "name", "mlp", "attention"}
         data = dict(check_keys(section, data, allowed))
         preset = data.pop("preset", None)
         try:

@@ -150,7 +150,7 @@ def gemm_time_s(flops: float, peak_flops: float, perf: DevicePerf) -> float:
 
 
 def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
-                         perf: DevicePerf, dtype: str, *, flash_attention: bool) -> float:
+                         perf: DevicePerf, dtype: str) -> float:
     """Forward time of one transformer layer for one micro-batch on one TP rank.
 
     GEMMs (per token: QKV ``2h(h+2kv)/t``, projection ``2h^2/t``, MLP ``2hf/t`` per
@@ -160,8 +160,8 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     bias+dropout+residual: ``11`` tensors of ``s b h``; bias+GeLU reads and writes
     ``f/t`` per token, ``8/t`` of ``s b h`` at ``f = 4h``; SwiGLU's SiLU reads and writes
     ``f/t``, its product reads ``2f/t`` and writes ``f/t``: one more kernel), plus,
-    without fused/flash attention, the score matrix written, soft-maxed and dropped out
-    (~5 passes over ``a s^2 b / t`` elements).
+    with ``model.attention == "explicit"`` (no fused/flash attention), the score matrix
+    written, soft-maxed and dropped out (~5 passes over ``a s^2 b / t`` elements).
     """
     b, s, h, f, t = layout.micro_batch, model.seq_len, model.hidden, model.ffn, layout.tp
     kv = model.kv_heads * model.head_dim
@@ -169,13 +169,14 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     mlp = [2 * tokens * h * f / t] * model.mlp_matrices
     gemms = [2 * tokens * h * (h + 2 * kv) / t, 2 * tokens * h * h / t, *mlp]
     attn = 4 * b * s * s * h / t
-    gemms += [attn / 2, attn / 2] if not flash_attention else [attn]
+    flash = model.attention == "flash"
+    gemms += [attn] if flash else [attn / 2, attn / 2]
     time = sum(gemm_time_s(w, peak_flops, perf) for w in gemms)
     swiglu = model.mlp == "swiglu"
     mlp_elem = (5 if swiglu else 2) * f / t  # per token: elements read + written
     elem_bytes = tokens * (11 * h + mlp_elem) * dtype_bytes(dtype)
     n_elementwise = 7 if swiglu else 6
-    if not flash_attention:
+    if not flash:
         elem_bytes += 5 * model.n_head * s * s * b / t * dtype_bytes(dtype)
         n_elementwise += 2
     time += elem_bytes / (perf.hbm_gbps * 1e9) + n_elementwise * perf.kernel_overhead_s
@@ -361,7 +362,7 @@ class _Stage:
 
 
 def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
-                  dtype: str = "bf16", flash_attention: bool = True) -> StepEstimate:
+                  dtype: str = "bf16") -> StepEstimate:
     """Predicted step time and throughput of ``layout`` on ``cluster`` (pure function)."""
     spec = cluster.device_spec()
     perf = device_perf(spec.name)
@@ -373,7 +374,7 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
 
     # One layer, one micro-batch: forward, backward (2 forwards), recompute forward; its
     # TP all-reduces run on the device stream too. The host dispatches asynchronously.
-    fwd = layer_forward_time_s(model, lay, peak, perf, dtype, flash_attention=flash_attention)
+    fwd = layer_forward_time_s(model, lay, peak, perf, dtype)
     tp_comm = tp_allreduce_time_s(model, lay, spec, link_level(lay.tp, cluster, dpc), dtype)
     device_t = (3.0 + rc) * fwd + tp_comm
     exposed_host = host_exposed_time_s(device_t, host_layer_time_s(lay, perf))

@@ -142,8 +142,7 @@ def model_state_bytes(n_params: int, layout: Layout, dtype: str) -> tuple[int, i
     return int(weights), int(grads), int(optim)
 
 
-def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str, *,
-                           flash_attention: bool = True) -> int:
+def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
     """Activations one transformer layer stores for one micro-batch (no recompute).
 
     Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
@@ -157,7 +156,7 @@ def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str, *,
     for any MLP width as ``4 f / h``. The ``5 a s / h`` term is the attention score
     matrix, softmax output and dropout mask; fused/flash attention (torch SDPA, which our
     trainer uses) never stores them (Dao et al. 2022; only a per-row log-sum-exp,
-    negligible), so it is dropped when ``flash_attention``. For fp32 the 2-byte terms
+    negligible), so it is dropped when ``model.attention == "flash"``. For fp32 the 2-byte terms
     double (the 1-byte dropout masks are a small part: ignored).
 
     SwiGLU (``down(silu(gate x) * up x)``), the same derivation adapted: the MLP input is
@@ -172,13 +171,12 @@ def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str, *,
     scale = dtype_bytes(dtype) / 2
     mlp_tensors = 4 if model.mlp == "swiglu" else 2  # stored s*b*f/t tensors, 2 bytes each
     per = s * b * (h * (10 + 8 / t) + 2 * mlp_tensors * f / t) * scale
-    if not flash_attention:
+    if model.attention == "explicit":
         per += 5 * a * s * s * b / t * scale
     return int(per)
 
 
-def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str, *,
-                     flash_attention: bool = True) -> int:
+def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str) -> int:
     """Activations a ``stage`` stores at its peak, with the 1F1B in-flight count.
 
     Under 1F1B (Narayanan et al. 2021, section 2.2.1) the first stage holds up to
@@ -191,7 +189,7 @@ def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str,
     """
     layers = _stage_layers(model, layout.pp)
     in_flight = min(layout.pp, layout.grad_accum) if stage in ("first", "only") else 1
-    full_layer = layer_activation_bytes(model, layout, dtype, flash_attention=flash_attention)
+    full_layer = layer_activation_bytes(model, layout, dtype)
     if layout.recompute == "full":
         inputs = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
         return layers * in_flight * inputs + full_layer
@@ -260,10 +258,10 @@ class MemoryEstimate:
 
 
 def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
-                    device: str | None, flash_attention: bool) -> MemoryEstimate:
+                    device: str | None) -> MemoryEstimate:
     n = params_per_rank(model, layout, stage)
     w, g, o = model_state_bytes(n, layout, dtype)
-    act = activation_bytes(model, layout, dtype, stage, flash_attention=flash_attention)
+    act = activation_bytes(model, layout, dtype, stage)
     logit = logits_bytes(model, layout, dtype) if stage in ("last", "only") else 0
     buf = buffer_bytes(model, layout, dtype, n) + optimizer_temp_bytes(n, layout)
     rt = runtime_bytes(device)
@@ -277,17 +275,17 @@ def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
 
 
 def estimate_memory(model: ModelConfig, layout: Layout, *, dtype: str = "bf16",
-                    device: str | None = None, flash_attention: bool = True) -> MemoryEstimate:
+                    device: str | None = None) -> MemoryEstimate:
     """Predicted peak memory per device of ``layout`` training ``model``.
 
     ``device`` picks the runtime allowance (``"cpu"`` or an accelerator name);
-    ``flash_attention`` says whether the attention scores are stored (see
+    ``model.attention`` says whether the attention scores are stored (see
     :func:`layer_activation_bytes`).
     """
     if layout.pp == 1:
-        return _stage_estimate(model, layout, dtype, "only", device, flash_attention)
-    first = _stage_estimate(model, layout, dtype, "first", device, flash_attention)
-    last = _stage_estimate(model, layout, dtype, "last", device, flash_attention)
+        return _stage_estimate(model, layout, dtype, "only", device)
+    first = _stage_estimate(model, layout, dtype, "first", device)
+    last = _stage_estimate(model, layout, dtype, "last", device)
     worst = first if first.peak_bytes >= last.peak_bytes else last
     return MemoryEstimate(**{**worst.__dict__,
                              "stage_peak_bytes": (first.peak_bytes, last.peak_bytes)})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -55,13 +56,14 @@ def test_model_states_by_zero_stage(dtype, zero, dp, expected) -> None:
 
 
 def test_layer_activations_korthikanti() -> None:
+    EXPLICIT = replace(M, attention="explicit")
     s, b, h, a = 32, 2, 64, 4
     # 16-bit, no TP, explicit attention: s b h (34 + 5 a s / h)
-    assert mem.layer_activation_bytes(M, lay(), "bf16", flash_attention=False) == int(
+    assert mem.layer_activation_bytes(EXPLICIT, lay(), "bf16") == int(
         s * b * h * (34 + 5 * a * s / h))
     # TP 2: s b h (10 + 24/t + 5 a s / (h t)); flash drops the score term
     t = 2
-    assert mem.layer_activation_bytes(M, lay(tp=t), "bf16", flash_attention=False) == int(
+    assert mem.layer_activation_bytes(EXPLICIT, lay(tp=t), "bf16") == int(
         s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
     assert mem.layer_activation_bytes(M, lay(tp=t), "bf16") == int(s * b * h * (10 + 24 / t))
     assert mem.layer_activation_bytes(M, lay(), "fp32") == int(2 * s * b * h * 34)

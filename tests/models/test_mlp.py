@@ -87,7 +87,7 @@ def test_cost_layer_time_adds_one_gemm_and_the_gating_traffic() -> None:
     tokens, h, f, t = 2 * 1024, 1024, 2816, 2
 
     def fwd(model: ModelConfig) -> float:
-        return cost.layer_forward_time_s(model, layout, peak, perf, "bf16", flash_attention=True)
+        return cost.layer_forward_time_s(model, layout, peak, perf, "bf16")
 
     # one more 2 h f / t GEMM; SiLU + product read/write 5 f/t per token where bias+GELU
     # reads/writes 2 f/t (2 bytes each); one more element-wise kernel

@@ -47,6 +47,7 @@ def trials(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     by_world[1]["recompute"] = spec(recompute="full")
     by_world[1]["odd_ref"] = spec(model=ODD_MODEL)
     by_world[2]["odd_tp2"] = spec(2, 1, 1, model=ODD_MODEL)
+    by_world[2]["explicit_tp2"] = spec(2, 1, 1, model={**TINY_MODEL, "attention": "explicit"})
     by_world[4]["recompute_tp2pp2"] = spec(2, 2, 1, recompute="full")
     by_world[1]["swiglu_ref"] = spec(model=SWIGLU_MODEL)
     for tp, pp, dp, zero in SWIGLU_LAYOUTS:
@@ -80,6 +81,13 @@ def test_recompute_padding_and_gqa_match(trials: dict) -> None:
     assert trials["recompute_tp2pp2"]["losses"] == pytest.approx(trials["ref"]["losses"],
                                                                  rel=1e-4)
     assert trials["odd_tp2"]["losses"] == pytest.approx(trials["odd_ref"]["losses"], rel=1e-4)
+
+
+def test_explicit_attention_matches_fused_attention(trials: dict) -> None:
+    # The score-matrix path (attention: explicit) is the same function as SDPA: a tp2 run
+    # of it trains like the fused single-device reference.
+    assert trials["explicit_tp2"]["status"] == "ok"
+    assert trials["explicit_tp2"]["losses"] == pytest.approx(trials["ref"]["losses"], rel=1e-4)
 
 
 @pytest.mark.parametrize("layout", SWIGLU_LAYOUTS, ids=lambda lay: _name(*lay))

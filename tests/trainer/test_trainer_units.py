@@ -42,6 +42,22 @@ def test_swiglu_block_computes_down_silu_gate_times_up() -> None:
     assert torch.allclose(block.fc2(block._activation(block.fc1(x))), expected, atol=1e-6)
 
 
+def test_explicit_attention_equals_sdpa_forward_and_backward() -> None:
+    from dataclasses import replace
+
+    tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+    losses, grads = [], []
+    for attention in ("flash", "explicit"):
+        model = replace(TINY, attention=attention)
+        gpt = GPT(model, TPContext(), seed=4, recompute=False)
+        loss = LossFn(model, TPContext())(gpt(tokens[:, :-1]), tokens[:, 1:])
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(torch.cat([p.grad.flatten() for p in gpt.parameters()]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
 def test_tp1_loss_is_cross_entropy_and_recompute_changes_nothing() -> None:
     tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
     losses, grads = [], []

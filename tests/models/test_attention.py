@@ -1,0 +1,67 @@
+"""``model.attention``: the config field, and what it changes in the memory and cost models."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+
+import pytest
+
+from autotune.config.cluster import ClusterConfig
+from autotune.config.model import MODEL_PRESETS, ModelConfig
+from autotune.errors import SpecError
+from autotune.landscape import load_landscape
+from autotune.layout import Layout
+from autotune.models import cost
+from autotune.models import memory as mem
+
+M = ModelConfig(n_layer=4, hidden=2048, n_head=16, seq_len=1024, ffn_hidden=8192)
+LAY = Layout(tp=2, pp=1, dp=1, micro_batch=2, grad_accum=2, recompute="none")
+
+
+def test_field_default_validation_and_round_trip() -> None:
+    assert all(m.attention == "flash" for m in MODEL_PRESETS.values())
+    with pytest.raises(SpecError, match=r"model\.attention: got 'sparse'; allowed: one of "
+                                        r"'flash', 'explicit'"):
+        replace(M, attention="sparse")
+    explicit = replace(M, attention="explicit")
+    assert ModelConfig.from_dict(explicit.to_dict()) == explicit
+    assert ModelConfig.from_dict({"preset": "tiny", "attention": "explicit"}).attention \
+        == "explicit"
+
+
+def test_explicit_attention_stores_the_score_matrix() -> None:
+    explicit = replace(M, attention="explicit")
+    s, b, a, t = 1024, 2, 16, 2
+    diff = mem.layer_activation_bytes(explicit, LAY, "bf16") - mem.layer_activation_bytes(
+        M, LAY, "bf16")
+    assert diff == pytest.approx(5 * a * s * s * b / t, abs=1)  # Korthikanti: 5as/h of sbh
+    assert mem.estimate_memory(explicit, LAY).peak_bytes > mem.estimate_memory(M, LAY).peak_bytes
+
+
+def test_explicit_attention_costs_score_passes_and_two_gemms() -> None:
+    perf, peak = cost.device_perf("a100-80gb"), 312e12
+    flash = cost.layer_forward_time_s(M, LAY, peak, perf, "bf16")
+    explicit = cost.layer_forward_time_s(replace(M, attention="explicit"), LAY, peak, perf,
+                                         "bf16")
+    s, b, a, t = 1024, 2, 16, 2
+    attn = 4 * b * s * s * 2048 / t
+    expected = (2 * cost.gemm_time_s(attn / 2, peak, perf) - cost.gemm_time_s(attn, peak, perf)
+                + 5 * a * s * s * b / t * 2 / (perf.hbm_gbps * 1e9)
+                + 2 * perf.kernel_overhead_s)
+    assert explicit - flash == pytest.approx(expected, rel=1e-9)
+    cluster = ClusterConfig(devices_per_node=2, device="a100-80gb")
+    assert (cost.estimate_step(replace(M, attention="explicit"), LAY, cluster).step_time_s
+            > cost.estimate_step(M, LAY, cluster).step_time_s)
+
+
+def test_landscape_formats_set_the_attention_their_runs_used() -> None:
+    vtrain = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
+              "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
+              "iteration time (ms)\n2,8,1,1024,16,24,1024,1,2,1,500\n")
+    [g] = load_landscape(io.StringIO(vtrain))
+    assert g.model.attention == "explicit"  # Megatron's fused softmax, 2022-23
+    [g] = load_landscape(io.StringIO(vtrain), attention="flash")
+    assert g.model.attention == "flash"
+    with pytest.raises(SpecError, match="attention: got 'fused'"):
+        load_landscape(io.StringIO(vtrain), attention="fused")
