@@ -7,6 +7,7 @@ model and the cost model; the planner shows its output and the study runner sear
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from autotune.feasibility import Constraints, Reason
@@ -16,7 +17,7 @@ from autotune.models.memory import estimate_memory
 from autotune.space import enumerate_layouts
 from autotune.spec import StudySpec
 
-__all__ = ["Candidate", "rank_candidates", "partition_space"]
+__all__ = ["Candidate", "rank_candidates", "rank_layouts", "partition_space"]
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,14 @@ def partition_space(spec: StudySpec, constraints: Constraints | None = None,
 def rank_candidates(spec: StudySpec, constraints: Constraints | None = None) -> list[Candidate]:
     """Feasible layouts, best predicted throughput first (ties: fewer devices per model)."""
     feasible, _ = partition_space(spec, constraints)
+    return rank_layouts(spec, feasible)
+
+
+def rank_layouts(spec: StudySpec, layouts: Iterable[Layout]) -> list[Candidate]:
+    """``layouts`` with their predictions, best predicted throughput first (ties: fewer
+    devices per model, then layout order)."""
     out = []
-    for layout in feasible:
+    for layout in layouts:
         step = estimate_step(spec.model, layout, spec.cluster, dtype=spec.training.dtype)
         mem = estimate_memory(spec.model, layout, dtype=spec.training.dtype,
                               device=spec.cluster.device)

@@ -73,8 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = spec.with_storage_url(args.storage)
     if args.n_trials:
         spec = replace(spec, search=replace(spec.search, n_trials=args.n_trials))
+    launchers = make_launchers(spec)  # first: a bad launcher section touches no database
     storage = open_storage(spec.storage)
-    launchers = make_launchers(spec)
     n = spec.search.n_trials
     progress = Progress(total=n, enabled=not args.quiet)
     progress.message(f"study {spec.name!r}: {spec.model.name} ({spec.model.n_params() / 1e6:.1f}M "
@@ -87,6 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print_trials(summary.trials)
     stop_msg = {"budget": f"budget of {n} trials reached",
                 "exhausted": "every promising layout was measured",
+                "strategy": f"search stopped: {summary.stop_reason}",
                 "timeout": "wall-time budget reached (run again to continue)",
                 "interrupt": "interrupted: the running trial was killed and will be retried",
                 "sigterm": "stopped by SIGTERM: the running trial will be retried"}
@@ -133,8 +134,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"no studies in {storage.masked_url}")
         return EXIT_OK
     rows = []
-    for n in names:
-        st = study_status(load_existing_study(storage, n))
+    statuses = [study_status(load_existing_study(storage, n)) for n in names]
+    for st in statuses:
         best = st.best
         rows.append([st.name, st.by_outcome.get("complete", 0), st.by_outcome.get("oom", 0),
                      st.by_outcome.get("infeasible", 0),
@@ -145,6 +146,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                      best.value if best else None])
     print(format_table(["study", "complete", "oom", "infeasible", "failed", "interrupted",
                         "running", "waiting", "best layout", "best TFLOPS/dev"], rows))
+    for st in statuses:
+        if st.search_stop:
+            print(f"{st.name}: search stopped: {st.search_stop}")
     return EXIT_OK
 
 

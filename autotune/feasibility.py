@@ -18,7 +18,7 @@ factor); an empty list means feasible.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
@@ -154,8 +154,10 @@ class Constraints:
 
     world_size: int
     global_batch: int
-    placement: Placement
-    memory: MemoryBudget
+    placement: Placement | None
+    """TP placement rules; ``None`` for a replayed table (it holds what ran)."""
+    memory: MemoryBudget | None
+    """The memory rule; ``None`` for a replayed table (it answers OOMs itself)."""
 
     @classmethod
     def from_configs(cls, cluster: ClusterConfig, training: TrainingConfig,
@@ -172,6 +174,12 @@ class Constraints:
                                 margin=trial.memory_margin, dtype=training.dtype,
                                 device=cluster.device),
         )
+
+    def structural_only(self) -> Constraints:
+        """These constraints without the placement and memory rules: what a replayed table
+        needs, since its rows say themselves what ran, what ran out of memory and what is
+        no candidate at all (:class:`autotune.launchers.replay.ReplayLauncher`)."""
+        return replace(self, placement=None, memory=None)
 
     def check(self, layout: Layout, model: ModelConfig) -> list[Reason]:
         """:func:`check_layout` under these constraints."""

@@ -98,7 +98,7 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
         study=spec.name, model=spec.model.name, world_size=spec.world_size,
         global_batch=spec.training.global_batch, device=device, dtype=dtype,
         n_layouts=len(feasible) + len(excluded), n_feasible=len(feasible),
-        memory_capacity_bytes=constraints.memory.capacity_bytes, rows=rows,
+        memory_capacity_bytes=spec.cluster.device_spec().memory_bytes, rows=rows,
         excluded=exclusions)
 
 

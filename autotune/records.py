@@ -1,4 +1,5 @@
-"""What is stored about one trial execution: a ``measurements`` row and trial user attrs.
+"""What is stored about one trial execution: a ``measurements`` row and trial user attrs;
+and about a study: why its search stopped early.
 
 Both are built here from the same facts so the table, the dashboard and the reports
 agree. User attributes are what optuna-dashboard shows next to each trial.
@@ -15,9 +16,13 @@ from autotune.layout import Layout
 from autotune.outcome import Outcome
 from autotune.trial import TrialResult
 
-__all__ = ["TrialFacts", "measurement_row", "user_attrs"]
+__all__ = ["TrialFacts", "measurement_row", "user_attrs", "SEARCH_STOP_ATTR",
+           "search_stop_record", "search_stop_line"]
 
 GiB = 2**30
+SEARCH_STOP_ATTR = "search_stop"
+"""Study user attribute: why the strategy last stopped before the budget (a dict from
+:func:`search_stop_record`), or ``None`` once a later proposal was made."""
 
 
 @dataclass(frozen=True)
@@ -110,3 +115,22 @@ def user_attrs(facts: TrialFacts) -> dict[str, Any]:
         if res.versions:
             attrs["versions"] = res.versions
     return attrs
+
+
+def search_stop_record(reason: str, *, judged: int, strategy: str,
+                       min_improvement: float | None, worker: str,
+                       at: datetime) -> dict[str, Any]:
+    """The study's :data:`SEARCH_STOP_ATTR`: the reason, the finished trials it was
+    decided on and the threshold, so that a later reader knows what it holds for."""
+    return {"reason": reason, "judged": judged, "strategy": strategy,
+            "min_improvement": min_improvement, "worker": worker,
+            "at": at.isoformat(timespec="seconds")}
+
+
+def search_stop_line(record: Any) -> str | None:
+    """A :func:`search_stop_record` as one line; ``None`` when there is none."""
+    if not isinstance(record, dict) or not record.get("reason"):
+        return None
+    threshold = record.get("min_improvement")
+    return str(record["reason"]) + (f" (search.min_improvement {threshold:g})"
+                                    if isinstance(threshold, (int, float)) else "")

@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UsageError
 from autotune.layout import Layout
+from autotune.records import SEARCH_STOP_ATTR, search_stop_line
 from autotune.storage.db import Storage
 
 __all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "best_layout",
@@ -30,6 +31,8 @@ class StudyStatus:
     best: FrozenTrial | None
     running: list[FrozenTrial] = field(default_factory=list)
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    search_stop: str | None = None
+    """Why the search strategy stopped before the budget, if it last did (issue #5)."""
 
 
 def list_studies(storage: Storage) -> list[str]:
@@ -69,4 +72,5 @@ def study_status(study: optuna.Study) -> StudyStatus:
         best=best_trial(study),
         running=[t for t in trials if t.state == TrialState.RUNNING],
         fingerprint=study.user_attrs.get("fingerprint", {}),
+        search_stop=search_stop_line(study.user_attrs.get(SEARCH_STOP_ATTR)),
     )

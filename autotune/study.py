@@ -14,7 +14,11 @@ trial here is an external process whose interruption must be handled precisely:
   a trial that the next run's :func:`optuna.storages.fail_stale_trials` fails, and
   :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` re-enqueues its layout;
 * Ctrl-C or SIGTERM cancels the launcher (the trial's whole process group dies), the
-  trial is failed as ``interrupted`` and re-enqueued, and the database stays consistent.
+  trial is failed as ``interrupted`` and re-enqueued, and the database stays consistent;
+* a strategy that stops early (``search.min_improvement``) ends this worker's run; its
+  reason is stored as the study's ``search_stop`` user attribute (``autotune status``
+  shows it) and cleared when a later proposal is made. The decision is a function of the
+  history alone, so a resumed run reaches it again at once.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.candidates import Candidate, rank_candidates
+from autotune.candidates import Candidate, rank_candidates, rank_layouts
 from autotune.errors import UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.launchers.base import Launcher, TrialPaths
@@ -41,7 +45,13 @@ from autotune.layout import Layout
 from autotune.lifecycle import StopSignals, heartbeat
 from autotune.outcome import Outcome, classify, infeasible
 from autotune.progress import Progress
-from autotune.records import TrialFacts, measurement_row, user_attrs
+from autotune.records import (
+    SEARCH_STOP_ATTR,
+    TrialFacts,
+    measurement_row,
+    search_stop_record,
+    user_attrs,
+)
 from autotune.results import best_trial
 from autotune.search import Observation, dominated_by_oom, make_strategy
 from autotune.spec import StudySpec
@@ -61,7 +71,11 @@ class RunSummary:
     """Trials this worker launched."""
     infeasible: int = 0
     stopped_by: str = "budget"
-    """``budget``, ``timeout``, ``exhausted``, ``interrupt`` or ``sigterm``."""
+    """``budget``, ``timeout``, ``exhausted``, ``strategy`` (it stopped early: see
+    ``stop_reason``), ``interrupt`` or ``sigterm``."""
+    stop_reason: str | None = None
+    """With ``strategy``: the strategy's reason, e.g. ``expected improvement 0.31% < 1%
+    after 6 trials (14 layouts untried)``."""
     best: FrozenTrial | None = None
     trials: list[FrozenTrial] = field(default_factory=list)
 
@@ -97,8 +111,10 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
             study = optuna.load_study(study_name=spec.name, storage=storage.optuna)
     existing = study.user_attrs.get("fingerprint")
     if isinstance(existing, dict) and isinstance(existing.get("model"), dict):
-        # Studies created before ModelConfig had ``mlp`` ran the (then only) GELU MLP.
-        existing = {**existing, "model": {"mlp": "gelu", **existing["model"]}}
+        # Studies created before ModelConfig had ``mlp`` / ``attention`` ran the (then
+        # only) GELU MLP and SDPA attention.
+        existing = {**existing, "model": {"mlp": "gelu", "attention": "flash",
+                                          **existing["model"]}}
     if existing is None and create:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -164,7 +180,16 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
          progress: Progress | None) -> RunSummary:
     n_trials = n_trials or spec.search.n_trials
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial)
-    candidates = rank_candidates(spec, constraints)
+    table = launchers[0].fixed_layouts()
+    if table is None:
+        candidates = rank_candidates(spec, constraints)
+    else:
+        # A replayed table is the space: its rows say what ran and what ran out of memory,
+        # so only the structural rules apply (the study's axes, placement and memory
+        # model would hide rows that were measured).
+        constraints = constraints.structural_only()
+        candidates = rank_layouts(spec, [lay for lay in table
+                                         if not constraints.check(lay, spec.model)])
     if not candidates:
         raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")
@@ -196,11 +221,11 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
         if errors:
             raise errors[0]
     summaries = [w.summary for w in workers]
+    ended = next((s for s in summaries if s.stopped_by in ("interrupt", "sigterm")),
+                 summaries[0])
     return RunSummary(measured=sum(s.measured for s in summaries),
                       infeasible=sum(s.infeasible for s in summaries),
-                      stopped_by=next((s.stopped_by for s in summaries
-                                       if s.stopped_by in ("interrupt", "sigterm")),
-                                      summaries[0].stopped_by),
+                      stopped_by=ended.stopped_by, stop_reason=ended.stop_reason,
                       best=best_trial(study), trials=study.get_trials(deepcopy=False))
 
 
@@ -218,7 +243,8 @@ class _Worker:
         self.strategy = make_strategy(
             spec.search.strategy, seed=spec.search.seed,
             predict=lambda lay: self.by_key[lay.key()].predicted_tflops
-            if lay.key() in self.by_key else 0.0)
+            if lay.key() in self.by_key else 0.0,
+            min_improvement=spec.search.min_improvement)
         self.name_suffix = name_suffix
         self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
         self.run_cfg = RunConfig(warmup_steps=spec.trial.warmup_steps,
@@ -276,8 +302,19 @@ class _Worker:
             return "budget"
         proposal = self.strategy.propose([c.layout for c in self.candidates],
                                          _history(self.study, claimed))
+        stop = self.strategy.stop
+        if proposal is None and stop is not None:
+            self.summary.stop_reason = stop.reason
+            self.study.set_user_attr(SEARCH_STOP_ATTR, search_stop_record(
+                stop.reason, judged=stop.judged, strategy=self.strategy.name,
+                min_improvement=self.spec.search.min_improvement, worker=self.name,
+                at=_utcnow()))
+            return "strategy"
         if proposal is None:
             return "exhausted"
+        if self.study.user_attrs.get(SEARCH_STOP_ATTR) is not None:
+            # An earlier stop no longer holds (another threshold, or new measurements).
+            self.study.set_user_attr(SEARCH_STOP_ATTR, None)
         self.study.enqueue_trial({a: getattr(proposal, a) for a in AXES})
         return None
 

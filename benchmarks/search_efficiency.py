@@ -17,6 +17,12 @@ strategies). The random strategy is checked against its analytic expectation
 ``--json`` writes the format of ``shared/CONTRACTS.md`` (extended: quartiles, mean trials,
 speed-up = analytic random mean / strategy mean, the analytic random expectation). Runs in
 minutes on 2 cores (tpe and gp get ``--optuna-repeats`` seeds: Optuna's GP refits per ask).
+
+``--min-improvement X`` (repeatable) also replays the default strategy with the early stop
+of ``search.min_improvement = X`` (issue #5), and once without it, each until it stops or
+``--budget`` trials are spent: per group the trials spent, whether the best measured by
+then is within ``--tolerance`` of the group's best (success) and the regret
+``1 - best found / group best``; summarised over groups (JSON key ``early_stop``).
 """
 
 from __future__ import annotations
@@ -25,21 +31,26 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autotune.config.model import ATTENTION_KINDS
 from autotune.landscape import LandscapeGroup, load_landscape
 from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
 from autotune.search import (
+    PARAM_AXES,
     STRATEGIES,
     Observation,
+    Predictor,
     Strategy,
     cost_model_predictor,
     make_strategy,
@@ -78,31 +89,51 @@ def random_success_probability(n: int, k: int, budget: int) -> float:
     return 1.0 - math.comb(n - k, budget) / math.comb(n, budget)
 
 
-def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float) -> int | None:
-    """Replay a study: trials until a layout within ``tolerance`` of the best is measured,
-    ``None`` if the strategy stops first. Raises if it proposes a non-candidate or a repeat.
-    """
+def replay(strategy: Strategy, group: LandscapeGroup) -> Iterator[Observation]:
+    """Replay a study: each layout the strategy proposes, measured from the table, in order,
+    until it proposes nothing (then ``strategy.stop`` says whether it stopped early).
+    Raises if it proposes a non-candidate or a repeat."""
     launcher = ReplayLauncher(group)
     candidates = candidates_of(group)
-    threshold = threshold_of(group, tolerance)
     history: list[Observation] = []
-    seen: set[Layout] = set()
-    for n in range(1, len(candidates) + 1):
-        lay = strategy.propose(candidates, history)
-        if lay is None:
-            return None
-        if lay in seen:
+    while (lay := strategy.propose(candidates, history)) is not None:
+        if lay in {o.layout for o in history}:
             raise RuntimeError(f"{strategy.name} proposed {lay} twice")
-        seen.add(lay)
         res = launcher.result_for(lay)  # LaunchError if not a candidate
         if res.status == "ok":
-            value = res.model_tflops_per_device
-            history.append(Observation(lay, "ok", value))
-            if value is not None and value >= threshold:
-                return n
+            obs = Observation(lay, "ok", res.model_tflops_per_device)
         else:
-            history.append(Observation(lay, "oom" if res.status == "oom" else "error"))
+            obs = Observation(lay, "oom" if res.status == "oom" else "error")
+        history.append(obs)
+        yield obs
+
+
+def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float) -> int | None:
+    """Trials until a layout within ``tolerance`` of the best is measured, ``None`` if the
+    strategy stops first."""
+    threshold = threshold_of(group, tolerance)
+    for n, obs in enumerate(replay(strategy, group), start=1):
+        if obs.value is not None and obs.value >= threshold:
+            return n
     return None
+
+
+def until_stop(strategy: Strategy, group: LandscapeGroup, budget: int, tolerance: float
+               ) -> dict[str, float | int | bool | None]:
+    """Replay until the strategy stops (or runs out of layouts) or ``budget`` trials are
+    spent: the trials spent, whether it stopped early, whether the best measured by then is
+    within ``tolerance`` of the group's best, and the regret ``1 - best / group best``."""
+    best, trials = 0.0, 0
+    for obs in replay(strategy, group):
+        trials += 1
+        best = max(best, obs.value or 0.0)
+        if trials >= budget:
+            break
+    top = group.best().model_tflops_per_device or 0.0
+    return {"min_improvement": getattr(strategy, "min_improvement", None), "trials": trials,
+            "stopped": strategy.stop is not None and trials < budget,
+            "success": best >= threshold_of(group, tolerance),
+            "regret": 1.0 - best / top if top > 0 else None}
 
 
 @dataclass
@@ -111,12 +142,75 @@ class Task:
     strategy: str
     seeds: list[int]
     tolerance: float
+    cost_model_error: float = 0.0
+    """Sd of the per-axis-value error put on the cost model (0: the real one); seed ``i``
+    then also draws the error ``i``, the same for every strategy."""
 
 
 def run_task(task: Task) -> list[int | None]:
-    predict = cost_model_predictor(task.group.model, task.group.cluster, dtype=task.group.dtype)
-    return [trials_to_hit(make_strategy(task.strategy, seed=seed, predict=predict), task.group,
-                          task.tolerance) for seed in task.seeds]
+    g = task.group
+    predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype)
+    out = []
+    for seed in task.seeds:
+        pred = (perturbed(predict, candidates_of(g), task.cost_model_error, f"{g.name}/{seed}")
+                if task.cost_model_error > 0 else predict)
+        out.append(trials_to_hit(make_strategy(task.strategy, seed=seed, predict=pred), g,
+                                 task.tolerance))
+    return out
+
+
+Run = dict[str, float | int | bool | None]
+"""One early-stop replay: draw, min_improvement, trials, stopped, success, regret."""
+
+
+@dataclass
+class EarlyStopTask:
+    group: LandscapeGroup
+    min_improvements: list[float | None]
+    """``None``: the default strategy without the stop (the baseline at the budget)."""
+    budget: int
+    tolerance: float
+    cost_model_error: float = 0.0
+    """Sd of a log-normal error per axis value put on the cost model (0: the real one)."""
+    draws: int = 1
+
+
+def perturbed(predict: Predictor, layouts: list[Layout], sd: float, seed: str) -> Predictor:
+    """``predict`` times ``exp(N(0, sd^2))`` per axis value (tp=4, recompute=full, ...):
+    a cost model that is wrong about whole axes, as real ones are (docs/models.md)."""
+    rng = random.Random(seed)  # a str seed hashes the same in every process
+    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in PARAM_AXES
+              for v in sorted({getattr(lay, a) for lay in layouts}, key=str)}
+    return lambda lay: predict(lay) * math.prod(factor[a, getattr(lay, a)]
+                                                 for a in PARAM_AXES)
+
+
+def run_early_stop(task: EarlyStopTask) -> list[Run]:
+    g = task.group
+    predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype)
+    runs = []
+    for draw in range(task.draws):
+        pred = (perturbed(predict, candidates_of(g), task.cost_model_error, f"{g.name}/{draw}")
+                if task.cost_model_error > 0 else predict)
+        runs += [{"draw": draw, **until_stop(make_strategy("default", seed=0, predict=pred,
+                                                           min_improvement=m),
+                                             g, task.budget, task.tolerance)}
+                 for m in task.min_improvements]
+    return runs
+
+
+def summarize_early_stop(runs: list[Run]) -> dict[str, float | None]:
+    """Over runs (groups x draws): trials spent (mean, median, max), the fraction stopped
+    before the budget, the success rate and the regret (mean, max)."""
+    trials = [float(r["trials"] or 0) for r in runs]
+    regrets = [float(r["regret"]) for r in runs if r["regret"] is not None]
+    return {"mean_trials": statistics.fmean(trials) if trials else None,
+            "median_trials": statistics.median(trials) if trials else None,
+            "max_trials": max(trials) if trials else None,
+            "stopped_rate": statistics.fmean(bool(r["stopped"]) for r in runs) if runs else None,
+            "success_rate": statistics.fmean(bool(r["success"]) for r in runs) if runs else None,
+            "mean_regret": statistics.fmean(regrets) if regrets else None,
+            "max_regret": max(regrets) if regrets else None}
 
 
 def summarize(trials: list[int | None], budget: int) -> dict[str, float | None]:
@@ -146,7 +240,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-layouts", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", default=None, help="write the summary here")
+    ap.add_argument("--min-improvement", type=float, action="append", default=[],
+                    metavar="X", help="also replay 'default' with search.min_improvement X "
+                    "until it stops or the budget is spent (repeatable)")
+    ap.add_argument("--cost-model-error", type=float, default=0.0, metavar="SD",
+                    help="a deliberately wrong cost model: a log-normal error of this sd per "
+                    "axis value (0.2: ~20%%), for every strategy and the early-stop replays")
+    ap.add_argument("--error-draws", type=int, default=3,
+                    help="draws of that error per group (with --cost-model-error; the "
+                    "cost-model strategies then run once per draw)")
+    ap.add_argument("--attention", choices=ATTENTION_KINDS, default=None,
+                    help="override the file's attention kind (default: vTrain explicit, "
+                    "Aurora flash)")
     args = ap.parse_args(argv)
+    for m in args.min_improvement:
+        if not 0.0 <= m < 1.0:
+            ap.error(f"--min-improvement: got {m}; allowed: a fraction >= 0 and < 1")
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for s in strategies:
@@ -156,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.landscape:
         loaded = load_landscape(path, hardware=args.hardware,
                                 devices_per_node=args.devices_per_node,
-                                vocab_size=args.vocab_size)
+                                vocab_size=args.vocab_size, attention=args.attention)
         usable = [g for g in loaded if len(g.measurements) >= args.min_layouts and g.ok()]
         print(f"{path}: {len(loaded)} groups, {len(usable)} with >= {args.min_layouts} "
               "layouts", file=sys.stderr)
@@ -166,16 +275,31 @@ def main(argv: list[str] | None = None) -> int:
 
     def seeds(strategy: str) -> list[int]:
         if strategy in DETERMINISTIC:
-            return [0]
+            uses_model = strategy != "grid"
+            return list(range(args.error_draws if uses_model and args.cost_model_error > 0
+                              else 1))
         return list(range(args.optuna_repeats if strategy in ("tpe", "gp") else args.repeats))
 
-    tasks = [Task(g, s, seeds(s), args.tolerance) for g in groups for s in strategies]
+    tasks = [Task(g, s, seeds(s), args.tolerance, args.cost_model_error)
+             for g in groups for s in strategies]
     started = time.monotonic()
     if args.jobs > 1 and len(tasks) > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
             results = list(pool.map(run_task, tasks, chunksize=1))
     else:
         results = [run_task(t) for t in tasks]
+
+    early: list[list[Run]] = []
+    stops: list[float | None] = [None, *sorted(set(args.min_improvement))]
+    if args.min_improvement:
+        draws = args.error_draws if args.cost_model_error > 0 else 1
+        early_tasks = [EarlyStopTask(g, stops, args.budget, args.tolerance,
+                                     args.cost_model_error, draws) for g in groups]
+        if args.jobs > 1 and len(early_tasks) > 1:
+            with ProcessPoolExecutor(args.jobs) as pool:
+                early = list(pool.map(run_early_stop, early_tasks, chunksize=1))
+        else:
+            early = [run_early_stop(t) for t in early_tasks]
     elapsed = time.monotonic() - started
 
     per_group: dict[str, dict[str, list[int | None]]] = {}
@@ -233,12 +357,59 @@ def main(argv: list[str] | None = None) -> int:
               f"{_fmt(r['q3_trials']):>5s} {_fmt(r['max_group_median_trials']):>6s} "
               f"{_fmt(r.get('mean_trials')):>5s} "
               f"{r['success_rate'] or 0:8.1%} {_fmt(r.get('speedup_vs_random')):>9s}")
+    early_summary = []
+    if early:
+        for entry, runs in zip(out_groups, early, strict=True):
+            entry["early_stop"] = runs
+        early_summary = [{"min_improvement": m, "cost_model_error": args.cost_model_error,
+                          **summarize_early_stop([r for runs in early for r in runs
+                                                  if r["min_improvement"] == m])}
+                         for m in stops]
+        _print_early_stop(groups, stops, early, early_summary, args.budget, args.tolerance,
+                          args.cost_model_error)
     if args.json:
         doc = {"tolerance": args.tolerance, "budget": args.budget, "repeats": args.repeats,
                "min_layouts": args.min_layouts, "landscapes": args.landscape,
                "strategies": summary, "groups": out_groups}
+        if early_summary:
+            doc["early_stop"] = early_summary
         Path(args.json).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     return 0
+
+
+def _print_early_stop(groups: list[LandscapeGroup], stops: list[float | None],
+                      early: list[list[Run]], summary: list[dict[str, float | None]],
+                      budget: int, tolerance: float, error: float) -> None:
+    """Per group and threshold: mean trials spent (``*``: every draw stopped before the
+    budget) and the largest regret; then the summary over groups (and draws)."""
+    names = ["off" if m is None else f"{m:.2%}" for m in stops]
+    noise = f", cost model error sd {error:g}" if error > 0 else ""
+    print(f"\nearly stop of 'default' (trials spent, * = stopped before the budget {budget};"
+          f" regret = 1 - best found / group best{noise}):")
+    print(f"{'group':44s}" + "".join(f" {n:>15s}" for n in names))
+    for g, runs in zip(groups, early, strict=True):
+        cells = ""
+        for m in stops:
+            mine = [r for r in runs if r["min_improvement"] == m]
+            trials = statistics.fmean(float(r["trials"] or 0) for r in mine)
+            star = "*" if all(r["stopped"] for r in mine) else " "
+            regret = max((float(r["regret"]) for r in mine if r["regret"] is not None),
+                         default=None)
+            cells += f" {trials:>5.1f}{star} {_pct(regret):>8s}"
+        print(f"{g.name[:44]:44s}{cells}")
+    print(f"\nearly stop over {len(groups)} groups (tolerance {tolerance:.0%}, budget {budget}"
+          f"{noise}):")
+    print(f"{'min_improvement':16s} {'trials mean':>11s} {'median':>7s} {'max':>4s} "
+          f"{'stopped':>8s} {'success':>8s} {'regret mean':>12s} {'max':>7s}")
+    for name, r in zip(names, summary, strict=True):
+        print(f"{name:16s} {_fmt(r['mean_trials']):>11s} {_fmt(r['median_trials']):>7s} "
+              f"{_fmt(r['max_trials']):>4s} {r['stopped_rate'] or 0:8.1%} "
+              f"{r['success_rate'] or 0:8.1%} {_pct(r['mean_regret']):>12s} "
+              f"{_pct(r['max_regret']):>7s}")
+
+
+def _pct(x: float | int | bool | None) -> str:
+    return "-" if x is None else f"{float(x):.2%}"
 
 
 def _inf(x: float | None) -> float:

@@ -53,8 +53,11 @@ def run(args: argparse.Namespace) -> int:
         from autotune.spec import load_study
 
         study = load_study(args.study)
-        met = jobs.budget_met(args.storage, study.name, args.n_trials)
-        print(f"{study.name}: budget {'met' if met else 'not met'} ({args.n_trials} trials)")
+        met = jobs.budget_met(args.storage, study.name, args.n_trials,
+                              study.search.min_improvement)
+        print(f"{study.name}: {'done' if met else 'not done'} (budget {args.n_trials} trials"
+              + (f", search.min_improvement {study.search.min_improvement:g})"
+                 if study.search.min_improvement is not None else ")"))
         return 0 if met else EXIT_BUDGET_OPEN
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)

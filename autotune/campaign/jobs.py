@@ -25,6 +25,7 @@ from autotune.campaign.config import SQLITE_WARNING, CampaignSpec, CampaignStudy
 from autotune.campaign.render import CampaignPaths, Commands, write_script, write_study
 from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, LaunchError, StorageError
+from autotune.records import SEARCH_STOP_ATTR
 
 __all__ = ["SlurmCli", "StudyProgress", "StudyStatus", "submit", "status", "study_progress",
            "budget_met", "load_state", "format_status"]
@@ -120,6 +121,19 @@ class StudyProgress:
     best_value: float | None = None
     best_params: dict[str, Any] = field(default_factory=dict)
     exists: bool = False
+    search_stop: dict[str, Any] | None = None
+    """The study's recorded early stop (:data:`autotune.records.SEARCH_STOP_ATTR`)."""
+
+    def done(self, n_trials: int, min_improvement: float | None) -> bool:
+        """The runner's own stop rules: ``n_trials`` layouts claimed and none waiting
+        (retry), or a strategy stop that still holds: recorded at a threshold no higher
+        than the study's current ``search.min_improvement`` (EI below it is below this
+        one too), with nothing running or waiting that could change the history."""
+        if self.claimed >= n_trials and self.waiting == 0:
+            return True
+        recorded = (self.search_stop or {}).get("min_improvement")
+        return (min_improvement is not None and isinstance(recorded, (int, float))
+                and recorded <= min_improvement and self.running == 0 and self.waiting == 0)
 
 
 def study_progress(url: str, study: str) -> StudyProgress:
@@ -137,6 +151,8 @@ def study_progress(url: str, study: str) -> StudyProgress:
         except KeyError:
             return prog
         prog.exists = True
+        stop = s.user_attrs.get(SEARCH_STOP_ATTR)
+        prog.search_stop = stop if isinstance(stop, dict) else None
         trials = s.get_trials(deepcopy=False)
         prog.complete = sum(t.state == TrialState.COMPLETE for t in trials)
         prog.running = sum(t.state == TrialState.RUNNING for t in trials)
@@ -150,10 +166,10 @@ def study_progress(url: str, study: str) -> StudyProgress:
         storage.close()
 
 
-def budget_met(url: str, study: str, n_trials: int) -> bool:
-    """The runner's own stop rule: ``n_trials`` layouts claimed and none waiting (retry)."""
-    prog = study_progress(url, study)
-    return prog.claimed >= n_trials and prog.waiting == 0
+def budget_met(url: str, study: str, n_trials: int,
+               min_improvement: float | None = None) -> bool:
+    """Whether the study is done (:meth:`StudyProgress.done`): budget, or a search stop."""
+    return study_progress(url, study).done(n_trials, min_improvement)
 
 
 # -- submit and status --------------------------------------------------------------------
@@ -224,7 +240,7 @@ def _met(campaign: CampaignSpec, study: CampaignStudy, st: StudyStatus) -> bool:
     except (StorageError, AutotuneError) as err:
         st.error = str(err)
         return False
-    return st.progress.claimed >= study.n_trials and st.progress.waiting == 0
+    return st.progress.done(study.n_trials, study.spec.search.min_improvement)
 
 
 def status(campaign: CampaignSpec, *, slurm: SlurmCli | None = None) -> list[StudyStatus]:

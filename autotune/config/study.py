@@ -14,7 +14,7 @@ from autotune.errors import SpecError
 from autotune.layout import RECOMPUTE_CHOICES, ZERO_STAGES
 
 __all__ = ["TrainingConfig", "SearchConfig", "TrialConfig", "StorageConfig",
-           "STRATEGIES", "AUTO"]
+           "STRATEGIES", "AUTO", "check_min_improvement"]
 
 AUTO = "auto"
 STRATEGIES: tuple[str, ...] = ("default", "cost-model-only", "tpe", "gp", "random", "grid")
@@ -31,6 +31,20 @@ def _int_list(field_name: str, value: Any, *, minimum: int = 1,
         raise SpecError(field_name, value, f"allowed: {allowed}a non-empty list of integers")
     return tuple(sorted({check_int(f"{field_name}[{i}]", v, minimum=minimum)
                          for i, v in enumerate(value)}))
+
+
+def check_min_improvement(value: Any, strategy: str) -> float:
+    """``search.min_improvement`` (not null): a fraction in [0, 1), for ``default`` only."""
+    allowed = "allowed: null (off) or a fraction >= 0 and < 1 (0.01 = 1%)"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError("search.min_improvement", value, allowed)
+    if not 0.0 <= value < 1.0:
+        raise SpecError("search.min_improvement", value, allowed)
+    if strategy != "default":
+        raise SpecError("search.min_improvement", value,
+                        f"allowed: null with strategy {strategy!r} (only 'default' estimates "
+                        "the expected improvement it is compared with)")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,17 @@ class SearchConfig:
     """How layouts are proposed; see ``docs/search.md``."""
     n_trials: int = 10
     """Measured trials to run (the budget); infeasible proposals do not count."""
+    min_improvement: float | None = None
+    """Stop before the budget once the largest expected relative improvement over the best
+    measured throughput, among the untried layouts, is below this fraction (0.01 = 1%;
+    issue #5). ``default`` strategy only (the others estimate no expected improvement: an
+    error, not a silently ignored setting); never before its seed trials nor without a
+    measured value. Off (``null``) by default: the budget is the user's, and the
+    expectation is only as good as the cost model. On the vTrain landscapes 0.01 spends
+    27% fewer trials of a 10-trial budget at no loss with the real cost model, but with
+    the cost model ~20% wrong per axis value it misses a near-best layout in 8% of the
+    runs where the full budget finds one (docs/search.md). Worth setting where the cost
+    model is known to rank the system well and trials are expensive."""
     timeout_s: float | None = None
     """Wall-time budget for the whole run, in seconds."""
     seed: int = 0
@@ -88,6 +113,8 @@ class SearchConfig:
             check_choice(f"search.recompute[{i}]", r, RECOMPUTE_CHOICES)
         check_choice("search.strategy", self.strategy, STRATEGIES)
         check_int("search.n_trials", self.n_trials)
+        if self.min_improvement is not None:
+            check_min_improvement(self.min_improvement, self.strategy)
         check_int("search.seed", self.seed, minimum=0)
         if self.timeout_s is not None:
             check_float("search.timeout_s", self.timeout_s, strict=True)

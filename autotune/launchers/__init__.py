@@ -25,7 +25,7 @@ def make_launcher(spec: StudySpec) -> Launcher:
         return SlurmLauncher.for_study(spec)
     from autotune.launchers.replay import ReplayLauncher
 
-    return ReplayLauncher.for_study(spec)  # type: ignore[attr-defined]
+    return ReplayLauncher.for_study(spec)
 
 
 def make_launchers(spec: StudySpec) -> list[Launcher]:

@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 
 from autotune.atomic import write_json_atomic
 from autotune.errors import SpecError
+from autotune.layout import Layout
 from autotune.trial import TrialResult, TrialSpec, read_result
 
 __all__ = ["Launcher", "LaunchReport", "TrialPaths", "tail"]
@@ -133,6 +134,14 @@ class Launcher(ABC):
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
+
+    def fixed_layouts(self) -> tuple[Layout, ...] | None:
+        """The only layouts this launcher can measure, or ``None`` for any.
+
+        A replayed table answers for its own rows only: the study then searches exactly
+        those (:func:`autotune.study.run_study`) instead of the study file's space.
+        """
+        return None
 
     def run(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> LaunchReport:
         """Run one trial to its end (template method; see the contract above)."""

@@ -23,16 +23,20 @@ names the layout and the group (a search over a landscape must propose its layou
 from __future__ import annotations
 
 import math
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.errors import LaunchError, SpecError
-from autotune.landscape import LandscapeGroup, Measurement, merge_duplicates
+from autotune.landscape import LandscapeGroup, Measurement, load_landscape, merge_duplicates
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.trial import TrialResult, TrialSpec
+
+if TYPE_CHECKING:
+    from autotune.spec import StudySpec
 
 __all__ = ["ReplayLauncher", "group_from_frame", "FRAME_COLUMNS"]
 
@@ -51,6 +55,57 @@ class ReplayLauncher(Launcher):
         super().__init__()
         self.group = group
         self._by_layout = {m.layout: m for m in group.measurements}
+
+    @classmethod
+    def for_study(cls, spec: StudySpec) -> ReplayLauncher:
+        """The launcher of a study file with ``launcher.kind: replay``.
+
+        Reads ``launcher.replay.landscape`` (relative paths: from the study file's folder
+        when not found from the working directory) with the study's device, node size,
+        vocabulary and attention kind, and takes group ``launcher.replay.group`` or, when
+        that is not given, the one group with the study's model, world size and global
+        batch. Any mismatch is a :class:`SpecError` that lists the file's groups.
+        """
+        opts = spec.launcher.replay
+        assert opts is not None  # LauncherConfig requires it for kind "replay"
+        path = Path(opts.landscape).expanduser()
+        if not path.is_absolute() and not path.exists() and spec.source:
+            path = Path(spec.source).parent / path
+        if not path.is_file():
+            raise SpecError("launcher.replay.landscape", opts.landscape,
+                            "allowed: the path of a readable landscape CSV (vTrain or Aurora "
+                            "format)", source=spec.source)
+        groups = load_landscape(path, hardware=spec.cluster.device,
+                                devices_per_node=spec.cluster.devices_per_node,
+                                vocab_size=spec.model.vocab_size,
+                                attention=spec.model.attention)
+        listing = "; ".join(f"{i}: {g.name} ({len(g.measurements)} layouts)"
+                            for i, g in enumerate(groups[:12]))
+        listing += "; ..." if len(groups) > 12 else ""
+        if opts.group is not None:
+            if opts.group >= len(groups):
+                raise SpecError("launcher.replay.group", opts.group,
+                                f"allowed: 0..{len(groups) - 1} ({listing})", source=spec.source)
+            group = groups[opts.group]
+            problem = _mismatch(group, spec)
+            if problem:
+                raise SpecError("launcher.replay.group", opts.group,
+                                f"group {group.name!r} does not match the study: {problem}",
+                                source=spec.source)
+            return cls(group)
+        matching = [g for g in groups if not _mismatch(g, spec)]
+        if len(matching) != 1:
+            what = "no group" if not matching else f"{len(matching)} groups"
+            raise SpecError("launcher.replay.landscape", opts.landscape,
+                            f"{what} of the file match(es) the study's model, world size "
+                            f"{spec.world_size} and global batch "
+                            f"{spec.training.global_batch}; set launcher.replay.group to one "
+                            f"of: {listing}", source=spec.source)
+        return cls(matching[0])
+
+    def fixed_layouts(self) -> tuple[Layout, ...]:
+        """The table's layouts: a replayed study searches exactly these."""
+        return self.group.layouts()
 
     def result_for(self, layout: Layout) -> TrialResult:
         """The table's result for ``layout``; :class:`LaunchError` if it has none."""
@@ -79,6 +134,18 @@ class ReplayLauncher(Launcher):
 
     def describe(self) -> dict[str, Any]:
         return {"launcher": self.kind, "landscape": self.group.name}
+
+
+def _mismatch(group: LandscapeGroup, spec: StudySpec) -> str:
+    """Why ``group`` cannot answer ``spec``'s trials (empty when it can)."""
+    problems = [f"model {dim} {getattr(group.model, dim)} (study: {getattr(spec.model, dim)})"
+                for dim in _MODEL_DIMS if getattr(group.model, dim) != getattr(spec.model, dim)]
+    if group.cluster.world_size != spec.world_size:
+        problems.append(f"{group.cluster.world_size} devices (study: {spec.world_size})")
+    if group.global_batch != spec.training.global_batch:
+        problems.append(f"global batch {group.global_batch} "
+                        f"(study: {spec.training.global_batch})")
+    return ", ".join(problems)
 
 
 def _result(m: Measurement, group: LandscapeGroup) -> TrialResult:

@@ -1,8 +1,9 @@
 """Search strategies: which layout to measure next.
 
 A :class:`Strategy` gets the candidate layouts (the feasible space, in plan order) and the
-history of what was measured, and returns the next layout or ``None``. The study runner
-(:mod:`autotune.study`) enqueues what it proposes into the real Optuna study; the benchmark
+history of what was measured, and returns the next layout or ``None`` (nothing left, or
+an early :class:`Stop` in ``strategy.stop``). The study runner (:mod:`autotune.study`)
+enqueues what it proposes into the real Optuna study; the benchmark
 (``benchmarks/search_efficiency.py``) drives the very same objects. See ``docs/search.md``.
 
 >>> from autotune.layout import Layout
@@ -16,11 +17,12 @@ history of what was measured, and returns the next layout or ``None``. The study
 
 from __future__ import annotations
 
-from autotune.config.study import STRATEGIES
+from autotune.config.study import STRATEGIES, check_min_improvement
 from autotune.errors import SpecError
 from autotune.search._base import (
     Observation,
     Predictor,
+    Stop,
     Strategy,
     dominated_by_oom,
     needs_no_less_memory,
@@ -38,10 +40,11 @@ from autotune.search._residual import ResidualStrategy
 from autotune.search._seeding import cost_model_predictor
 from autotune.search._simple import CostModelOnlyStrategy, GridStrategy, RandomStrategy
 
-__all__ = ["STRATEGIES", "PARAM_AXES", "Observation", "Predictor", "Strategy", "make_strategy",
-           "dominated_by_oom", "needs_no_less_memory", "untried", "axis_distributions",
-           "layout_params", "layout_from_params", "cost_model_predictor", "ResidualStrategy",
-           "CostModelOnlyStrategy", "GridStrategy", "RandomStrategy", "OptunaSamplerStrategy"]
+__all__ = ["STRATEGIES", "PARAM_AXES", "Observation", "Predictor", "Stop", "Strategy",
+           "make_strategy", "dominated_by_oom", "needs_no_less_memory", "untried",
+           "axis_distributions", "layout_params", "layout_from_params", "cost_model_predictor",
+           "ResidualStrategy", "CostModelOnlyStrategy", "GridStrategy", "RandomStrategy",
+           "OptunaSamplerStrategy"]
 
 
 def _tpe(seed: int):
@@ -63,11 +66,16 @@ def _gp(seed: int):
                                      deterministic_objective=False)
 
 
-def make_strategy(name: str, *, seed: int, predict: Predictor | None = None) -> Strategy:
+def make_strategy(name: str, *, seed: int, predict: Predictor | None = None,
+                  min_improvement: float | None = None) -> Strategy:
     """A fresh strategy for one study. ``predict`` is the cost model's predicted throughput
-    of a layout; ``cost-model-only`` needs it, ``default`` uses it when given."""
+    of a layout; ``cost-model-only`` needs it, ``default`` uses it when given.
+    ``min_improvement`` (``search.min_improvement``): only ``default`` has an expected
+    improvement to compare with it; the others refuse it rather than ignore it."""
+    if min_improvement is not None:
+        min_improvement = check_min_improvement(min_improvement, name)
     if name == "default":
-        return ResidualStrategy(seed=seed, predict=predict)
+        return ResidualStrategy(seed=seed, predict=predict, min_improvement=min_improvement)
     if name == "cost-model-only":
         if predict is None:
             raise SpecError("search.strategy", name, "needs a cost model (predict)")

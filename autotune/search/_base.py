@@ -8,8 +8,11 @@ A strategy never launches anything and never sees a launcher or a study. It is g
   pending: launched and not yet finished),
 
 and returns one layout of ``candidates`` that is not in ``history`` and not dominated by a
-measured OOM (strategies that use the rule), or ``None`` when nothing is left. The same
-objects drive the real Optuna study (:mod:`autotune.study`) and the
+measured OOM (strategies that use the rule), or ``None`` when nothing is left. A strategy
+may also decide to stop while candidates are left (the default strategy when the expected
+improvement is small: issue #5); it then returns ``None`` too and says why in
+:attr:`Strategy.stop`, so callers that only need "is there a next layout" stay unchanged.
+The same objects drive the real Optuna study (:mod:`autotune.study`) and the
 benchmark (``benchmarks/search_efficiency.py``), so what is benchmarked is what ships.
 """
 
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 from autotune.layout import Layout
 
-__all__ = ["Observation", "Strategy", "Predictor", "OBSERVATION_STATUSES",
+__all__ = ["Observation", "Stop", "Strategy", "Predictor", "OBSERVATION_STATUSES",
            "dominated_by_oom", "untried"]
 
 Predictor = Callable[[Layout], float]
@@ -44,6 +47,16 @@ class Observation:
         if self.status not in OBSERVATION_STATUSES:
             raise ValueError(f"Observation.status: got {self.status!r}; allowed: "
                              f"{', '.join(OBSERVATION_STATUSES)}")
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A strategy's decision to propose nothing more although untried candidates remain."""
+
+    reason: str
+    """One line for people, e.g. ``expected improvement 0.31% < 1% after 6 trials``."""
+    judged: int
+    """Finished trials (ok, oom, error; not pending) the decision was based on."""
 
 
 # Memory order of activation recomputation: "none" keeps every activation (more memory).
@@ -98,14 +111,22 @@ class Strategy(ABC):
 
     def __init__(self, *, seed: int = 0) -> None:
         self.seed = seed
+        self.stop: Stop | None = None
+        """Why the last :meth:`propose` returned ``None`` with candidates left, else ``None``
+        (``None`` from :meth:`propose` with no stop: every candidate is used up)."""
 
     def propose(self, candidates: Sequence[Layout],
                 history: Sequence[Observation]) -> Layout | None:
-        """The next layout to measure, or ``None`` when every candidate is used up."""
+        """The next layout to measure, or ``None`` when every candidate is used up or the
+        strategy stops early (then :attr:`stop` says why)."""
+        self.stop = None
         free = untried(candidates, history, skip_oom_dominated=self.skip_oom_dominated)
         if not free:
             return None
         choice = self._choose(free, candidates, history)
+        if isinstance(choice, Stop):
+            self.stop = choice
+            return None
         if choice not in free:  # a bug in a strategy must never launch a repeat
             raise RuntimeError(f"strategy {self.name!r} proposed {choice}, which is not an "
                                "untried candidate")
@@ -113,5 +134,5 @@ class Strategy(ABC):
 
     @abstractmethod
     def _choose(self, free: list[Layout], candidates: Sequence[Layout],
-                history: Sequence[Observation]) -> Layout:
-        """Pick one of ``free`` (non-empty, plan order)."""
+                history: Sequence[Observation]) -> Layout | Stop:
+        """Pick one of ``free`` (non-empty, plan order), or :class:`Stop` the search."""

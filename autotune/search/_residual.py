@@ -5,15 +5,26 @@ axes (a slow interconnect, a kernel that is faster at one micro-batch). So the s
 
 1. measures the cost model's top :data:`SEED_TRIALS` layouts first, in predicted order;
 2. then fits, on the measured layouts only, a Bayesian linear model of the residual
-   ``r = log(measured) - log(predicted)`` with one coefficient per axis value (tp=4,
-   micro_batch=2, recompute=full, ...) and a shared intercept (the model's overall
-   scale error). Its Gaussian prior shrinks every axis-value correction towards zero, so
-   one measurement moves the layouts that share its axis values a little and the rest
-   not at all (ridge regression = the posterior mean; Bishop 2006, section 3.3);
+   ``r = log(measured) - log(predicted)`` with a trend per doubling of each numeric axis
+   (tp, pp, dp, micro-batch, grad-accum), one coefficient per categorical value (ZeRO
+   stage, recompute=full, ...), a calibration slope and a shared intercept (the model's
+   overall scale error; see :class:`_Features`). Its Gaussian prior shrinks every
+   correction towards zero, so one measurement moves the layouts that share its axis
+   values a little and the rest not at all (ridge regression = the posterior mean;
+   Bishop 2006, section 3.3);
 3. proposes the untried layout with the largest expected improvement (Jones et al. 1998)
    of ``log(predicted) + r`` over the best measured, under the posterior variance plus a
    per-layout term for what an additive correction cannot explain;
-4. skips layouts that need no less memory than a measured OOM.
+4. skips layouts that need no less memory than a measured OOM;
+5. optionally stops early (issue #5): with ``min_improvement`` set, once
+   :data:`SEED_TRIALS` trials have finished and at least one has a value, it proposes
+   nothing more when the largest expected improvement among the untried layouts is
+   below that fraction. EI is of the log throughput, so it is the expected relative
+   gain (``E[max(0, log(y / best))]``, which for a few percent is the fraction itself)
+   averaged over the posterior: "another trial is expected to add less than 1%". The
+   per-layout term keeps every sd at or above ``LAYOUT_SD``, so the stop needs every
+   untried layout predicted well below the best (for 1%: a posterior mean at least 0.25
+   below in log, ~22% slower), not just a confident model.
 
 Without a cost model (``predict=None``) the prior mean is flat, and it is plain
 Bayesian optimisation over the axes with an additive surrogate, starting in plan order.
@@ -33,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from autotune.layout import Layout
-from autotune.search._base import Observation, Predictor, Strategy
+from autotune.search._base import Observation, Predictor, Stop, Strategy
 from autotune.search._simple import log_predictions
 
 __all__ = ["ResidualStrategy", "expected_improvement"]
@@ -109,9 +120,12 @@ class ResidualStrategy(Strategy):
 
     name = "default"
 
-    def __init__(self, *, seed: int = 0, predict: Predictor | None = None) -> None:
+    def __init__(self, *, seed: int = 0, predict: Predictor | None = None,
+                 min_improvement: float | None = None) -> None:
         super().__init__(seed=seed)
         self._predict = predict
+        self.min_improvement = min_improvement
+        """Stop when the largest EI (a fraction of the best) is below this; ``None``: never."""
         self._prior: dict[Layout, float] = {}
         self._features: _Features | None = None
 
@@ -143,7 +157,7 @@ class ResidualStrategy(Strategy):
         return mean, np.sqrt(var)
 
     def _choose(self, free: list[Layout], candidates: Sequence[Layout],
-                history: Sequence[Observation]) -> Layout:
+                history: Sequence[Observation]) -> Layout | Stop:
         self._setup(candidates)
         values = [o.value for o in history if o.status == "ok" and o.value and o.value > 0]
         judged = sum(o.status in ("ok", "oom", "error") for o in history)
@@ -151,4 +165,16 @@ class ResidualStrategy(Strategy):
             return max(free, key=lambda lay: self._prior[lay])
         mean, sd = self.scores(free, history)
         ei = expected_improvement(mean, sd, math.log(max(values)))
-        return free[int(np.argmax(ei))]
+        best = int(np.argmax(ei))
+        # Only after the seeds and with a value to improve on (the branch above): before,
+        # the residual model has too little to say that nothing better is left.
+        if self.min_improvement is not None and ei[best] < self.min_improvement:
+            return Stop(f"expected improvement {_percent(ei[best])} < "
+                        f"{_percent(self.min_improvement)} after {judged} trials "
+                        f"({len(free)} layouts untried)", judged=judged)
+        return free[best]
+
+
+def _percent(fraction: float) -> str:
+    """``0.0031`` → ``0.31%``; ``0.01`` → ``1%``."""
+    return f"{100.0 * float(fraction):.3g}%"

@@ -183,3 +183,14 @@ def test_submit_chains_records_and_never_duplicates(tmp_path: Path) -> None:
     st = jobs.status(camp, slurm=fake)[0]
     assert st.target == 3 and st.progress is not None and st.progress.claimed == 0
     assert "s1" in jobs.format_status([st])
+
+
+def test_a_study_is_done_at_its_budget_or_at_a_search_stop_that_still_holds() -> None:
+    prog = jobs.StudyProgress(claimed=3)
+    assert prog.done(3, None) and not prog.done(4, None)
+    prog = jobs.StudyProgress(claimed=5, search_stop={"reason": "ei", "min_improvement": 0.01})
+    assert prog.done(10, 0.01) and prog.done(10, 0.02)  # EI < 1% is also < 2%
+    assert not prog.done(10, 0.005)  # a stricter threshold may go on
+    assert not prog.done(10, None)   # the option was turned off: spend the budget
+    prog.running = 1  # a trial still running can change the history
+    assert not prog.done(10, 0.01)

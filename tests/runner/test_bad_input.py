@@ -106,7 +106,7 @@ def test_a_different_model_under_an_existing_study_name_is_refused(tmp_path: Pat
     assert proc.returncode == 2 and "different model" in proc.stderr
 
 
-def test_a_study_created_before_model_mlp_reopens_but_not_as_swiglu(tmp_path: Path) -> None:
+def test_a_study_from_before_mlp_and_attention_reopens_unchanged(tmp_path: Path) -> None:
     from dataclasses import replace
 
     from autotune.errors import UsageError
@@ -118,8 +118,11 @@ def test_a_study_created_before_model_mlp_reopens_but_not_as_swiglu(tmp_path: Pa
     storage = open_storage(spec.storage)
     study = open_study(spec, storage)
     old = dict(study.user_attrs["fingerprint"])
-    old["model"] = {k: v for k, v in old["model"].items() if k != "mlp"}  # the old schema
+    old["model"] = {k: v for k, v in old["model"].items()
+                    if k not in ("mlp", "attention")}  # the old schema
     study.set_user_attr("fingerprint", old)
-    open_study(spec, storage)  # the GELU model it always was
+    open_study(spec, storage)  # the GELU, SDPA model it always was
     with pytest.raises(UsageError, match="different model"):
         open_study(replace(spec, model=replace(spec.model, mlp="swiglu")), storage)
+    with pytest.raises(UsageError, match="different model"):
+        open_study(replace(spec, model=replace(spec.model, attention="explicit")), storage)

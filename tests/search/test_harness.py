@@ -23,7 +23,8 @@ def test_random_matches_the_analytic_expectation(bench):
     assert abs(hit - p) < 0.1
 
 
-def test_main_writes_the_contract_json(bench, tmp_path):
+def _vtrain_csv(tmp_path):
+    """A small landscape in the vTrain column format: one group of 4 GPUs, batch 8."""
     csv = tmp_path / "l.csv"
     header = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
               "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
@@ -35,6 +36,11 @@ def test_main_writes_the_contract_json(bench, tmp_path):
             if 8 % (dp * mb) == 0:
                 rows.append(f"4,8,{mb},1024,16,8,1024,{tp},{dp},{pp},{100 + 10 * tp + pp + mb}")
     csv.write_text(header + "\n".join(rows) + "\n")
+    return csv, rows
+
+
+def test_main_writes_the_contract_json(bench, tmp_path):
+    csv, rows = _vtrain_csv(tmp_path)
     out = tmp_path / "o.json"
     bench.main(["--landscape", str(csv), "--strategies", "default,random,grid",
                 "--repeats", "5", "--jobs", "1", "--json", str(out)])
@@ -45,3 +51,25 @@ def test_main_writes_the_contract_json(bench, tmp_path):
         assert {"median_trials", "success_rate"} <= set(s)
     [g] = doc["groups"]
     assert g["n_layouts"] == len(rows) and "median_trials" in g["strategies"]["default"]
+
+
+def test_early_stop_extends_the_json_without_changing_it(bench, tmp_path):
+    csv, _ = _vtrain_csv(tmp_path)
+    plain, early = tmp_path / "plain.json", tmp_path / "early.json"
+    common = ["--landscape", str(csv), "--strategies", "default", "--jobs", "1"]
+    bench.main([*common, "--json", str(plain)])
+    bench.main([*common, "--min-improvement", "0.5", "--min-improvement", "0.01",
+                "--json", str(early)])
+    before, after = json.loads(plain.read_text()), json.loads(early.read_text())
+    assert after["strategies"] == before["strategies"]  # the contract keys are untouched
+    rows = {r["min_improvement"]: r for r in after["early_stop"]}
+    assert set(rows) == {None, 0.01, 0.5}  # None: the same strategy without the stop
+    for r in rows.values():
+        assert {"mean_trials", "median_trials", "max_trials", "stopped_rate", "success_rate",
+                "mean_regret", "max_regret"} <= set(r)
+    assert rows[None]["stopped_rate"] == 0.0 and rows[None]["mean_trials"] == 10
+    assert rows[0.5]["stopped_rate"] == 1.0 and rows[0.5]["mean_trials"] == 4  # the seeds
+    [g] = after["groups"]
+    assert {r["min_improvement"] for r in g["early_stop"]} == {None, 0.01, 0.5}
+    for r in g["early_stop"]:
+        assert 0.0 <= r["regret"] < 1.0 and isinstance(r["success"], bool)

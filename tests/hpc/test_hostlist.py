@@ -1,0 +1,30 @@
+"""SLURM host lists: the Python reader (used where ``scontrol`` is absent) against scontrol."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from autotune.errors import LaunchError
+from autotune.launchers.slurm import parse_hostlist
+
+CASES = ["node[01-04]", "a,b", "gpu[01-02,07],login1", "r[1-2]n[3-4]", "x[8-11]", "solo"]
+
+
+def test_the_python_reader_expands_ranges_lists_padding_and_products() -> None:
+    assert parse_hostlist("node[01-04]") == ["node01", "node02", "node03", "node04"]
+    assert parse_hostlist("gpu[01-02,07],login1") == ["gpu01", "gpu02", "gpu07", "login1"]
+    assert parse_hostlist("r[1-2]n[3-4]") == ["r1n3", "r1n4", "r2n3", "r2n4"]
+    assert parse_hostlist("x[8-11]") == ["x8", "x9", "x10", "x11"]
+    with pytest.raises(LaunchError, match="cannot read the SLURM host list"):
+        parse_hostlist("node[a-b]")
+
+
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="scontrol is not installed")
+@pytest.mark.parametrize("hostlist", CASES)
+def test_the_python_reader_agrees_with_scontrol(hostlist: str) -> None:
+    out = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True,
+                         text=True, check=True, timeout=30).stdout.split()
+    assert parse_hostlist(hostlist) == out

@@ -1,0 +1,75 @@
+"""A study file with ``launcher.kind: replay``: the table is the space, the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.helpers import run_cli, write_study
+
+HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
+          "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n")
+# One 4-GPU group at global batch 8 (8 layouts; tp4-pp1-mb2 fastest) and one at 16.
+ROWS = [  # gpus, gb, mb, tp, dp, pp, ms
+    (4, 8, 1, 1, 4, 1, 120.0), (4, 8, 2, 1, 4, 1, 110.0), (4, 8, 1, 2, 2, 1, 100.0),
+    (4, 8, 2, 2, 2, 1, 95.0), (4, 8, 1, 4, 1, 1, 90.0), (4, 8, 2, 4, 1, 1, 80.0),
+    (4, 8, 1, 1, 2, 2, 130.0), (4, 8, 1, 1, 1, 4, 150.0), (4, 16, 1, 1, 4, 1, 200.0),
+]
+
+
+def _landscape(path: Path) -> Path:
+    lines = [f"{g},{gb},{mb},1024,16,12,1024,{tp},{dp},{pp},{ms}"
+             for g, gb, mb, tp, dp, pp, ms in ROWS]
+    path.write_text(HEADER + "\n".join(lines) + "\n")
+    return path
+
+
+def _study(tmp_path: Path, n_trials: int = 8, **replay: object) -> Path:
+    _landscape(tmp_path / "vtrain.csv")
+    return write_study(
+        tmp_path / "replay.yaml", name="replayed", n_trials=n_trials,
+        model={"n_layer": 12, "hidden": 1024, "n_head": 16, "seq_len": 1024,
+               "attention": "explicit"},
+        cluster={"nodes": 1, "devices_per_node": 4, "device": "a100-80gb"},
+        training={"global_batch": 8, "dtype": "bf16"},
+        # Narrow axes: a replay searches the table's rows whatever the study's space says.
+        search={"tp": [1], "pp": [1], "n_trials": n_trials},
+        launcher={"kind": "replay", "run_dir": str(tmp_path / "runs"),
+                  "replay": {"landscape": "vtrain.csv", **replay}})
+
+
+def test_a_replayed_study_measures_the_table_and_finds_its_best(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    proc = run_cli("run", str(study), cwd=tmp_path.parent)  # the CSV path is study-relative
+    assert proc.returncode == 0, proc.stderr
+    best = run_cli("best", str(study), "--emit", "json")
+    assert best.returncode == 0, best.stderr
+    assert json.loads(best.stdout)["layout"]["tp"] == 4  # tp4-pp1-dp1-mb2: 80 ms
+    assert json.loads(best.stdout)["layout"]["micro_batch"] == 2
+    status = run_cli("status", str(study))
+    assert status.returncode == 0 and "8" in status.stdout
+
+
+def test_a_study_no_group_matches_is_refused_with_the_groups_listed(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    text = study.read_text().replace("global_batch: 8", "global_batch: 32")
+    study.write_text(text)
+    proc = run_cli("run", str(study))
+    assert proc.returncode == 2
+    assert "launcher.replay.landscape" in proc.stderr and "global batch 32" in proc.stderr
+    assert "vtrain-4gpu-h1024-a16-l12-s1024-gb8" in proc.stderr  # the groups it could take
+    assert not (tmp_path / "study.db").exists()  # refused before the database is opened
+
+
+def test_a_group_index_out_of_range_or_of_another_batch_names_the_field(tmp_path: Path) -> None:
+    proc = run_cli("run", str(_study(tmp_path, group=5)))
+    assert proc.returncode == 2 and "launcher.replay.group: got 5; allowed: 0..1" in proc.stderr
+    proc = run_cli("run", str(_study(tmp_path, group=1)))
+    assert proc.returncode == 2 and "global batch 16 (study: 8)" in proc.stderr
+
+
+def test_a_missing_landscape_file_names_the_field(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    study.write_text(study.read_text().replace("landscape: vtrain.csv", "landscape: nope.csv"))
+    proc = run_cli("run", str(study))
+    assert proc.returncode == 2 and "launcher.replay.landscape: got 'nope.csv'" in proc.stderr
