@@ -42,34 +42,31 @@ def test_swiglu_block_computes_down_silu_gate_times_up() -> None:
     assert torch.allclose(block.fc2(block._activation(block.fc1(x))), expected, atol=1e-6)
 
 
+def _loss_and_grads(model: ModelConfig, *, seed: int, recompute: bool,
+                    data_seed: int) -> tuple[float, torch.Tensor]:
+    """One forward and backward of a 1-rank GPT: the loss and all gradients, flattened."""
+    tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(data_seed))
+    gpt = GPT(model, TPContext(), seed=seed, recompute=recompute)
+    loss = LossFn(model, TPContext())(gpt(tokens[:, :-1]), tokens[:, 1:])
+    loss.backward()
+    return loss.item(), torch.cat([p.grad.flatten() for p in gpt.parameters()])
+
+
 def test_explicit_attention_equals_sdpa_forward_and_backward() -> None:
     from dataclasses import replace
 
-    tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
-    losses, grads = [], []
-    for attention in ("flash", "explicit"):
-        model = replace(TINY, attention=attention)
-        gpt = GPT(model, TPContext(), seed=4, recompute=False)
-        loss = LossFn(model, TPContext())(gpt(tokens[:, :-1]), tokens[:, 1:])
-        loss.backward()
-        losses.append(loss.item())
-        grads.append(torch.cat([p.grad.flatten() for p in gpt.parameters()]))
-    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    (l0, g0), (l1, g1) = (_loss_and_grads(replace(TINY, attention=a), seed=4, recompute=False,
+                                          data_seed=1) for a in ("flash", "explicit"))
+    assert l0 == pytest.approx(l1, rel=1e-6)
+    assert torch.allclose(g0, g1, atol=1e-6)
 
 
 def test_tp1_loss_is_cross_entropy_and_recompute_changes_nothing() -> None:
-    tokens = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
-    losses, grads = [], []
-    for recompute in (False, True):
-        gpt = GPT(TINY, TPContext(), seed=3, recompute=recompute)
-        loss = LossFn(TINY, TPContext())(gpt(tokens[:, :-1]), tokens[:, 1:])
-        loss.backward()
-        losses.append(loss.item())
-        grads.append(torch.cat([p.grad.flatten() for p in gpt.parameters()]))
-    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
-    assert losses[0] == pytest.approx(math.log(64), rel=0.05)  # near-uniform at init
+    (l0, g0), (l1, g1) = (_loss_and_grads(TINY, seed=3, recompute=r, data_seed=0)
+                          for r in (False, True))
+    assert l0 == pytest.approx(l1, rel=1e-6)
+    assert torch.allclose(g0, g1, atol=1e-6)
+    assert l0 == pytest.approx(math.log(64), rel=0.05)  # near-uniform at init
 
 
 def test_vocab_parallel_ce_without_group_is_plain_ce() -> None:
