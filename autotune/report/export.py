@@ -51,6 +51,10 @@ def megatron_deepspeed_args(layout: Layout, *, dtype: str,
                  "--max-position-embeddings", str(model["seq_len"])]
         if model.get("mlp") == "swiglu":
             args.append("--swiglu")  # Megatron's gated MLP (3 matrices of ffn_hidden)
+        if model.get("attention", "flash") == "flash":
+            # What was tuned (fused attention, no score matrix); without the flag Megatron
+            # materialises the scores (model.attention: explicit), slower and larger.
+            args.append("--use-flash-attn")
     return args
 
 

@@ -62,6 +62,10 @@ def test_megatron_deepspeed_args_match_the_layout(lay: Layout, dtype: str) -> No
     assert "--swiglu" not in args
     gated = megatron_deepspeed_args(lay, dtype=dtype, model={**MODEL, "mlp": "swiglu"})
     assert gated.count("--swiglu") == 1
+    assert "--use-flash-attn" in args  # the default attention, as tuned
+    explicit = megatron_deepspeed_args(lay, dtype=dtype,
+                                       model={**MODEL, "attention": "explicit"})
+    assert "--use-flash-attn" not in explicit
 
 
 def test_best_emit_megatron_deepspeed_is_the_best_trials_layout(
