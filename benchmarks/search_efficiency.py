@@ -108,13 +108,16 @@ def replay(strategy: Strategy, group: LandscapeGroup) -> Iterator[Observation]:
         yield obs
 
 
-def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float) -> int | None:
+def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float,
+                  max_trials: int | None = None) -> int | None:
     """Trials until a layout within ``tolerance`` of the best is measured, ``None`` if the
-    strategy stops first."""
+    strategy stops first or ``max_trials`` pass without one (a censored run: a miss)."""
     threshold = threshold_of(group, tolerance)
     for n, obs in enumerate(replay(strategy, group), start=1):
         if obs.value is not None and obs.value >= threshold:
             return n
+        if max_trials is not None and n >= max_trials:
+            return None
     return None
 
 
@@ -145,6 +148,8 @@ class Task:
     cost_model_error: float = 0.0
     """Sd of the per-axis-value error put on the cost model (0: the real one); seed ``i``
     then also draws the error ``i``, the same for every strategy."""
+    max_trials: int | None = None
+    """Censor each replay after this many trials (``--max-trials``)."""
 
 
 def run_task(task: Task) -> list[int | None]:
@@ -155,7 +160,7 @@ def run_task(task: Task) -> list[int | None]:
         pred = (perturbed(predict, candidates_of(g), task.cost_model_error, f"{g.name}/{seed}")
                 if task.cost_model_error > 0 else predict)
         out.append(trials_to_hit(make_strategy(task.strategy, seed=seed, predict=pred), g,
-                                 task.tolerance))
+                                 task.tolerance, task.max_trials))
     return out
 
 
@@ -249,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--error-draws", type=int, default=3,
                     help="draws of that error per group (with --cost-model-error; the "
                     "cost-model strategies then run once per draw)")
+    ap.add_argument("--max-trials", type=int, default=None, metavar="N",
+                    help="stop each replay after N trials without a hit and count it a miss "
+                    "(bounds the run time of tpe/gp on large files; random is never cut; "
+                    "default: no limit, every replay runs to its hit). Must be >= --budget")
     ap.add_argument("--attention", choices=ATTENTION_KINDS, default=None,
                     help="override the file's attention kind (default: vTrain explicit, "
                     "Aurora flash)")
@@ -257,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         if not 0.0 <= m < 1.0:
             ap.error(f"--min-improvement: got {m}; allowed: a fraction >= 0 and < 1")
 
+    if args.max_trials is not None and args.max_trials < args.budget:
+        ap.error(f"--max-trials: got {args.max_trials}; allowed: at least --budget "
+                 f"({args.budget}), or the success rate would be censored")
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for s in strategies:
         if s not in STRATEGIES:
@@ -280,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                               else 1))
         return list(range(args.optuna_repeats if strategy in ("tpe", "gp") else args.repeats))
 
-    tasks = [Task(g, s, seeds(s), args.tolerance, args.cost_model_error)
+    # Random search is never censored: it is cheap, and its full runs are the harness check.
+    tasks = [Task(g, s, seeds(s), args.tolerance, args.cost_model_error,
+                  None if s == "random" else args.max_trials)
              for g in groups for s in strategies]
     started = time.monotonic()
     if args.jobs > 1 and len(tasks) > 1:
@@ -339,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         for s in strategies:
             means = [_inf(e["strategies"][s]["mean_trials"]) for e in out_groups]
             summary[s]["mean_trials"] = _fin(statistics.fmean(means))
-            summary[s]["speedup_vs_random"] = _fin(expected_random / statistics.fmean(means))
+            mean = statistics.fmean(means)
+            summary[s]["speedup_vs_random"] = (expected_random / mean if math.isfinite(mean)
+                                               else None)  # a miss in some group: undefined
     if "random" in strategies and out_groups:
         measured = [e["strategies"]["random"]["mean_trials"] for e in out_groups]
         expected = [e["random_expected_trials"] for e in out_groups]

@@ -73,3 +73,12 @@ def test_early_stop_extends_the_json_without_changing_it(bench, tmp_path):
     assert {r["min_improvement"] for r in g["early_stop"]} == {None, 0.01, 0.5}
     for r in g["early_stop"]:
         assert 0.0 <= r["regret"] < 1.0 and isinstance(r["success"], bool)
+
+
+def test_max_trials_censors_a_late_hit_as_a_miss(bench):
+    group = synthetic_group(n_good=1)
+    # Grid order is deterministic: find where it hits, then censor one trial earlier.
+    hit = bench.trials_to_hit(make_strategy("grid", seed=0), group, 0.02)
+    assert hit is not None and hit > 1
+    assert bench.trials_to_hit(make_strategy("grid", seed=0), group, 0.02, hit) == hit
+    assert bench.trials_to_hit(make_strategy("grid", seed=0), group, 0.02, hit - 1) is None
