@@ -17,8 +17,9 @@ Two file formats are read (``shared/landscapes/README.md``):
   the dtype is ``bf16``; activation recomputation was on (Megatron's default then), so
   ``recompute="full"``; ZeRO was off (``zero_stage=0``); attention was Megatron's
   fused softmax over a materialised score matrix, before FlashAttention reached Megatron
-  (``attention="explicit"``). Throughput is model FLOPs over
-  time: ``model_flops_per_step(model, global_batch) / (iteration_s * world) / 1e12``.
+  (``attention="explicit"``), with Megatron's default dropout of 0.1 (``dropout=0.1``).
+  Throughput is model FLOPs over time:
+  ``model_flops_per_step(model, global_batch) / (iteration_s * world) / 1e12``.
 * **Aurora** (``aurora_pvc_70b.csv``, argonne-lcf/Megatron-DeepSpeed notes): one row per
   run with the model, the layout, ``status`` (``ok``/``oom``) and Megatron-DeepSpeed's
   logged per-tile TFLOPS. Those count the recompute forward pass (hardware FLOPs), so
@@ -268,7 +269,7 @@ def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: s
         key = (gpus, gb, h, a, nl, s)
         if key not in groups:
             model = row.build("model", ModelConfig, n_layer=nl, hidden=h, n_head=a, seq_len=s,
-                              vocab_size=vocab_size, attention=attention,
+                              vocab_size=vocab_size, attention=attention, dropout=0.1,
                               name=f"gpt-h{h}-l{nl}")
             dpn = min(devices_per_node, gpus)
             if gpus % dpn:

@@ -64,7 +64,7 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
         if not isinstance(name, str) or not STUDY_NAME_RE.match(name):
             raise SpecError("name", name, "allowed: 1-100 characters of letters, digits, "
                             "'_', '.', '-', starting with a letter or digit")
-        return StudySpec(
+        spec = StudySpec(
             name=name,
             model=ModelConfig.from_dict(data["model"]),
             cluster=ClusterConfig.from_dict(data["cluster"]),
@@ -75,6 +75,13 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             launcher=LauncherConfig.from_dict(data.get("launcher") or {}),
             source=source,
         )
+        if spec.model.dropout > 0 and spec.launcher.kind != "replay":
+            # Local and SLURM trials run the built-in trainer, which has no dropout: a
+            # study must not tune (and predict memory for) a model it will not run.
+            raise SpecError("model.dropout", spec.model.dropout,
+                            "allowed: 0 with the built-in trainer (launcher.kind "
+                            f"{spec.launcher.kind!r}); dropout only describes replayed runs")
+        return spec
     except SpecError as err:
         raise SpecError(err.field, err.value, err.allowed, source=source) from None
     except TypeError as err:  # a dataclass got a wrong-shaped value past the checks

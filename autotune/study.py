@@ -111,10 +111,10 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
             study = optuna.load_study(study_name=spec.name, storage=storage.optuna)
     existing = study.user_attrs.get("fingerprint")
     if isinstance(existing, dict) and isinstance(existing.get("model"), dict):
-        # Studies created before ModelConfig had ``mlp`` / ``attention`` ran the (then
-        # only) GELU MLP and SDPA attention.
+        # Studies created before ModelConfig had ``mlp`` / ``attention`` / ``dropout`` ran
+        # the (then only) GELU MLP and SDPA attention, without dropout.
         existing = {**existing, "model": {"mlp": "gelu", "attention": "flash",
-                                          **existing["model"]}}
+                                          "dropout": 0.0, **existing["model"]}}
     if existing is None and create:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from autotune.config._fields import check_choice, check_int, check_keys
+from autotune.config._fields import check_choice, check_float, check_int, check_keys
 from autotune.errors import SpecError
 
 __all__ = ["ModelConfig", "MODEL_PRESETS", "MLP_KINDS", "ATTENTION_KINDS"]
@@ -54,6 +54,12 @@ class ModelConfig:
     before FlashAttention; e.g. the vTrain measurements). It changes memory (the
     ``5 a s / h`` term of Korthikanti et al. 2022) and time (memory-bound passes over the
     scores), so the models must know which one a job runs."""
+    dropout: float = 0.0
+    """Dropout probability of the runs described (Megatron's ``--attention-dropout`` and
+    ``--hidden-dropout``: 0.1 in its defaults, 0 in most LLM recipes). With dropout the
+    layers also keep its masks and, with explicit attention, the dropped-out scores
+    (Korthikanti et al. 2022 count both); without, they do not. The built-in trainer trains
+    without dropout and refuses a value above 0."""
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "hidden", "n_head", "seq_len", "vocab_size"):
@@ -67,6 +73,9 @@ class ModelConfig:
                                 f"allowed: a divisor of n_head={self.n_head}")
         check_choice("model.mlp", self.mlp, MLP_KINDS)
         check_choice("model.attention", self.attention, ATTENTION_KINDS)
+        check_float("model.dropout", self.dropout)
+        if self.dropout >= 1.0:
+            raise SpecError("model.dropout", self.dropout, "allowed: a probability >= 0 and < 1")
         if self.hidden % self.n_head:
             raise SpecError("model.n_head", self.n_head,
                             f"allowed: a divisor of hidden={self.hidden}")
@@ -114,7 +123,7 @@ class ModelConfig:
     def from_dict(cls, data: Any, *, section: str = "model") -> ModelConfig:
         """From a mapping: either ``{preset: NAME, ...overrides}`` or explicit dimensions."""
         allowed = {"preset", "n_layer", "hidden", "n_head", "seq_len", "vocab_size",
-                   "ffn_hidden", "n_kv_head", "name", "mlp", "attention"}
+                   "ffn_hidden", "n_kv_head", "name", "mlp", "attention", "dropout"}
         data = dict(check_keys(section, data, allowed))
         preset = data.pop("preset", None)
         try:

@@ -154,7 +154,7 @@ class TrialConfig:
     """Fraction of device memory the memory model keeps free. Small on purpose: the model
     is good to about 20%, and a layout wrongly excluded can never be found, while one that
     runs out of memory costs one short trial and rules out its hungrier siblings
-    (docs/models.md: at 0.10, 9 of the 34 Aurora layouts that ran would be excluded; at
+    (docs/models.md: at 0.10, 7 of the 34 Aurora layouts that ran would be excluded; at
     0.05, 1)."""
     collective_timeout_s: int = 300
     """Process-group timeout inside the trial (a dead rank cannot block the others)."""

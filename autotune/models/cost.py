@@ -161,7 +161,8 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     ``f/t`` per token, ``8/t`` of ``s b h`` at ``f = 4h``; SwiGLU's SiLU reads and writes
     ``f/t``, its product reads ``2f/t`` and writes ``f/t``: one more kernel), plus,
     with ``model.attention == "explicit"`` (no fused/flash attention), the score matrix
-    written, soft-maxed and dropped out (~5 passes over ``a s^2 b / t`` elements).
+    written, soft-maxed and dropped out (~5 passes over ``a s^2 b / t`` elements; 3 without
+    dropout).
     """
     b, s, h, f, t = layout.micro_batch, model.seq_len, model.hidden, model.ffn, layout.tp
     kv = model.kv_heads * model.head_dim
@@ -177,8 +178,10 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     elem_bytes = tokens * (11 * h + mlp_elem) * dtype_bytes(dtype)
     n_elementwise = 7 if swiglu else 6
     if not flash:
-        elem_bytes += 5 * model.n_head * s * s * b / t * dtype_bytes(dtype)
-        n_elementwise += 2
+        # scores written, soft-maxed (read, write); dropout reads them, writes output + mask
+        passes = 5 if model.dropout > 0 else 3
+        elem_bytes += passes * model.n_head * s * s * b / t * dtype_bytes(dtype)
+        n_elementwise += 2 if model.dropout > 0 else 1
     time += elem_bytes / (perf.hbm_gbps * 1e9) + n_elementwise * perf.kernel_overhead_s
     return time
 

@@ -37,6 +37,7 @@ __all__ = [
     "params_per_rank",
     "layer_params_per_rank",
     "model_state_bytes",
+    "score_transient_bytes",
     "layer_activation_bytes",
     "activation_bytes",
     "logits_bytes",
@@ -159,6 +160,12 @@ def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str) -> in
     negligible), so it is dropped when ``model.attention == "flash"``. For fp32 the 2-byte terms
     double (the 1-byte dropout masks are a small part: ignored).
 
+    The formula assumes dropout (Megatron's default 0.1). Without it (``model.dropout ==
+    0``, the built-in trainer) the two hidden-dropout masks (``2 s b h``, replicated) and the
+    attention dropout's mask and output (``3 a s^2 b / t``) are not stored: ``s b h (8 + 24 /
+    t + 2 a s / (h t))``. Measured against the trainer's explicit-attention path in
+    ``tests/models/test_memory_vs_trainer.py``.
+
     SwiGLU (``down(silu(gate x) * up x)``), the same derivation adapted: the MLP input is
     stored once (replicated, in the 10) and autograd keeps four ``s b f / t`` tensors
     where GELU keeps two: the gate output (SiLU's input), the up output and the SiLU
@@ -170,9 +177,12 @@ def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str) -> in
     f = model.ffn
     scale = dtype_bytes(dtype) / 2
     mlp_tensors = 4 if model.mlp == "swiglu" else 2  # stored s*b*f/t tensors, 2 bytes each
-    per = s * b * (h * (10 + 8 / t) + 2 * mlp_tensors * f / t) * scale
+    dropout = model.dropout > 0
+    replicated = 10 if dropout else 8  # the two 1-byte hidden-dropout masks
+    per = s * b * (h * (replicated + 8 / t) + 2 * mlp_tensors * f / t) * scale
     if model.attention == "explicit":
-        per += 5 * a * s * s * b / t * scale
+        # softmax output (2); with dropout also its mask (1) and output (2)
+        per += (5 if dropout else 2) * a * s * s * b / t * scale
     return int(per)
 
 
@@ -185,15 +195,29 @@ def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str)
 
     Full recompute (Chen et al. 2016; Korthikanti et al. 2022, section 4) keeps only each
     layer's input, ``2 s b h`` bytes (not split by TP), per layer and micro-batch in
-    flight, plus one layer's full working set while that layer is recomputed.
+    flight, plus one layer's full working set while that layer is recomputed. Explicit
+    attention adds :func:`score_transient_bytes` either way.
     """
     layers = _stage_layers(model, layout.pp)
     in_flight = min(layout.pp, layout.grad_accum) if stage in ("first", "only") else 1
     full_layer = layer_activation_bytes(model, layout, dtype)
+    transient = score_transient_bytes(model, layout, dtype)
     if layout.recompute == "full":
         inputs = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
-        return layers * in_flight * inputs + full_layer
-    return layers * in_flight * full_layer
+        return layers * in_flight * inputs + full_layer + transient
+    return layers * in_flight * full_layer + transient
+
+
+def score_transient_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
+    """Explicit attention's working set beyond what a layer stores: while one layer's
+    softmax runs, its input scores exist beside the stored output, and in the backward
+    pass the gradient of the scores beside the gradient of the probabilities: two more
+    ``a s^2 b / t`` matrices of that one layer (measured against the trainer's explicit
+    path: ``tests/models/test_memory_vs_trainer.py``). Zero for flash attention."""
+    if model.attention != "explicit":
+        return 0
+    s, b = model.seq_len, layout.micro_batch
+    return int(2 * model.n_head * s * s * b / layout.tp * dtype_bytes(dtype))
 
 
 def logits_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:

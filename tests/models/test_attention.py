@@ -31,19 +31,29 @@ def test_field_default_validation_and_round_trip() -> None:
 
 
 def test_explicit_attention_stores_the_score_matrix() -> None:
+    s, b, a, t, h = 1024, 2, 16, 2, 2048
+
+    def extra(dropout: float) -> int:
+        base = replace(M, dropout=dropout)
+        return (mem.layer_activation_bytes(replace(base, attention="explicit"), LAY, "bf16")
+                - mem.layer_activation_bytes(base, LAY, "bf16"))
+
+    # Korthikanti: 5as/h of sbh with dropout (softmax output 2, dropout mask 1 and output 2)
+    assert extra(0.1) == pytest.approx(5 * a * s * s * b / t, abs=1)
+    assert extra(0.0) == pytest.approx(2 * a * s * s * b / t, abs=1)  # the softmax output
+    # without dropout the two replicated hidden-dropout masks go too: 10 -> 8 of sbh
+    assert (mem.layer_activation_bytes(replace(M, dropout=0.1), LAY, "bf16")
+            - mem.layer_activation_bytes(M, LAY, "bf16")) == pytest.approx(2 * s * b * h, abs=1)
     explicit = replace(M, attention="explicit")
-    s, b, a, t = 1024, 2, 16, 2
-    diff = mem.layer_activation_bytes(explicit, LAY, "bf16") - mem.layer_activation_bytes(
-        M, LAY, "bf16")
-    assert diff == pytest.approx(5 * a * s * s * b / t, abs=1)  # Korthikanti: 5as/h of sbh
     assert mem.estimate_memory(explicit, LAY).peak_bytes > mem.estimate_memory(M, LAY).peak_bytes
 
 
 def test_explicit_attention_costs_score_passes_and_two_gemms() -> None:
     perf, peak = cost.device_perf("a100-80gb"), 312e12
-    flash = cost.layer_forward_time_s(M, LAY, peak, perf, "bf16")
-    explicit = cost.layer_forward_time_s(replace(M, attention="explicit"), LAY, peak, perf,
-                                         "bf16")
+    dropped = replace(M, dropout=0.1)  # Megatron's default: the 5 passes of the docstring
+    flash = cost.layer_forward_time_s(dropped, LAY, peak, perf, "bf16")
+    explicit = cost.layer_forward_time_s(replace(dropped, attention="explicit"), LAY, peak,
+                                         perf, "bf16")
     s, b, a, t = 1024, 2, 16, 2
     attn = 4 * b * s * s * 2048 / t
     expected = (2 * cost.gemm_time_s(attn / 2, peak, perf) - cost.gemm_time_s(attn, peak, perf)
@@ -65,3 +75,24 @@ def test_landscape_formats_set_the_attention_their_runs_used() -> None:
     assert g.model.attention == "flash"
     with pytest.raises(SpecError, match="attention: got 'fused'"):
         load_landscape(io.StringIO(vtrain), attention="fused")
+
+
+def test_dropout_is_validated_and_refused_where_the_trainer_runs(tmp_path) -> None:
+    from autotune.spec import parse_study
+
+    with pytest.raises(SpecError, match=r"model\.dropout: got 1\.0; allowed: a probability"):
+        replace(M, dropout=1.0)
+    with pytest.raises(SpecError, match=r"model\.dropout: got -0\.1"):
+        replace(M, dropout=-0.1)
+    study = {"model": {"preset": "tiny", "dropout": 0.1}, "cluster": {"device": "cpu"},
+             "training": {"global_batch": 4, "dtype": "fp32"}}
+    with pytest.raises(SpecError, match=r"model\.dropout: got 0\.1; allowed: 0 with the "
+                                        r"built-in trainer"):
+        parse_study(study)
+    csv = tmp_path / "t.csv"
+    csv.write_text("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
+                   "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
+                   "iteration time (ms)\n1,4,1,64,4,4,64,1,1,1,10\n")
+    replayed = parse_study({**study, "launcher": {"kind": "replay",
+                                                  "replay": {"landscape": str(csv)}}})
+    assert replayed.model.dropout == 0.1  # describing measured runs is fine

@@ -56,7 +56,8 @@ def test_model_states_by_zero_stage(dtype, zero, dp, expected) -> None:
 
 
 def test_layer_activations_korthikanti() -> None:
-    EXPLICIT = replace(M, attention="explicit")
+    DROPPED = replace(M, dropout=0.1)  # the paper's setting: dropout masks are stored
+    EXPLICIT = replace(DROPPED, attention="explicit")
     s, b, h, a = 32, 2, 64, 4
     # 16-bit, no TP, explicit attention: s b h (34 + 5 a s / h)
     assert mem.layer_activation_bytes(EXPLICIT, lay(), "bf16") == int(
@@ -65,8 +66,13 @@ def test_layer_activations_korthikanti() -> None:
     t = 2
     assert mem.layer_activation_bytes(EXPLICIT, lay(tp=t), "bf16") == int(
         s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
-    assert mem.layer_activation_bytes(M, lay(tp=t), "bf16") == int(s * b * h * (10 + 24 / t))
-    assert mem.layer_activation_bytes(M, lay(), "fp32") == int(2 * s * b * h * 34)
+    assert mem.layer_activation_bytes(DROPPED, lay(tp=t), "bf16") == int(
+        s * b * h * (10 + 24 / t))
+    assert mem.layer_activation_bytes(DROPPED, lay(), "fp32") == int(2 * s * b * h * 34)
+    # Without dropout (the trainer): no masks, no dropped-out scores: 8 + 24/t + 2as/(ht)
+    assert mem.layer_activation_bytes(M, lay(tp=t), "bf16") == int(s * b * h * (8 + 24 / t))
+    assert mem.layer_activation_bytes(replace(M, attention="explicit"), lay(tp=t), "bf16") \
+        == int(s * b * h * (8 + 24 / t + 2 * a * s / (h * t)))
 
 
 def test_activations_in_flight_and_recompute() -> None:

@@ -8,6 +8,7 @@ peak (or, when a trial needs less than the one before, an upper bound we do not 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,35 @@ def test_predicted_peak_within_tolerance(measured: dict[str, tuple[int, int]]) -
         print(f"{k:12s} predicted {p / 2**20:8.1f} MiB  measured {m / 2**20:8.1f} MiB  "
               f"error {errors[k]:+.1%}")
     assert all(abs(e) <= TOLERANCE for e in errors.values()), errors
+
+
+# Long sequences on a narrow model: with explicit attention the stored score matrices
+# (5 a s^2 b / t bytes per layer in 16-bit, Korthikanti et al. 2022) are most of the peak.
+SCORES = ModelConfig(n_layer=4, hidden=128, n_head=8, seq_len=768, vocab_size=256,
+                     name="mem-scores")
+SCORES_LAYOUT = Layout(tp=2, pp=1, dp=1, micro_batch=4, grad_accum=1, recompute="none")
+
+
+@pytest.fixture(scope="module")
+def scores_measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, int]]:
+    """Predicted and measured peaks of the same layout with flash, then explicit, attention
+    (one launch, in increasing predicted peak: each reading is its own trial's peak)."""
+    from tests.trainer.trainer_launch import launch
+
+    models = {a: replace(SCORES, attention=a) for a in ("flash", "explicit")}
+    specs = {a: {**_spec(SCORES_LAYOUT), "model": m.to_dict()} for a, m in models.items()}
+    code, results = launch(tmp_path_factory.mktemp("scores"), 2, specs, timeout_s=600)
+    assert code == 0, {k: r.get("error") for k, r in results.items()}
+    return {a: (estimate_memory(m, SCORES_LAYOUT, dtype="fp32", device="cpu").peak_bytes,
+                int(results[a]["peak_memory_bytes"])) for a, m in models.items()}
+
+
+def test_the_explicit_score_term_matches_what_the_trainer_stores(
+        scores_measured: dict[str, tuple[int, int]]) -> None:
+    (pf, mf), (pe, me) = scores_measured["flash"], scores_measured["explicit"]
+    print(f"flash    predicted {pf / 2**20:7.1f} MiB  measured {mf / 2**20:7.1f} MiB")
+    print(f"explicit predicted {pe / 2**20:7.1f} MiB  measured {me / 2**20:7.1f} MiB")
+    assert me > mf, "the explicit run must have raised the process peak"
+    assert abs(pe - me) / me <= TOLERANCE
+    # The difference isolates the score matrices: the term itself, within the tolerance.
+    assert abs((pe - pf) - (me - mf)) / (me - mf) <= TOLERANCE
