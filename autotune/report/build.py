@@ -128,9 +128,7 @@ def _best(study: optuna.Study, trials: pd.DataFrame) -> Section:
         "peak memory (GiB)", "predicted_memory_gib": "predicted memory (GiB)"}),
         "layout key: tp-pp-dp-micro batch-grad accum-ZeRO stage-recompute"))
     fp = study.user_attrs.get("fingerprint", {})
-    lay = Layout(**{k: (str(b[k]) if k == "recompute" else int(b[k]))
-                    for k in ("tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage",
-                              "recompute")})  # type: ignore[arg-type]
+    lay = Layout.from_key(b["layout"])
     args = megatron_deepspeed_args(lay, dtype=fp.get("dtype", "bf16"), model=fp.get("model"))
     s.blocks += [Text("Megatron-DeepSpeed arguments for the best layout (also: autotune best "
                       "STUDY --emit megatron-deepspeed, or --emit deepspeed for ds_config.json):"),

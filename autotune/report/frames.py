@@ -25,6 +25,7 @@ from sqlalchemy import DateTime, Float, Integer, select
 from sqlalchemy.engine import Engine
 
 from autotune.errors import UsageError
+from autotune.layout import Layout
 from autotune.report.files import atomic_path
 from autotune.storage.schema import Measurement
 
@@ -100,8 +101,7 @@ def _trial_row(t: FrozenTrial, world_size: int, global_batch: int) -> dict[str, 
         "datetime_start": t.datetime_start, "datetime_complete": t.datetime_complete,
     }
     if row["layout"] is None:
-        row["layout"] = (f"tp{lay['tp']}-pp{lay['pp']}-dp{lay['dp']}-mb{lay['micro_batch']}"
-                         f"-ga{lay['grad_accum']}-z{lay['zero_stage']}-{lay['recompute']}")
+        row["layout"] = Layout.from_dict(lay).key()
     for key in _FLOAT_ATTRS:
         value = attrs.get(key)
         row[key] = float(value) if isinstance(value, (int, float)) else None
