@@ -157,8 +157,7 @@ def run_task(task: Task) -> list[int | None]:
     predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype)
     out = []
     for seed in task.seeds:
-        pred = (perturbed(predict, candidates_of(g), task.cost_model_error, f"{g.name}/{seed}")
-                if task.cost_model_error > 0 else predict)
+        pred = with_error(predict, g, task.cost_model_error, seed)
         out.append(trials_to_hit(make_strategy(task.strategy, seed=seed, predict=pred), g,
                                  task.tolerance, task.max_trials))
     return out
@@ -190,13 +189,20 @@ def perturbed(predict: Predictor, layouts: list[Layout], sd: float, seed: str) -
                                                  for a in PARAM_AXES)
 
 
+def with_error(predict: Predictor, group: LandscapeGroup, sd: float, draw: int) -> Predictor:
+    """``predict`` itself when ``sd`` is 0, else its :func:`perturbed` draw ``draw`` for
+    ``group`` (the same draw for every strategy and replay that asks for it)."""
+    if sd <= 0:
+        return predict
+    return perturbed(predict, candidates_of(group), sd, f"{group.name}/{draw}")
+
+
 def run_early_stop(task: EarlyStopTask) -> list[Run]:
     g = task.group
     predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype)
     runs = []
     for draw in range(task.draws):
-        pred = (perturbed(predict, candidates_of(g), task.cost_model_error, f"{g.name}/{draw}")
-                if task.cost_model_error > 0 else predict)
+        pred = with_error(predict, g, task.cost_model_error, draw)
         runs += [{"draw": draw, **until_stop(make_strategy("default", seed=0, predict=pred,
                                                            min_improvement=m),
                                              g, task.budget, task.tolerance)}

@@ -117,11 +117,10 @@ class ReplayLauncher(Launcher):
         return _result(m, self.group)
 
     def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
-        for dim in _MODEL_DIMS:
-            if getattr(spec.model, dim) != getattr(self.group.model, dim):
-                raise LaunchError(f"replay: spec model {dim}={getattr(spec.model, dim)} but "
-                                  f"landscape {self.group.name!r} has "
-                                  f"{getattr(self.group.model, dim)}")
+        differences = _model_differences(self.group.model, spec.model)
+        if differences:
+            raise LaunchError(f"replay: landscape {self.group.name!r} has another model: "
+                              f"{', '.join(differences)}")
         result = self.result_for(spec.layout)
         result.write(paths.result)
         return 0
@@ -136,10 +135,15 @@ class ReplayLauncher(Launcher):
         return {"launcher": self.kind, "landscape": self.group.name}
 
 
+def _model_differences(table: ModelConfig, asked: ModelConfig) -> list[str]:
+    """The :data:`_MODEL_DIMS` in which the table's model differs from the one asked for."""
+    return [f"model {dim} {getattr(table, dim)} (study: {getattr(asked, dim)})"
+            for dim in _MODEL_DIMS if getattr(table, dim) != getattr(asked, dim)]
+
+
 def _mismatch(group: LandscapeGroup, spec: StudySpec) -> str:
     """Why ``group`` cannot answer ``spec``'s trials (empty when it can)."""
-    problems = [f"model {dim} {getattr(group.model, dim)} (study: {getattr(spec.model, dim)})"
-                for dim in _MODEL_DIMS if getattr(group.model, dim) != getattr(spec.model, dim)]
+    problems = _model_differences(group.model, spec.model)
     if group.cluster.world_size != spec.world_size:
         problems.append(f"{group.cluster.world_size} devices (study: {spec.world_size})")
     if group.global_batch != spec.training.global_batch:

@@ -59,3 +59,12 @@ def test_group_from_measurements_frame(group):
         group.measurements[1].model_tflops_per_device + 1)  # merged: the mean
     with pytest.raises(SpecError, match="missing column"):
         group_from_frame(df.drop(columns=["tp"]), group.model, group.cluster, 16, "fp32")
+
+
+def test_a_spec_of_another_model_is_refused_naming_the_dimension(group, tmp_path):
+    from dataclasses import replace
+
+    other = replace(group.model, n_layer=group.model.n_layer + 1)
+    with pytest.raises(LaunchError, match=rf"model n_layer {group.model.n_layer} \(study: "):
+        ReplayLauncher(group).run(TrialSpec(other, group.best().layout),
+                                  TrialPaths(tmp_path / "t"), timeout_s=5)
