@@ -415,13 +415,15 @@ def _tell_infeasible(study: optuna.Study, trial: optuna.Trial, layout: Layout,
     _set_attrs(trial, {"layout": layout.key(), "layout_dict": layout.to_dict(),
                        "outcome": outcome.kind, "reason": outcome.reason, "worker": worker})
     trial.set_constraint("feasible", 1.0)
-    study.tell(trial, state=outcome.state)
+    study.tell(trial, state=outcome.state, skip_if_finished=True)  # see _tell_skipped
 
 
 def _tell_skipped(study: optuna.Study, trial: optuna.Trial, layout: Layout, why: str) -> None:
     _set_attrs(trial, {"layout": layout.key(), "layout_dict": layout.to_dict(),
                        "outcome": "skipped", "reason": why})
-    study.tell(trial, state=TrialState.PRUNED)
+    # SQLite can hand one waiting trial to two workers (the run loop's comment): both may
+    # reach this verdict; the second tell of the same verdict is a no-op, not an error.
+    study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
 
 
 def _tell_outcome(study: optuna.Study, trial: optuna.Trial, layout: Layout,
