@@ -11,8 +11,12 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune.errors import AutotuneError, UsageError
+
+if TYPE_CHECKING:
+    from autotune.models.profile import LayerProfile
 
 __all__ = ["main", "build_parser"]
 
@@ -222,6 +226,123 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _layer_counts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(v) for v in text.split(",")}))
+    except ValueError:
+        values = ()
+    if len(values) < 2 or values[0] < 1:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; allowed: two or more distinct layer counts >= 1, e.g. 1,2")
+    return values
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from autotune.errors import SpecError
+    from autotune.models.profile import load_profile
+
+    if (args.study is None) == (args.from_landscape is None):
+        raise SpecError("STUDY / --from-landscape", args.study or args.from_landscape,
+                        "allowed: exactly one of a study file and --from-landscape CSV")
+    if args.from_landscape is not None and args.out is None:
+        raise SpecError("--out", None, "required with --from-landscape")
+    if args.from_landscape is not None and (args.top or args.layers):
+        raise SpecError("--top / --layers", args.top or args.layers,
+                        "allowed only when measuring a study (they choose the runs)")
+    table_opts = [f"--{k.replace('_', '-')}" for k in ("hardware", "devices_per_node",
+                                                        "attention")
+                  if getattr(args, k) is not None]
+    if args.vocab_size != 51200:
+        table_opts.append("--vocab-size")
+    if args.from_landscape is None and table_opts:
+        raise SpecError(table_opts[0], getattr(args, table_opts[0][2:].replace("-", "_")),
+                        "allowed only with --from-landscape (a study file says it itself)")
+    out = Path(args.out) if args.out else None
+    # Read an existing output before measuring anything: a bad file must not cost runs.
+    previous = load_profile(out) if out is not None and out.exists() else None
+    if args.from_landscape is not None:
+        from autotune.landscape import load_landscape
+        from autotune.models.profile import fit_layer_profile, landscape_samples
+
+        try:
+            groups = load_landscape(args.from_landscape, hardware=args.hardware,
+                                    devices_per_node=args.devices_per_node,
+                                    vocab_size=args.vocab_size, attention=args.attention)
+        except SpecError as err:
+            if err.field != "--landscape":
+                raise
+            raise SpecError("--from-landscape", err.value, err.allowed) from None
+        profile = fit_layer_profile(landscape_samples(groups),
+                                    source=f"landscape {args.from_landscape}")
+        if not len(profile):
+            print(f"autotune: error: {args.from_landscape}: no series of layouts measured at "
+                  "two or more layer counts; nothing to fit", file=sys.stderr)
+            return EXIT_FAIL
+        assert out is not None
+        _save_profile(profile if previous is None else previous.merged(profile), out,
+                      added=len(profile))
+        return EXIT_OK
+    return _profile_study(args, previous)
+
+
+def _save_profile(profile: LayerProfile, out: Path, *, added: int) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(out)
+    print(f"wrote {out}: {added} layer shape(s) measured, {len(profile)} in the file")
+
+
+def _profile_study(args: argparse.Namespace, previous: LayerProfile | None) -> int:
+    from autotune.errors import SpecError
+    from autotune.launchers import make_launcher
+    from autotune.profiling import DEFAULT_LAYERS, compare_rows, profile_cells, run_profile
+    from autotune.spec import load_study
+
+    spec = load_study(args.study)
+    if spec.launcher.kind == "replay":
+        raise SpecError("launcher.kind", "replay", "allowed: local or slurm (a replayed "
+                        "table is profiled with --from-landscape CSV)")
+    launcher = make_launcher(spec)
+    cells, skipped = profile_cells(spec, top=args.top)
+    layers = args.layers or DEFAULT_LAYERS
+    out = Path(args.out) if args.out else Path("profiles") / f"{spec.name}.json"
+    say = (lambda line: None) if args.quiet else (
+        lambda line: print(f"[profile] {line}", file=sys.stderr, flush=True))
+    for cell, why in skipped:
+        say(f"skipping {cell.label()}: {why}")
+    if not cells:
+        print("autotune: error: no feasible layout to profile (see autotune plan)",
+              file=sys.stderr)
+        return EXIT_FAIL
+    say(f"{len(cells)} layer shape(s) of {spec.name}: "
+        f"{', '.join(c.label() for c in cells)}; {len(cells) * len(layers) * 2} runs")
+    result = run_profile(spec, launcher, cells, layers=layers, log=say)
+    measured = len(cells) - len(result.failed)
+    if measured:
+        merged = result.profile if previous is None else previous.merged(result.profile)
+        _save_profile(merged, out, added=measured)
+        from autotune.tables import format_table
+
+        rows = compare_rows(spec, result.profile, cells)
+        print(format_table(
+            ["shape", "measured ms/layer", "+-", "analytic ms", "measured/analytic"],
+            [[c.label(), f"{e.layer_time_s * 1e3:.4g}",
+              f"{e.stderr_s * 1e3:.2g}" if e.stderr_s is not None else "",
+              f"{a * 1e3:.4g}", f"{e.layer_time_s / a:.2f}"] for c, e, a in rows]))
+        noisy = [c.label() for c, e, _ in rows if e.noisy]
+        if noisy:
+            print(f"noisy (error over 10%): {', '.join(noisy)}; more trial.measure_steps or "
+                  "a wider --layers gap would tighten them", file=sys.stderr)
+        print(f"use it: add to {args.study}'s cluster section:  profile: {out}")
+    for cell, why in sorted(result.failed.items()):
+        print(f"not measured: {cell.label()}: {why}", file=sys.stderr)
+    if result.interrupted:
+        return EXIT_INTERRUPT
+    if not measured:
+        print("autotune: error: no layer shape could be measured", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK
+
+
 def cmd_campaign(args: argparse.Namespace) -> int:
     from autotune.campaign.cli import run
 
@@ -263,6 +384,29 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--top", type=_positive_int, default=20, metavar="K")
     pl.add_argument("--format", choices=("table", "csv", "json"), default="table")
     pl.set_defaults(func=cmd_plan)
+
+    pf = sub.add_parser("profile", help="measure the layer times of a study's shapes (or "
+                        "fit them from a measured table) for the cost model")
+    pf.add_argument("study", nargs="?", metavar="STUDY.yaml")
+    pf.add_argument("--out", metavar="FILE", help="profile file to write or extend "
+                    "(default: profiles/STUDY-NAME.json)")
+    pf.add_argument("--layers", type=_layer_counts, metavar="L1,L2",
+                    help="layer counts of the runs (default: 1,3)")
+    pf.add_argument("--top", type=_positive_int, metavar="K",
+                    help="only the shapes of the K best predicted layouts")
+    pf.add_argument("--from-landscape", metavar="CSV",
+                    help="fit from a measured table (vTrain or Aurora format) instead")
+    pf.add_argument("--hardware", metavar="NAME",
+                    help="with --from-landscape: device of a table that does not name it")
+    pf.add_argument("--devices-per-node", type=_positive_int, metavar="N",
+                    help="with --from-landscape: node size of a table that does not give it")
+    pf.add_argument("--vocab-size", type=_positive_int, default=51200, metavar="V",
+                    help="with --from-landscape: vocabulary of the runs (default: 51200)")
+    pf.add_argument("--attention", choices=("flash", "explicit"),
+                    help="with --from-landscape: attention of the runs (default: the "
+                    "format's, explicit for vTrain, flash for Aurora)")
+    pf.add_argument("--quiet", action="store_true", help="no progress lines")
+    pf.set_defaults(func=cmd_profile)
 
     rp = sub.add_parser("report", help="a study's report: tables, plots, CSV/Parquet exports")
     rp.add_argument("study", nargs="?", metavar="STUDY", help="study file or name")

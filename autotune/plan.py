@@ -71,6 +71,8 @@ class PlanResult:
     """The best ``top`` feasible layouts, best predicted throughput first."""
     excluded: tuple[Exclusion, ...] = field(default_factory=tuple)
     """Excluded layouts by first reason code, most frequent first."""
+    profile: str | None = None
+    """Source of the measured layer times (``cluster.profile``), if the study has some."""
 
 
 def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
@@ -99,12 +101,13 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
         global_batch=spec.training.global_batch, device=device, dtype=dtype,
         n_layouts=len(feasible) + len(excluded), n_feasible=len(feasible),
         memory_capacity_bytes=spec.cluster.device_spec().memory_bytes, rows=rows,
-        excluded=exclusions)
+        excluded=exclusions,
+        profile=spec.cluster.profile.label if spec.cluster.profile is not None else None)
 
 
 _COLUMNS = ("rank", "layout", "tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage",
             "recompute", "model_tflops_per_device", "step_time_s", "peak_memory_gib",
-            "bubble_s", "comm_s")
+            "bubble_s", "comm_s", "layer_time")
 
 
 def _row_values(row: PlanRow) -> list[Any]:
@@ -113,7 +116,7 @@ def _row_values(row: PlanRow) -> list[Any]:
     return [row.rank, lay.key(), lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.grad_accum,
             lay.zero_stage, lay.recompute, round(st.model_tflops_per_device, 4),
             round(st.step_time_s, 6), round(row.memory.peak_bytes / GiB, 3),
-            round(st.bubble_s, 6), round(comm, 6)]
+            round(st.bubble_s, 6), round(comm, 6), "measured" if st.profiled else "model"]
 
 
 def _to_json(result: PlanResult) -> dict[str, Any]:
@@ -123,6 +126,7 @@ def _to_json(result: PlanResult) -> dict[str, Any]:
         "n_layouts": result.n_layouts, "n_feasible": result.n_feasible,
         "n_excluded": result.n_layouts - result.n_feasible,
         "memory_capacity_bytes": result.memory_capacity_bytes,
+        "profile": result.profile,
         "feasible": [{"rank": r.rank, "layout": r.layout.to_dict(), "key": r.layout.key(),
                       "model_tflops_per_device": r.step.model_tflops_per_device,
                       "step_time_s": r.step.step_time_s,
@@ -157,6 +161,12 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
             "by predicted model TFLOPS per device")
     cols = ["rank", "layout", "TFLOPS/dev", "step_s", "mem_GiB", "bubble_s", "comm_s"]
     picks = [0, 1, 9, 10, 11, 12, 13]
+    if result.profile is not None:
+        n = sum(r.step.profiled for r in result.rows)
+        head += (f"\nlayer times: measured for {n} of these {len(result.rows)} layouts "
+                 f"(profile {result.profile}), the cost model's for the rest")
+        cols.append("layer")
+        picks.append(14)
     body = format_table(cols, [[_row_values(r)[i] for i in picks] for r in result.rows])
     out = [head, "", body if result.rows else "(no feasible layout)"]
     if result.excluded:

@@ -22,6 +22,7 @@ from autotune.config.launcher import LauncherConfig
 from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, StorageConfig, TrainingConfig, TrialConfig
 from autotune.errors import SpecError
+from autotune.trial import RunConfig
 
 __all__ = ["StudySpec", "load_study", "parse_study", "STUDY_NAME_RE"]
 
@@ -49,6 +50,13 @@ class StudySpec:
     def world_size(self) -> int:
         return self.cluster.world_size
 
+    def run_config(self) -> RunConfig:
+        """How each of the study's trainer runs goes (the ``run`` object of a trial spec)."""
+        return RunConfig(warmup_steps=self.trial.warmup_steps,
+                         measure_steps=self.trial.measure_steps, dtype=self.training.dtype,
+                         seed=self.search.seed, device=self.trial.device,
+                         collective_timeout_s=self.trial.collective_timeout_s)
+
     def with_storage_url(self, url: str) -> StudySpec:
         return replace(self, storage=replace(self.storage, url=url))
 
@@ -67,7 +75,8 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
         spec = StudySpec(
             name=name,
             model=ModelConfig.from_dict(data["model"]),
-            cluster=ClusterConfig.from_dict(data["cluster"]),
+            cluster=ClusterConfig.from_dict(
+                data["cluster"], base_dir=Path(source).parent if source else None),
             training=TrainingConfig.from_dict(data["training"]),
             search=SearchConfig.from_dict(data.get("search") or {}),
             trial=TrialConfig.from_dict(data.get("trial") or {}),
@@ -75,6 +84,16 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             launcher=LauncherConfig.from_dict(data.get("launcher") or {}),
             source=source,
         )
+        profile = spec.cluster.profile
+        if profile is not None and not profile.covers(spec.model, device=spec.cluster.device,
+                                                      dtype=spec.training.dtype):
+            # A profile of another model or device would silently do nothing: say so.
+            raise SpecError("cluster.profile", profile.label,
+                            f"allowed: a profile with entries for this model's layer "
+                            f"(hidden {spec.model.hidden}, {spec.model.n_head} heads, "
+                            f"sequence {spec.model.seq_len}) on {spec.cluster.device} in "
+                            f"{spec.training.dtype}; this one has {len(profile)} entries "
+                            "for other layers (autotune profile STUDY measures them)")
         if spec.model.dropout > 0 and spec.launcher.kind != "replay":
             # Local and SLURM trials run the built-in trainer, which has no dropout: a
             # study must not tune (and predict memory for) a model it will not run.

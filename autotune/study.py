@@ -56,7 +56,7 @@ from autotune.results import best_trial
 from autotune.search import Observation, dominated_by_oom, make_strategy
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
-from autotune.trial import RunConfig, TrialSpec
+from autotune.trial import TrialSpec
 
 __all__ = ["RunSummary", "run_study", "open_study", "layout_of", "AXES"]
 
@@ -247,11 +247,7 @@ class _Worker:
             min_improvement=spec.search.min_improvement)
         self.name_suffix = name_suffix
         self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
-        self.run_cfg = RunConfig(warmup_steps=spec.trial.warmup_steps,
-                                 measure_steps=spec.trial.measure_steps,
-                                 dtype=spec.training.dtype, seed=spec.search.seed,
-                                 device=spec.trial.device,
-                                 collective_timeout_s=spec.trial.collective_timeout_s)
+        self.run_cfg = spec.run_config()
         self.summary = RunSummary()
 
     def run(self, timeout_s: float | None, signals: StopSignals) -> RunSummary:

@@ -18,6 +18,13 @@ strategies). The random strategy is checked against its analytic expectation
 speed-up = analytic random mean / strategy mean, the analytic random expectation). Runs in
 minutes on 2 cores (tpe and gp get ``--optuna-repeats`` seeds: Optuna's GP refits per ask).
 
+``--profile-cv SCHEME`` (``layers``, ``world``, ``batch``; repeatable or a comma list) also
+replays the strategies that use the cost model (``default``, ``cost-model-only``) with its
+layer times measured: each group's cluster gets the layer profile fitted on the groups
+whose layer count, device count or global batch differs from its own
+(``benchmarks/cost_model_accuracy.py``, ``held_out_clusters``). Their rows are named
+``STRATEGY+SCHEME``; the JSON puts them under ``profiled`` (by scheme, then strategy).
+
 ``--min-improvement X`` (repeatable) also replays the default strategy with the early stop
 of ``search.min_improvement = X`` (issue #5), and once without it, each until it stops or
 ``--budget`` trials are spent: per group the trials spent, whether the best measured by
@@ -39,9 +46,11 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS
 from autotune.landscape import LandscapeGroup, load_landscape
 from autotune.launchers.replay import ReplayLauncher
@@ -55,9 +64,16 @@ from autotune.search import (
     cost_model_predictor,
     make_strategy,
 )
+from benchmarks.cost_model_accuracy import (
+    add_profile_cv_argument,
+    held_out_clusters,
+    parse_profile_cv,
+)
 
 DETERMINISTIC = {"default", "grid", "cost-model-only"}
 """Strategies whose proposals do not depend on the seed: one run stands for all."""
+USES_COST_MODEL = {"default", "cost-model-only"}
+"""Strategies whose proposals depend on the cost model (a wrong or profiled one)."""
 
 
 def candidates_of(group: LandscapeGroup) -> list[Layout]:
@@ -150,11 +166,19 @@ class Task:
     then also draws the error ``i``, the same for every strategy."""
     max_trials: int | None = None
     """Censor each replay after this many trials (``--max-trials``)."""
+    cluster: ClusterConfig | None = None
+    """The cluster the cost model predicts for (``--profile-cv``: the group's with a
+    held-out layer profile); ``None``: the group's own."""
+    label: str = ""
+    """The row this replay is reported under (default: the strategy)."""
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.strategy
 
 
 def run_task(task: Task) -> list[int | None]:
     g = task.group
-    predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype)
+    predict = cost_model_predictor(g.model, task.cluster or g.cluster, dtype=g.dtype)
     out = []
     for seed in task.seeds:
         pred = with_error(predict, g, task.cost_model_error, seed)
@@ -267,7 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention", choices=ATTENTION_KINDS, default=None,
                     help="override the file's attention kind (default: vTrain explicit, "
                     "Aurora flash)")
+    add_profile_cv_argument(ap)
     args = ap.parse_args(argv)
+    try:
+        schemes = parse_profile_cv(args.profile_cv)
+    except ValueError as err:
+        ap.error(str(err))
     for m in args.min_improvement:
         if not 0.0 <= m < 1.0:
             ap.error(f"--min-improvement: got {m}; allowed: a fraction >= 0 and < 1")
@@ -280,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         if s not in STRATEGIES:
             ap.error(f"--strategies: unknown {s!r}; allowed: {', '.join(STRATEGIES)}")
     groups: list[LandscapeGroup] = []
+    every_group: list[LandscapeGroup] = []  # the small ones too: profiles are fitted on all
     for path in args.landscape:
         loaded = load_landscape(path, hardware=args.hardware,
                                 devices_per_node=args.devices_per_node,
@@ -288,20 +318,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{path}: {len(loaded)} groups, {len(usable)} with >= {args.min_layouts} "
               "layouts", file=sys.stderr)
         groups.extend(usable)
+        every_group.extend(loaded)
     if not groups:
         print("no landscape group is large enough", file=sys.stderr)
 
     def seeds(strategy: str) -> list[int]:
         if strategy in DETERMINISTIC:
-            uses_model = strategy != "grid"
-            return list(range(args.error_draws if uses_model and args.cost_model_error > 0
-                              else 1))
+            return list(range(args.error_draws if strategy in USES_COST_MODEL
+                              and args.cost_model_error > 0 else 1))
         return list(range(args.optuna_repeats if strategy in ("tpe", "gp") else args.repeats))
 
     # Random search is never censored: it is cheap, and its full runs are the harness check.
     tasks = [Task(g, s, seeds(s), args.tolerance, args.cost_model_error,
                   None if s == "random" else args.max_trials)
              for g in groups for s in strategies]
+    profiled_rows: dict[str, dict[str, str]] = {}  # scheme -> strategy -> row label
+    for scheme in schemes:
+        mine = [s for s in strategies if s in USES_COST_MODEL]
+        profiled_rows[scheme] = {s: f"{s}+{scheme}" for s in mine}
+        clusters = held_out_clusters(groups, scheme, fit_on=every_group)
+        tasks += [Task(g, s, seeds(s), args.tolerance, args.cost_model_error, args.max_trials,
+                       cluster=c, label=profiled_rows[scheme][s])
+                  for g, c in zip(groups, clusters, strict=True) for s in mine]
+    rows = [*strategies, *(r for by_s in profiled_rows.values() for r in by_s.values())]
     started = time.monotonic()
     if args.jobs > 1 and len(tasks) > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -324,28 +363,34 @@ def main(argv: list[str] | None = None) -> int:
 
     per_group: dict[str, dict[str, list[int | None]]] = {}
     for task, res in zip(tasks, results, strict=True):
-        per_group.setdefault(task.group.name, {})[task.strategy] = res
+        per_group.setdefault(task.group.name, {})[task.label] = res
 
-    out_groups = []
+    out_groups: list[dict[str, Any]] = []
+    group_rows: list[dict[str, dict[str, float | None]]] = []  # per group: row -> summary
+    # Analytic columns keep their 10 characters; the longer profiled labels widen theirs.
+    widths = {r: 10 if r in strategies else max(10, len(r)) for r in rows}
     header = f"{'group':44s} {'N':>3s} {'k':>3s} {'rnd E':>6s}" + "".join(
-        f" {s[:10]:>10s}" for s in strategies)
+        f" {r[:widths[r]]:>{widths[r]}s}" for r in rows)
     print(header)
     for g in groups:
         n, k = len(g.measurements), good_count(g, args.tolerance)
+        by_row = {r: summarize(per_group[g.name][r], args.budget) for r in rows}
         entry = {"name": g.name, "n_layouts": n, "n_good": k,
                  "random_expected_trials": random_expectation(n, k),
                  "random_expected_success_rate": random_success_probability(n, k, args.budget),
-                 "strategies": {s: summarize(per_group[g.name][s], args.budget)
-                                for s in strategies}}
+                 "strategies": {s: by_row[s] for s in strategies}}
+        if profiled_rows:
+            entry["profiled"] = {scheme: {s: by_row[r] for s, r in by_s.items()}
+                                 for scheme, by_s in profiled_rows.items()}
         out_groups.append(entry)
-        cells = "".join(f" {_fmt(entry['strategies'][s]['median_trials']):>10s}"
-                        for s in strategies)
+        group_rows.append(by_row)
+        cells = "".join(f" {_fmt(by_row[r]['median_trials']):>{widths[r]}s}" for r in rows)
         print(f"{g.name[:44]:44s} {n:3d} {k:3d} {entry['random_expected_trials']:6.2f}{cells}")
 
-    summary = {}
-    for s in strategies:
-        medians = [_inf(e["strategies"][s]["median_trials"]) for e in out_groups]
-        rates = [e["strategies"][s]["success_rate"] for e in out_groups]
+    summary: dict[str, dict[str, float | None]] = {}
+    for s in rows:
+        medians = [_inf(by_row[s]["median_trials"]) for by_row in group_rows]
+        rates = [by_row[s]["success_rate"] or 0.0 for by_row in group_rows]
         summary[s] = {
             "median_trials": _fin(statistics.median(medians)) if medians else None,
             "q1_trials": _fin(_quantile(medians, 0.25)),
@@ -356,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     if out_groups:
         # Against the analytic random expectation (noise-free): mean trials over groups.
         expected_random = statistics.fmean(e["random_expected_trials"] for e in out_groups)
-        for s in strategies:
-            means = [_inf(e["strategies"][s]["mean_trials"]) for e in out_groups]
+        for s in rows:
+            means = [_inf(by_row[s]["mean_trials"]) for by_row in group_rows]
             summary[s]["mean_trials"] = _fin(statistics.fmean(means))
             mean = statistics.fmean(means)
             summary[s]["speedup_vs_random"] = (expected_random / mean if math.isfinite(mean)
@@ -371,11 +416,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{summary['random']['median_trials']}")
     print(f"\nsummary over {len(out_groups)} groups (tolerance {args.tolerance:.0%}, "
           f"budget {args.budget}; {elapsed:.0f} s):")
-    print(f"{'strategy':16s} {'median':>7s} {'q1':>5s} {'q3':>5s} {'worst':>6s} "
+    name_width = max([16, *(len(r) for r in rows)])
+    print(f"{'strategy':{name_width}s} {'median':>7s} {'q1':>5s} {'q3':>5s} {'worst':>6s} "
           f"{'mean':>5s} {'success':>8s} {'x random':>9s}")
-    for s in strategies:
+    for s in rows:
         r = summary[s]
-        print(f"{s:16s} {_fmt(r['median_trials']):>7s} {_fmt(r['q1_trials']):>5s} "
+        print(f"{s:{name_width}s} {_fmt(r['median_trials']):>7s} {_fmt(r['q1_trials']):>5s} "
               f"{_fmt(r['q3_trials']):>5s} {_fmt(r['max_group_median_trials']):>6s} "
               f"{_fmt(r.get('mean_trials')):>5s} "
               f"{r['success_rate'] or 0:8.1%} {_fmt(r.get('speedup_vs_random')):>9s}")
@@ -392,7 +438,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         doc = {"tolerance": args.tolerance, "budget": args.budget, "repeats": args.repeats,
                "min_layouts": args.min_layouts, "landscapes": args.landscape,
-               "strategies": summary, "groups": out_groups}
+               "strategies": {s: summary[s] for s in strategies}, "groups": out_groups}
+        if profiled_rows:
+            doc["profiled"] = {scheme: {s: summary[r] for s, r in by_s.items()}
+                               for scheme, by_s in profiled_rows.items()}
         if early_summary:
             doc["early_stop"] = early_summary
         Path(args.json).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")

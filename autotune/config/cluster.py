@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from autotune.config._fields import check_float, check_int, check_keys
 from autotune.errors import SpecError
 from autotune.hardware import DeviceSpec, GiB, LinkSpec, get_device
+
+if TYPE_CHECKING:
+    from autotune.models.profile import LayerProfile
 
 __all__ = ["ClusterConfig", "LinkConfig"]
 
@@ -52,6 +56,10 @@ class ClusterConfig:
     """Override of the dense peak per device (TFLOPS, in the study's dtype)."""
     links: LinkConfig = field(default_factory=LinkConfig)
     """Overrides of the link table."""
+    profile: LayerProfile | None = None
+    """Measured layer times (``cluster.profile``: the path of a file written by
+    ``autotune profile``): the cost model uses them in place of its analytic layer time
+    for the shapes they cover (:mod:`autotune.models.profile`)."""
 
     def __post_init__(self) -> None:
         check_int("cluster.nodes", self.nodes)
@@ -85,9 +93,14 @@ class ClusterConfig:
         return replace(spec, **changes) if changes else spec
 
     @classmethod
-    def from_dict(cls, data: Any) -> ClusterConfig:
+    def from_dict(cls, data: Any, *, base_dir: str | Path | None = None) -> ClusterConfig:
+        """Validate a ``cluster`` section; a relative ``profile`` path is read from
+        ``base_dir`` (the study file's folder) when it is not found from the working one."""
         data = dict(check_keys("cluster", data, ("nodes", "devices_per_node", "device",
-                                                 "memory_gb", "peak_tflops", "links")))
+                                                 "memory_gb", "peak_tflops", "links",
+                                                 "profile")))
+        if "profile" in data:
+            data["profile"] = _load_profile(data["profile"], base_dir)
         if "links" in data:
             data["links"] = LinkConfig.from_dict(data["links"])
         for key in ("memory_gb", "peak_tflops"):
@@ -96,3 +109,22 @@ class ClusterConfig:
         if "device" in data and not isinstance(data["device"], str):
             raise SpecError("cluster.device", data["device"], "allowed: a device name string")
         return cls(**data)
+
+
+def _load_profile(value: Any, base_dir: str | Path | None) -> LayerProfile:
+    from autotune.models.profile import load_profile  # local: configs import light
+
+    if not isinstance(value, str) or not value:
+        raise SpecError("cluster.profile", value, "allowed: the path of a layer-profile "
+                        "JSON file (written by autotune profile)")
+    path = Path(value).expanduser()
+    if not path.is_absolute() and not path.exists() and base_dir is not None:
+        path = Path(base_dir) / path
+    try:
+        return load_profile(path)
+    except SpecError as err:
+        if err.field == "profile":  # the file itself: missing, unreadable
+            raise SpecError("cluster.profile", err.value, err.allowed) from None
+        # Something inside the file: name the file and the entry's field.
+        raise SpecError("cluster.profile", str(path),
+                        f"in the file, {err.field}: got {err.value!r}; {err.allowed}") from None

@@ -27,6 +27,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from autotune.hardware import DeviceSpec, LinkSpec
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.models.memory import dtype_bytes, params_per_rank
+from autotune.models.profile import LayerShape
 
 __all__ = [
     "StepEstimate",
@@ -52,6 +54,9 @@ __all__ = [
     "zero3_gather_time_s",
     "optimizer_time_s",
     "pipeline_time_s",
+    "LayerTime",
+    "layer_terms",
+    "profile_scale",
     "host_layer_time_s",
     "host_exposed_time_s",
     "link_level",
@@ -319,6 +324,89 @@ def pipeline_time_s(stage_times_s: list[float], micro_batches: int) -> float:
 
 
 @dataclass(frozen=True)
+class LayerTime:
+    """One transformer layer for one micro-batch on one TP rank: forward, backward and
+    (with full recompute) the recompute forward, in seconds."""
+
+    compute_s: float
+    """Device compute (measured: the whole measured layer time)."""
+    tp_comm_s: float
+    """TP all-reduces, on the device stream, not overlapped (0 when measured)."""
+    host_s: float
+    """Host dispatch time the device did not hide (0 when measured)."""
+    measured: bool = False
+    """From ``cluster.profile`` rather than the analytic model."""
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.tp_comm_s + self.host_s
+
+
+def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
+                dtype: str = "bf16", *, use_profile: bool = True) -> LayerTime:
+    """The layer time the step is composed of: measured where ``cluster.profile`` has the
+    layer's shape (:mod:`autotune.models.profile`), else analytic.
+
+    Analytic: the forward (:func:`layer_forward_time_s`) counted 3 times (backward = 2
+    forwards; Narayanan et al. 2021, section 3.5) or 4 with recompute, the TP
+    all-reduces (:func:`tp_allreduce_time_s`) and the host time not hidden
+    (:func:`host_exposed_time_s`), the device running asynchronously behind the host.
+
+    With a profile that measured other shapes of this layer but not this one, the
+    analytic time is scaled by :func:`profile_scale`, so that measured and unmeasured
+    layouts compete on one level (an analytic model 10% optimistic would otherwise favour
+    every shape the profile left out).
+    """
+    if use_profile and cluster.profile is not None:
+        measured = cluster.profile.layer_time_s(LayerShape.of(
+            model, layout, device=cluster.device, dtype=dtype,
+            tp_link=link_level(layout.tp, cluster, cluster.device_spec().devices_per_card)))
+        if measured is not None:
+            # vTrain's method at layer granularity: the measurement already holds the
+            # shape-specific kernel speed, the all-reduces and the host time not hidden.
+            return LayerTime(measured, 0.0, 0.0, measured=True)
+        k = profile_scale(model, cluster, dtype)
+        t = _analytic_layer(model, layout, cluster, dtype)
+        return LayerTime(k * t.compute_s, k * t.tp_comm_s, k * t.host_s)
+    return _analytic_layer(model, layout, cluster, dtype)
+
+
+def _analytic_layer(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
+                    dtype: str) -> LayerTime:
+    spec = cluster.device_spec()
+    perf = device_perf(spec.name)
+    peak = (spec.peak_tflops(dtype) or perf.fallback_peak_tflops or 1.0) * 1e12
+    rc = 1.0 if layout.recompute == "full" else 0.0
+    compute = (3.0 + rc) * layer_forward_time_s(model, layout, peak, perf, dtype)
+    tp_comm = tp_allreduce_time_s(model, layout,
+                                  spec, link_level(layout.tp, cluster, spec.devices_per_card),
+                                  dtype)
+    host = host_exposed_time_s(compute + tp_comm, host_layer_time_s(layout, perf))
+    return LayerTime(compute, tp_comm, host)
+
+
+@functools.lru_cache(maxsize=256)
+def profile_scale(model: ModelConfig, cluster: ClusterConfig, dtype: str) -> float:
+    """Measured over analytic layer time, over the shapes of ``model``'s layer that
+    ``cluster.profile`` measured on this device and dtype (:func:`calibrate`: the
+    geometric mean); 1 when it measured none. Memoised: it is asked once per layout."""
+    profile = cluster.profile
+    if profile is None:
+        return 1.0
+    dpc = cluster.device_spec().devices_per_card
+    measured, analytic = [], []
+    for entry in profile.entries:
+        sh = entry.shape
+        lay = Layout(sh.tp, 1, 1, sh.micro_batch, 1, recompute=sh.recompute)
+        if LayerShape.of(model, lay, device=cluster.device, dtype=dtype,
+                         tp_link=link_level(sh.tp, cluster, dpc)) != sh:
+            continue  # another layer, device, dtype, or TP over another link
+        measured.append(entry.layer_time_s)
+        analytic.append(_analytic_layer(model, lay, cluster, dtype).total_s)
+    return calibrate(analytic, measured)
+
+
+@dataclass(frozen=True)
 class StepEstimate:
     """Predicted time of one optimizer step and its breakdown, in seconds per step.
 
@@ -346,6 +434,10 @@ class StepEstimate:
     hardware_tflops_per_device: float
     gemm_efficiency: float
     """Efficiency of the layer's largest GEMM (a diagnostic)."""
+    profiled: bool = False
+    """The layer time is a measured one from ``cluster.profile``; ``compute_s`` then holds
+    the whole measured layer time (its TP all-reduces and exposed host time included) and
+    ``tp_comm_s`` and ``host_s`` are zero."""
 
     def to_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -375,19 +467,15 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     rc = 1.0 if lay.recompute == "full" else 0.0
     layers = math.ceil(model.n_layer / p)
 
-    # One layer, one micro-batch: forward, backward (2 forwards), recompute forward; its
-    # TP all-reduces run on the device stream too. The host dispatches asynchronously.
-    fwd = layer_forward_time_s(model, lay, peak, perf, dtype)
-    tp_comm = tp_allreduce_time_s(model, lay, spec, link_level(lay.tp, cluster, dpc), dtype)
-    device_t = (3.0 + rc) * fwd + tp_comm
-    exposed_host = host_exposed_time_s(device_t, host_layer_time_s(lay, perf))
+    layer = layer_terms(model, lay, cluster, dtype)
+    layer_compute, tp_comm, exposed_host = layer.compute_s, layer.tp_comm_s, layer.host_s
     logits = 3.0 * logits_forward_time_s(model, lay, peak, perf)
     p2p = p2p_time_s(model, lay, spec, link_level(lay.world_size, cluster, dpc), dtype)
     dp_link = _link(spec, link_level(lay.tp * lay.dp, cluster, dpc)) if lay.dp > 1 else None
 
     stages: dict[str, _Stage] = {}
     for name in (["only"] if p == 1 else ["first", "last"]):
-        compute = layers * (3.0 + rc) * fwd + (logits if name in ("last", "only") else 0.0)
+        compute = layers * layer_compute + (logits if name in ("last", "only") else 0.0)
         gather = (zero3_gather_time_s(params_per_rank(model, lay, name), lay, dp_link, dtype)
                   if dp_link is not None else 0.0)
         # DeepSpeed prefetches the next layer's weights: gathers hide behind compute.
@@ -406,7 +494,8 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     if dp_link is not None and lay.zero_stage < 3:
         dp = dp_reduce_time_s(n_max, lay, dp_link, dtype)
         if p == 1 and lay.zero_stage in DP_OVERLAP_STAGES:
-            dp = max(0.0, dp - layers * 2.0 * fwd)  # hidden behind the last backward
+            # hidden behind the last backward (2 of the layer's 3 or 4 forward-equivalents)
+            dp = max(0.0, dp - layers * layer_compute * 2.0 / (3.0 + rc))
     opt = optimizer_time_s(n_max, lay, perf, dtype)
     step = pipe + dp + opt
 
@@ -427,6 +516,7 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
         model_tflops_per_device=model_flops / (step * world) / 1e12,
         hardware_tflops_per_device=hw_flops / (step * world) / 1e12,
         gemm_efficiency=gemm_efficiency(big, peak, perf),
+        profiled=layer.measured,
     )
 
 

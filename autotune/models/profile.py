@@ -1,0 +1,395 @@
+"""Measured layer times: what the analytic layer model cannot know about a device.
+
+The cost model (:mod:`autotune.models.cost`) composes one transformer layer's time into a
+step: pipeline bubble, point-to-point sends, data-parallel reduction, optimizer. Its layer
+time is analytic (GEMM efficiency, memory-bound passes, TP all-reduces, host dispatch),
+and on a real stack some layer shapes run 20-25% off it: kernel selection per GEMM shape,
+how well the host's dispatch hides behind the device. vTrain (Bang et al., MICRO 2024)
+closes that gap by profiling the layer's operators on the target GPU and simulating the
+rest. A :class:`LayerProfile` is that idea at layer granularity: the measured time of one
+layer for one micro-batch (forward, backward and recompute, with its TP all-reduces and
+exposed host time), keyed by everything that shapes it (:class:`LayerShape`). Where a
+layout's shape is in the profile the cost model uses the measured time; elsewhere the
+analytic one.
+
+Where the numbers come from (:func:`fit_layer_profile`): steps measured at two or more
+layer counts with everything else equal. In 1F1B with ``m`` micro-batches over ``p``
+stages the critical path holds ``(m + p - 1) * ceil(L / p)`` layer-micro-batch slots
+(Narayanan et al. 2021, section 2.2.1), so the slope of step time over that count is the
+layer time, and embeddings, logits, optimizer and per-step overheads fall into the
+intercept. ``autotune profile`` measures such pairs with the trainer on ``tp`` devices;
+``--from-landscape`` reads them from a published table.
+
+A profile is a tagged JSON file (``"kind": "autotune-layer-profile"``), written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from autotune.atomic import write_json_atomic
+from autotune.config._fields import check_choice, check_float, check_int, check_keys
+from autotune.config.model import ATTENTION_KINDS, MLP_KINDS, ModelConfig
+from autotune.errors import SpecError
+from autotune.hardware import HARDWARE
+from autotune.layout import RECOMPUTE_CHOICES, Layout, Recompute
+
+if TYPE_CHECKING:
+    from autotune.config.cluster import ClusterConfig
+    from autotune.landscape import LandscapeGroup
+
+__all__ = ["LayerShape", "ProfileEntry", "LayerProfile", "LayerSample", "PROFILE_KIND",
+           "PROFILE_VERSION", "layer_slots", "fit_layer_profile", "load_profile",
+           "landscape_samples", "tp_link_of", "median_standard_error"]
+
+PROFILE_KIND = "autotune-layer-profile"
+DTYPES = ("fp32", "bf16", "fp16")
+TP_LINKS = ("none", "intra_card", "intra_node", "inter_node")
+"""The links of :func:`autotune.models.cost.link_level`."""
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True, order=True)
+class LayerShape:
+    """Everything that sets one layer's time for one micro-batch on one TP rank."""
+
+    device: str
+    """Device-table name (:mod:`autotune.hardware`)."""
+    dtype: str
+    hidden: int
+    n_head: int
+    kv_heads: int
+    ffn: int
+    seq_len: int
+    mlp: str
+    attention: str
+    dropout: float
+    tp: int
+    tp_link: str
+    """Link the TP group crosses (:func:`autotune.models.cost.link_level`): a shape
+    measured inside a node says nothing about TP over the network."""
+    micro_batch: int
+    recompute: Recompute
+
+    def __post_init__(self) -> None:
+        # Profiles come from files: a mistyped field must be an error, not a shape that
+        # silently never matches (the cost model would quietly ignore it).
+        for name in ("hidden", "n_head", "kv_heads", "ffn", "seq_len", "tp", "micro_batch"):
+            check_int(name, getattr(self, name))
+        check_choice("device", self.device, tuple(sorted(HARDWARE)))
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("mlp", self.mlp, MLP_KINDS)
+        check_choice("attention", self.attention, ATTENTION_KINDS)
+        check_choice("tp_link", self.tp_link, TP_LINKS)
+        check_choice("recompute", self.recompute, RECOMPUTE_CHOICES)
+        check_float("dropout", self.dropout, maximum=1.0)
+
+    @classmethod
+    def of(cls, model: ModelConfig, layout: Layout, *, device: str, dtype: str,
+           tp_link: str) -> LayerShape:
+        return cls(device=device, dtype=dtype, hidden=model.hidden, n_head=model.n_head,
+                   kv_heads=model.kv_heads, ffn=model.ffn, seq_len=model.seq_len,
+                   mlp=model.mlp, attention=model.attention, dropout=model.dropout,
+                   tp=layout.tp, tp_link=tp_link, micro_batch=layout.micro_batch,
+                   recompute=layout.recompute)
+
+    def label(self) -> str:
+        return (f"{self.device} {self.dtype} h{self.hidden} a{self.n_head} s{self.seq_len} "
+                f"tp{self.tp}({self.tp_link}) mb{self.micro_batch} {self.recompute}")
+
+
+@dataclass(frozen=True)
+class ProfileEntry:
+    """One measured layer time."""
+
+    shape: LayerShape
+    layer_time_s: float
+    """Seconds per layer and micro-batch: forward, backward, recompute, TP all-reduces and
+    the host time the device did not hide."""
+    n_fits: int = 1
+    """Independent slopes the median was taken over."""
+    spread: float = 0.0
+    """(max - min) / median of those slopes: how well they agreed."""
+    stderr_s: float | None = None
+    """Standard error of ``layer_time_s`` from the spread of the timed steps behind it
+    (``None`` when the source gave single numbers, e.g. a published table)."""
+
+    @property
+    def noisy(self) -> bool:
+        """The error bar is over a tenth of the value: more measured steps would help."""
+        return self.stderr_s is not None and self.stderr_s > 0.1 * self.layer_time_s
+
+    def __post_init__(self) -> None:
+        t = self.layer_time_s
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and t > 0
+                                       and math.isfinite(t)):
+            raise SpecError("layer_time_s", self.layer_time_s,
+                            f"allowed: a positive number of seconds ({self.shape.label()})")
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Measured layer times by shape; an immutable lookup table."""
+
+    entries: tuple[ProfileEntry, ...] = ()
+    source: str = ""
+    """Where the measurements came from (a study, a landscape file)."""
+    path: str = field(default="", compare=False)
+    """The file it was read from, if any."""
+    _index: dict[LayerShape, ProfileEntry] = field(default_factory=dict, init=False,
+                                                   repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        index = {e.shape: e for e in self.entries}
+        if len(index) != len(self.entries):
+            raise SpecError("entries", len(self.entries), "allowed: one entry per layer shape")
+        object.__setattr__(self, "_index", index)
+
+    @property
+    def label(self) -> str:
+        """How to name it to a user: its file, else its source."""
+        return self.path or self.source or "layer profile"
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def entry(self, shape: LayerShape) -> ProfileEntry | None:
+        """The measurement of ``shape``, or ``None`` if it was not measured."""
+        return self._index.get(shape)
+
+    def layer_time_s(self, shape: LayerShape) -> float | None:
+        """The measured time of ``shape``, or ``None`` if it was not measured."""
+        entry = self._index.get(shape)
+        return entry.layer_time_s if entry is not None else None
+
+    def covers(self, model: ModelConfig, *, device: str, dtype: str) -> bool:
+        """Whether any entry is for this model's layer on this device and dtype."""
+        probe = LayerShape.of(model, Layout(1, 1, 1, 1, 1), device=device, dtype=dtype,
+                              tp_link="none")
+        return any(_same_layer(e.shape, probe) for e in self.entries)
+
+    def merged(self, other: LayerProfile) -> LayerProfile:
+        """This profile with ``other``'s entries added; ``other`` wins on a shared shape."""
+        index = {**self._index, **other._index}
+        return LayerProfile(tuple(index[k] for k in sorted(index)),
+                            source="; ".join(s for s in (self.source, other.source) if s))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": PROFILE_KIND, "version": PROFILE_VERSION, "source": self.source,
+                "entries": [{**asdict(e.shape), "layer_time_s": e.layer_time_s,
+                             "n_fits": e.n_fits, "spread": e.spread, "stderr_s": e.stderr_s}
+                            for e in self.entries]}
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "profile") -> LayerProfile:
+        if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
+            raise SpecError("kind", data.get("kind") if isinstance(data, dict) else data,
+                            f"allowed: {PROFILE_KIND!r} (a file written by autotune profile)",
+                            source=source)
+        if data.get("version") != PROFILE_VERSION:
+            raise SpecError("version", data.get("version"), f"allowed: {PROFILE_VERSION}",
+                            source=source)
+        raw = data.get("entries")
+        if not isinstance(raw, list):
+            raise SpecError("entries", raw, "allowed: a list of entries", source=source)
+        names = [f for f in LayerShape.__dataclass_fields__]
+        entries = []
+        for i, item in enumerate(raw):
+            where = f"entries[{i}]"
+            try:
+                item = check_keys(where, item, [*names, "layer_time_s", "n_fits", "spread",
+                                                 "stderr_s"])
+                missing = [n for n in (*names, "layer_time_s") if n not in item]
+                if missing:
+                    raise SpecError(f"{where}.{missing[0]}", None, "required key is missing")
+                shape = LayerShape(**{n: item[n] for n in names})
+                se = item.get("stderr_s")
+                if se is not None:
+                    se = check_float("stderr_s", se)
+                entries.append(ProfileEntry(shape, item["layer_time_s"],
+                                            check_int("n_fits", item.get("n_fits", 1)),
+                                            check_float("spread", item.get("spread", 0.0)),
+                                            stderr_s=se))
+            except SpecError as err:
+                field_ = err.field if err.field.startswith(where) else f"{where}.{err.field}"
+                raise SpecError(field_, err.value, err.allowed, source=source) from None
+            except (TypeError, ValueError) as err:
+                raise SpecError(where, item, f"malformed ({err})", source=source) from None
+        try:
+            return cls(tuple(entries), source=str(data.get("source", "")))
+        except SpecError as err:  # two entries for one shape
+            raise SpecError(err.field, err.value, err.allowed, source=source) from None
+
+
+def _same_layer(a: LayerShape, b: LayerShape) -> bool:
+    """Same model layer on the same device and dtype (any tp, micro-batch, recompute)."""
+    keys = ("device", "dtype", "hidden", "n_head", "kv_heads", "ffn", "seq_len", "mlp",
+            "attention", "dropout")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+def load_profile(path: str | os.PathLike[str]) -> LayerProfile:
+    """Read a profile file; a missing or malformed file raises :class:`SpecError`."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise SpecError("profile", str(p), "no such file (write one with autotune profile)"
+                        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError("profile", str(p), f"cannot read it ({err.__class__.__name__})"
+                        ) from None
+    except json.JSONDecodeError as err:
+        raise SpecError("profile", str(p), f"not valid JSON ({err.msg}, line {err.lineno})"
+                        ) from None
+    return replace(LayerProfile.from_dict(data, source=str(p)), path=str(p))
+
+
+def layer_slots(n_layer: int, layout: Layout) -> int:
+    """Layer-micro-batch slots on a 1F1B step's critical path: ``(m + p - 1) ceil(L/p)``
+    (Narayanan et al. 2021, section 2.2.1, equal stages)."""
+    return (layout.grad_accum + layout.pp - 1) * math.ceil(n_layer / layout.pp)
+
+
+@dataclass(frozen=True)
+class LayerSample:
+    """One measured step: the job and its step time."""
+
+    model: ModelConfig
+    layout: Layout
+    device: str
+    dtype: str
+    tp_link: str
+    step_time_s: float
+    step_time_se_s: float | None = None
+    """Standard error of ``step_time_s`` (:func:`median_standard_error` of the timed
+    steps), when known: it gives the fitted layer time its error bar."""
+
+
+def tp_link_of(layout: Layout, cluster: ClusterConfig) -> str:
+    """The link a layout's TP group crosses on ``cluster`` (the cost model's rule)."""
+    from autotune.models.cost import link_level  # local: cost imports this module
+
+    return link_level(layout.tp, cluster, cluster.device_spec().devices_per_card)
+
+
+def landscape_samples(groups: Iterable[LandscapeGroup]) -> list[LayerSample]:
+    """The ``ok`` rows of measured landscape groups that report a step time."""
+    return [LayerSample(g.model, m.layout, g.cluster.device, g.dtype,
+                        tp_link_of(m.layout, g.cluster), m.iteration_time_s)
+            for g in groups for m in g.ok() if m.iteration_time_s]
+
+
+class _Point(NamedTuple):
+    slots: int
+    stage_layers: int
+    micro_batches: int
+    step_s: float
+    se_s: float | None
+    """Standard error of ``step_s``, when the steps behind it are known."""
+
+
+def _series_time(points: list[_Point]) -> tuple[float, float | None] | None:
+    """Layer time (and its standard error) from one series of measured steps.
+
+    With both the layer count and the micro-batch count varied (``autotune profile``'s
+    2 x 2 design), least squares on ``T = t * slots + o * stage_layers + c * m + k``
+    separates the layer time ``t`` from per-layer work done once per step (the optimizer
+    step over the layer's weights, its gradient reduction; the cost model charges those
+    itself) and per-micro-batch work outside the layers (embeddings, logits, loss). With
+    the layer count alone varied (a published table), ``T = t' * slots + k``: ``t'`` then
+    also holds ``o / m``, which is small at the accumulation such tables use.
+
+    Either estimate is linear in the step times, ``t = sum c_i T_i``, so its standard
+    error is ``sqrt(sum (c_i se_i)^2)`` when every point has one.
+    """
+    full = np.array([[p.slots, p.stage_layers, p.micro_batches, 1.0] for p in points])
+    if np.linalg.matrix_rank(full) == 4:
+        xs = full
+    elif len({p.slots for p in points}) >= 2 and len({p.micro_batches for p in points}) == 1:
+        xs = full[:, [0, 3]]
+    else:
+        return None
+    weights = np.linalg.pinv(xs)[0]  # t = weights @ step times
+    t = float(weights @ np.array([p.step_s for p in points]))
+    ses = [p.se_s for p in points]
+    se = (None if any(v is None for v in ses)
+          else float(math.sqrt(sum((w * v) ** 2 for w, v in zip(weights, ses, strict=True)
+                                   if v is not None))))
+    return t, se
+
+
+def median_standard_error(step_times_s: Sequence[float]) -> float | None:
+    """Standard error of the median of ``n`` timed steps, ``1.2533 sd / sqrt(n)`` (the
+    large-sample value for normal noise); ``None`` below 2 steps."""
+    n = len(step_times_s)
+    if n < 2:
+        return None
+    return 1.2533 * statistics.stdev(step_times_s) / math.sqrt(n)
+
+
+def fit_layer_profile(samples: Iterable[LayerSample], *, source: str = "") -> LayerProfile:
+    """Layer times from steps measured at several layer counts (see the module docstring).
+
+    Samples that differ only in the number of layers (and, for ``autotune profile``'s
+    runs, in the number of micro-batches) form one series; a series gives one layer time
+    (:func:`_series_time`). Each layer shape gets the median over its series (robust to
+    one noisy series) and the spread between them. Non-positive times (noise swamping a
+    tiny layer) are dropped; a shape left without any is not in the profile.
+    """
+    series: dict[tuple[Any, ...], dict[tuple[int, int, int], list[LayerSample]]] = (
+        defaultdict(lambda: defaultdict(list)))
+    shapes: dict[tuple[Any, ...], LayerShape] = {}
+    for s in samples:
+        if not (s.step_time_s > 0 and math.isfinite(s.step_time_s)):
+            continue
+        shape = LayerShape.of(s.model, s.layout, device=s.device, dtype=s.dtype,
+                              tp_link=s.tp_link)
+        lay = s.layout
+        key = (shape, s.model.vocab_size, lay.pp, lay.dp, lay.zero_stage)
+        shapes[key] = shape
+        stage_layers = math.ceil(s.model.n_layer / lay.pp)
+        point = (layer_slots(s.model.n_layer, lay), stage_layers, lay.grad_accum)
+        series[key][point].append(s)
+    times: dict[LayerShape, list[tuple[float, float | None]]] = defaultdict(list)
+    for key, by_point in series.items():
+        points = []
+        for pt, same in sorted(by_point.items()):
+            ses = [x.step_time_se_s for x in same]
+            se = (None if any(v is None for v in ses)
+                  else statistics.median(v for v in ses if v is not None) / math.sqrt(len(ses)))
+            points.append(_Point(*pt, statistics.median(x.step_time_s for x in same), se))
+        # A slope at rounding level (a series flat within float precision) is no
+        # measurement of a layer: keep only times above a millionth of the step.
+        floor = 1e-6 * max(p.step_s for p in points)
+        fits = [_series_time(points)] if len(points) >= 4 else [None]
+        if fits[0] is None:  # one series per accumulation
+            fits = [_series_time([p for p in points if p.micro_batches == m])
+                    for m in sorted({p.micro_batches for p in points})]
+        kept = [f for f in fits if f is not None and f[0] > floor]
+        if kept:
+            times[shapes[key]] += kept
+    entries = []
+    for shape in sorted(times):
+        vals = [t for t, _ in times[shape]]
+        ses = [se for _, se in times[shape]]
+        med = statistics.median(vals)
+        # The median of k fits is treated like their mean for its error: an estimate.
+        se = (None if any(v is None for v in ses)
+              else statistics.median(v for v in ses if v is not None) / math.sqrt(len(ses)))
+        entries.append(ProfileEntry(shape, med, len(vals), (max(vals) - min(vals)) / med,
+                                    stderr_s=se))
+    return LayerProfile(tuple(entries), source=source)

@@ -1,0 +1,188 @@
+"""``autotune profile``: measure the layer times of a study's layouts on the real stack.
+
+For each distinct layer shape among the study's feasible layouts (TP degree, micro-batch,
+recompute; the model, device and dtype are the study's), the built-in trainer runs on
+``tp`` devices with ``pp = dp = 1`` and ZeRO 0, at two layer counts times two gradient
+accumulations (a 2 x 2 design: :func:`autotune.models.profile.fit_layer_profile` then
+separates the layer's time per micro-batch from the optimizer step's per-layer share and
+from the per-micro-batch work outside the layers). Each run is a short trial through the
+study's own launcher (local or SLURM), with its warm-up, measured steps and timeout.
+
+A run that fails (out of memory, a timeout) costs only its shape: the other shapes are
+still measured and written; the cost model keeps the analytic time for the missing one.
+Cost: ``4 x shapes`` short runs on at most one node's devices each, against the study's
+trials on the whole machine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from autotune.candidates import rank_candidates
+from autotune.launchers.base import Launcher, TrialPaths
+from autotune.layout import Layout, Recompute
+from autotune.models.cost import layer_terms
+from autotune.models.profile import (
+    LayerProfile,
+    LayerSample,
+    LayerShape,
+    ProfileEntry,
+    fit_layer_profile,
+    median_standard_error,
+    tp_link_of,
+)
+from autotune.outcome import classify
+from autotune.progress import format_duration
+from autotune.spec import StudySpec
+from autotune.trial import TrialSpec
+
+__all__ = ["ProfileCell", "ProfileRun", "profile_cells", "profile_specs", "run_profile",
+           "compare_rows", "DEFAULT_LAYERS", "DEFAULT_ACCUMS"]
+
+DEFAULT_LAYERS = (1, 3)
+"""Layer counts of the runs: few layers keep each run short and small; a gap of two
+doubles the layer's signal against the run-to-run noise (against 1 and 2)."""
+DEFAULT_ACCUMS = (1, 2)
+"""Micro-batches per step of the runs (the second factor of the 2 x 2 design)."""
+
+
+@dataclass(frozen=True, order=True)
+class ProfileCell:
+    """One layer shape to measure, as the study's layouts name it."""
+
+    tp: int
+    micro_batch: int
+    recompute: Recompute
+
+    def label(self) -> str:
+        return f"tp{self.tp}-mb{self.micro_batch}-{self.recompute}"
+
+
+@dataclass
+class ProfileRun:
+    """What a profiling pass measured and what it could not."""
+
+    profile: LayerProfile
+    samples: list[LayerSample] = field(default_factory=list)
+    failed: dict[ProfileCell, str] = field(default_factory=dict)
+    """Shapes without a layer time, and why."""
+    interrupted: bool = False
+
+
+def profile_cells(spec: StudySpec, *, top: int | None = None,
+                  ) -> tuple[list[ProfileCell], list[tuple[ProfileCell, str]]]:
+    """The shapes to measure: those of the feasible layouts (of the ``top`` best predicted
+    ones, if given), best predicted first; and the shapes left out, with the reason."""
+    ranked = rank_candidates(spec)
+    if top is not None:
+        ranked = ranked[:top]
+    cells: list[ProfileCell] = []
+    skipped: list[tuple[ProfileCell, str]] = []
+    for cand in ranked:
+        lay = cand.layout
+        cell = ProfileCell(lay.tp, lay.micro_batch, lay.recompute)
+        if cell in cells or any(c == cell for c, _ in skipped):
+            continue
+        if lay.tp > spec.cluster.devices_per_node:
+            # One profiling run places its TP group on one node; a group that spans nodes
+            # talks over another link, which such a run cannot reproduce.
+            skipped.append((cell, f"TP {lay.tp} spans nodes of "
+                                  f"{spec.cluster.devices_per_node} devices"))
+            continue
+        cells.append(cell)
+    return cells, skipped
+
+
+def profile_specs(spec: StudySpec, cell: ProfileCell, *,
+                  layers: Sequence[int] = DEFAULT_LAYERS,
+                  accums: Sequence[int] = DEFAULT_ACCUMS) -> list[TrialSpec]:
+    """The trainer runs that measure ``cell``: every layer count times every accumulation."""
+    run = spec.run_config()
+    return [TrialSpec(model=replace(spec.model, n_layer=n_layer),
+                      layout=Layout(tp=cell.tp, pp=1, dp=1, micro_batch=cell.micro_batch,
+                                    grad_accum=m, zero_stage=0, recompute=cell.recompute),
+                      run=run)
+            for n_layer in layers for m in accums]
+
+
+def _paths(spec: StudySpec, trial: TrialSpec) -> TrialPaths:
+    name = f"{trial.layout.key()}-L{trial.model.n_layer}"
+    return TrialPaths(Path(spec.launcher.run_dir) / spec.name / "profile" / name)
+
+
+def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell], *,
+                layers: Sequence[int] = DEFAULT_LAYERS, accums: Sequence[int] = DEFAULT_ACCUMS,
+                log: Callable[[str], None] = lambda _line: None) -> ProfileRun:
+    """Measure ``cells`` with ``launcher`` and fit their layer times.
+
+    A Ctrl-C stops after the running trial has been killed (the launcher does that) and
+    returns what was measured so far, with ``interrupted`` set.
+    """
+    device, dtype = spec.cluster.device, spec.training.dtype
+    plan = [(cell, trial) for cell in cells
+            for trial in profile_specs(spec, cell, layers=layers, accums=accums)]
+    out = ProfileRun(LayerProfile(source=f"autotune profile {spec.source or spec.name}"))
+    started = time.monotonic()
+    for i, (cell, trial) in enumerate(plan, start=1):
+        if cell in out.failed:
+            continue
+        what = (f"[{i}/{len(plan)}] {cell.label()}, {trial.model.n_layer} layer(s) x "
+                f"{trial.layout.grad_accum} micro-batch(es) on {trial.layout.world_size} "
+                "device(s)")
+        t0 = time.monotonic()
+        try:
+            report = launcher.run(trial, _paths(spec, trial), timeout_s=spec.trial.timeout_s)
+        except KeyboardInterrupt:
+            out.interrupted = True
+            log(f"{what}: interrupted")
+            break
+        outcome = classify(report)
+        res = report.result
+        if outcome.kind != "complete" or res is None or not res.step_time_s:
+            first = outcome.reason.strip().splitlines()[0][:160] if outcome.reason else ""
+            out.failed[cell] = f"{outcome.kind}: {first}".rstrip(": ")
+            log(f"{what}: {outcome.kind.upper()} {first}; this shape keeps the analytic time")
+            continue
+        out.samples.append(LayerSample(trial.model, trial.layout, device, dtype,
+                                       tp_link_of(trial.layout, spec.cluster),
+                                       res.step_time_s,
+                                       median_standard_error(res.step_times_s)))
+        elapsed = time.monotonic() - started
+        eta = elapsed / i * (len(plan) - i)
+        log(f"{what}: {res.step_time_s * 1e3:.4g} ms/step in "
+            f"{format_duration(time.monotonic() - t0)}; elapsed {format_duration(elapsed)}, "
+            f"ETA {format_duration(eta)}")
+    fitted = fit_layer_profile(out.samples, source=out.profile.source)
+    out.profile = fitted
+    for cell in cells:
+        if cell not in out.failed and fitted.layer_time_s(_shape(spec, cell)) is None:
+            out.failed[cell] = ("incomplete" if out.interrupted else
+                                "no positive slope: the layer is too small against the noise")
+    return out
+
+
+def _shape(spec: StudySpec, cell: ProfileCell) -> LayerShape:
+    lay = Layout(tp=cell.tp, pp=1, dp=1, micro_batch=cell.micro_batch, grad_accum=1,
+                 recompute=cell.recompute)
+    return LayerShape.of(spec.model, lay, device=spec.cluster.device,
+                         dtype=spec.training.dtype, tp_link=tp_link_of(lay, spec.cluster))
+
+
+def compare_rows(spec: StudySpec, profile: LayerProfile, cells: Sequence[ProfileCell],
+                 ) -> list[tuple[ProfileCell, ProfileEntry, float]]:
+    """``(cell, measured entry, analytic s)`` per measured cell: how far the analytic
+    layer time is off."""
+    rows = []
+    for cell in cells:
+        entry = profile.entry(_shape(spec, cell))
+        if entry is None:
+            continue
+        lay = Layout(tp=cell.tp, pp=1, dp=1, micro_batch=cell.micro_batch, grad_accum=1,
+                     recompute=cell.recompute)
+        analytic = layer_terms(spec.model, lay, spec.cluster, spec.training.dtype,
+                               use_profile=False).total_s
+        rows.append((cell, entry, analytic))
+    return rows

@@ -1,0 +1,189 @@
+"""``autotune profile``: which shapes it measures, how it runs them, what it writes.
+
+The fast tests drive :func:`autotune.profiling.run_profile` with a launcher that answers
+from a known linear step-time model (so the fitted layer times can be checked exactly,
+and one shape can be made to run out of memory); the slow test runs the real trainer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autotune.cli import main
+from autotune.launchers.base import Launcher, TrialPaths
+from autotune.models.profile import LayerProfile, load_profile
+from autotune.profiling import ProfileCell, profile_cells, profile_specs, run_profile
+from autotune.spec import load_study
+from autotune.trial import TrialResult, TrialSpec
+from tests.helpers import run_cli, write_study
+from tests.test_landscape import SHARED
+
+VTRAIN = SHARED / "vtrain_a100_single_node.csv"
+
+
+def layer_time(tp: int, mb: int) -> float:
+    return 1e-3 * mb / tp + 2e-4
+
+
+class LinearLauncher(Launcher):
+    """Step time ``m L t + o L + c m + k`` with a known ``t`` per shape; ``oom_tp`` runs
+    out of memory. Writes the trainer's result file like the real one."""
+
+    kind = "linear"
+
+    def __init__(self, oom_tp: int | None = None) -> None:
+        super().__init__()
+        self.oom_tp = oom_tp
+        self.specs: list[TrialSpec] = []
+
+    def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
+        self.specs.append(spec)
+        lay, n_layer = spec.layout, spec.model.n_layer
+        if lay.tp == self.oom_tp:
+            TrialResult(status="oom", error="CUDA out of memory").write(paths.result)
+            return None
+        step = (lay.grad_accum * n_layer * layer_time(lay.tp, lay.micro_batch)
+                + 3e-4 * n_layer + 5e-4 * lay.grad_accum + 2e-3)
+        TrialResult(status="ok", model_tflops_per_device=1.0, step_time_s=step,
+                    world_size=lay.world_size, device="cpu").write(paths.result)
+        return None
+
+    def _poll(self, handle: Any) -> int | None:
+        return 0
+
+    def _kill(self, handle: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def study(tmp_path: Path) -> Path:
+    return write_study(tmp_path / "s.yaml", devices=2)
+
+
+def test_cells_are_the_feasible_shapes_best_predicted_first(study: Path) -> None:
+    spec = load_study(study)
+    cells, skipped = profile_cells(spec)
+    assert len(cells) == len(set(cells)) and not skipped
+    from autotune.candidates import rank_candidates
+
+    ranked = rank_candidates(spec)
+    shapes = {ProfileCell(c.layout.tp, c.layout.micro_batch, c.layout.recompute)
+              for c in ranked}
+    assert set(cells) == shapes
+    first = ranked[0].layout
+    assert cells[0] == ProfileCell(first.tp, first.micro_batch, first.recompute)
+    top1, _ = profile_cells(spec, top=1)
+    assert top1 == cells[:1]
+
+
+def test_tp_across_nodes_is_not_profiled(tmp_path: Path) -> None:
+    path = write_study(tmp_path / "s.yaml", devices=1,
+                       cluster={"nodes": 2, "devices_per_node": 1, "device": "cpu"},
+                       search={"tp": [1, 2], "pp": [1], "micro_batch": [1],
+                               "zero_stage": [0], "recompute": ["none"],
+                               "tp_across_nodes": True, "n_trials": 2})
+    cells, skipped = profile_cells(load_study(path))
+    assert cells == [ProfileCell(1, 1, "none")]
+    assert [c for c, _ in skipped] == [ProfileCell(2, 1, "none")]
+    assert "spans nodes" in skipped[0][1]
+
+
+def test_specs_are_the_two_by_two_design_on_tp_devices(study: Path) -> None:
+    spec = load_study(study)
+    specs = profile_specs(spec, ProfileCell(2, 4, "none"))
+    assert sorted((s.model.n_layer, s.layout.grad_accum) for s in specs) == [
+        (1, 1), (1, 2), (3, 1), (3, 2)]
+    for s in specs:
+        lay = s.layout
+        assert (lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.zero_stage) == (2, 1, 1, 4, 0)
+        assert s.model.hidden == spec.model.hidden and s.run == spec.run_config()
+
+
+def test_run_profile_recovers_the_layer_times_and_survives_an_oom(study: Path) -> None:
+    spec = load_study(study)
+    cells = [ProfileCell(1, 2, "none"), ProfileCell(2, 2, "none")]
+    lines: list[str] = []
+    launcher = LinearLauncher(oom_tp=2)
+    out = run_profile(spec, launcher, cells, log=lines.append)
+    assert set(out.failed) == {cells[1]} and out.failed[cells[1]].startswith("oom")
+    # The OOM shape was given up after its first run; the other got its 4.
+    assert len(launcher.specs) == 5
+    assert len(out.profile) == 1
+    got = out.profile.entries[0]
+    assert (got.shape.tp, got.shape.micro_batch) == (1, 2)
+    assert got.layer_time_s == pytest.approx(layer_time(1, 2), rel=1e-9)
+    assert any("OOM" in line and "analytic" in line for line in lines)
+    assert all("[" in line for line in lines)  # numbered progress lines
+
+
+def _cli(*args: str) -> int:
+    return main(["profile", *args])
+
+
+def test_cli_refuses_bad_requests(study: Path, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cli() == 2
+    assert "exactly one" in capsys.readouterr().err
+    assert _cli(str(study), "--from-landscape", str(VTRAIN)) == 2
+    assert _cli("--from-landscape", str(VTRAIN)) == 2
+    assert "--out" in capsys.readouterr().err
+    assert _cli("--from-landscape", str(VTRAIN), "--out", str(tmp_path / "p.json"),
+                "--top", "2") == 2
+    assert _cli(str(study), "--attention", "flash") == 2
+    assert "only with --from-landscape" in capsys.readouterr().err
+    assert _cli("--from-landscape", str(VTRAIN), "--out", str(tmp_path / "p.json"),
+                "--hardware", "nope") == 2
+    assert "nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        _cli(str(study), "--layers", "2")
+    assert exit_.value.code == 2
+    assert "--layers" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    # An unreadable output file is refused before anything runs.
+    assert _cli(str(study), "--out", str(bad)) == 2
+    err = capsys.readouterr().err
+    assert "not valid JSON" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_refuses_a_replay_study(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_study(tmp_path / "r.yaml", devices=8,
+                       model={"preset": "gpt-1.3b"},
+                       launcher={"kind": "replay", "replay": {"landscape": str(VTRAIN)}})
+    assert _cli(str(path)) == 2
+    assert "launcher.kind" in capsys.readouterr().err
+
+
+def test_from_landscape_writes_and_merges(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "vtrain.json"
+    assert _cli("--from-landscape", str(VTRAIN), "--out", str(out)) == 0
+    prof = load_profile(out)
+    assert len(prof) > 10 and {e.shape.device for e in prof.entries} == {"a100-80gb"}
+    assert json.loads(out.read_text())["kind"] == "autotune-layer-profile"
+    assert "layer shape(s)" in capsys.readouterr().out
+    # Merging keeps what the file had: a second write of the same table changes nothing.
+    assert _cli("--from-landscape", str(VTRAIN), "--out", str(out)) == 0
+    assert load_profile(out) == LayerProfile(prof.entries, source=load_profile(out).source)
+
+
+@pytest.mark.slow
+def test_profile_a_tiny_study_for_real_then_plan_uses_it(tmp_path: Path) -> None:
+    study = write_study(tmp_path / "s.yaml", devices=2)
+    out = tmp_path / "prof" / "tiny.json"
+    run = run_cli("profile", str(study), "--top", "1", "--out", str(out), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "[4/4]" in run.stderr and "measured ms/layer" in run.stdout
+    prof = load_profile(out)
+    assert len(prof) == 1 and prof.entries[0].layer_time_s > 0
+    text = study.read_text().replace("device: cpu\n", f"device: cpu\n  profile: {out}\n", 1)
+    study.write_text(text)
+    plan = run_cli("plan", str(study), "--format", "json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    rows = json.loads(plan.stdout)["feasible"]
+    assert rows[0]["step"]["profiled"] is True or any(r["step"]["profiled"] for r in rows)
