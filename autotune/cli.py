@@ -8,6 +8,7 @@ interrupted by Ctrl-C (the running trial is killed and left to be retried).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from autotune.errors import AutotuneError, UsageError
 
 if TYPE_CHECKING:
     from autotune.models.profile import LayerProfile
+    from autotune.spec import StudySpec
 
 __all__ = ["main", "build_parser"]
 
@@ -239,108 +241,151 @@ def _layer_counts(text: str) -> tuple[int, ...]:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from autotune.errors import SpecError
-    from autotune.models.profile import load_profile
 
     if (args.study is None) == (args.from_landscape is None):
         raise SpecError("STUDY / --from-landscape", args.study or args.from_landscape,
                         "allowed: exactly one of a study file and --from-landscape CSV")
-    if args.from_landscape is not None and args.out is None:
+    if args.from_landscape is None:
+        table_opts = [(flag, value) for flag, value in (
+            ("--hardware", args.hardware), ("--devices-per-node", args.devices_per_node),
+            ("--vocab-size", args.vocab_size), ("--attention", args.attention))
+            if value is not None]
+        if table_opts:
+            raise SpecError(*table_opts[0],
+                            "allowed only with --from-landscape (a study file says it itself)")
+        return _profile_study(args)
+    if args.out is None:
         raise SpecError("--out", None, "required with --from-landscape")
-    if args.from_landscape is not None and (args.top or args.layers):
+    if args.top or args.layers:
         raise SpecError("--top / --layers", args.top or args.layers,
                         "allowed only when measuring a study (they choose the runs)")
-    table_opts = [f"--{k.replace('_', '-')}" for k in ("hardware", "devices_per_node",
-                                                        "attention")
-                  if getattr(args, k) is not None]
-    if args.vocab_size != 51200:
-        table_opts.append("--vocab-size")
-    if args.from_landscape is None and table_opts:
-        raise SpecError(table_opts[0], getattr(args, table_opts[0][2:].replace("-", "_")),
-                        "allowed only with --from-landscape (a study file says it itself)")
-    out = Path(args.out) if args.out else None
-    # Read an existing output before measuring anything: a bad file must not cost runs.
-    previous = load_profile(out) if out is not None and out.exists() else None
-    if args.from_landscape is not None:
-        from autotune.landscape import load_landscape
-        from autotune.models.profile import fit_layer_profile, landscape_samples
-
-        try:
-            groups = load_landscape(args.from_landscape, hardware=args.hardware,
-                                    devices_per_node=args.devices_per_node,
-                                    vocab_size=args.vocab_size, attention=args.attention)
-        except SpecError as err:
-            if err.field != "--landscape":
-                raise
-            raise SpecError("--from-landscape", err.value, err.allowed) from None
-        profile = fit_layer_profile(landscape_samples(groups),
-                                    source=f"landscape {args.from_landscape}")
-        if not len(profile):
-            print(f"autotune: error: {args.from_landscape}: no series of layouts measured at "
-                  "two or more layer counts; nothing to fit", file=sys.stderr)
-            return EXIT_FAIL
-        assert out is not None
-        _save_profile(profile if previous is None else previous.merged(profile), out,
-                      added=len(profile))
-        return EXIT_OK
-    return _profile_study(args, previous)
+    return _profile_landscape(args)
 
 
-def _save_profile(profile: LayerProfile, out: Path, *, added: int) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    profile.save(out)
-    print(f"wrote {out}: {added} layer shape(s) measured, {len(profile)} in the file")
-
-
-def _profile_study(args: argparse.Namespace, previous: LayerProfile | None) -> int:
+def _profile_landscape(args: argparse.Namespace) -> int:
     from autotune.errors import SpecError
+    from autotune.landscape import load_landscape
+    from autotune.models.profile_fit import fit_layer_profile, landscape_samples
+
+    out = Path(args.out)
+    previous = _writable_profile(out)
+    table = {k: v for k, v in (("hardware", args.hardware),
+                                ("devices_per_node", args.devices_per_node),
+                                ("vocab_size", args.vocab_size), ("attention", args.attention))
+             if v is not None}  # the others keep load_landscape's defaults
+    try:
+        groups = load_landscape(args.from_landscape, **table)
+    except SpecError as err:
+        if err.field != "--landscape":
+            raise
+        raise SpecError("--from-landscape", err.value, err.allowed) from None
+    profile = fit_layer_profile(landscape_samples(groups),
+                                source=f"landscape {args.from_landscape}")
+    if not len(profile):
+        print(f"autotune: error: {args.from_landscape}: no series of layouts measured at "
+              "two or more layer counts; nothing to fit", file=sys.stderr)
+        return EXIT_FAIL
+    _merge_into(out, previous, profile)
+    print(f"wrote {out}: {len(profile)} layer shape(s) fitted, "
+          f"{len(_read_profile(out))} in the file")
+    return EXIT_OK
+
+
+def _writable_profile(out: Path) -> LayerProfile | None:
+    """What ``out`` holds already (``None``: nothing yet), checked before any work: a file
+    that cannot be extended or written must neither cost runs nor be replaced."""
+    from autotune.errors import SpecError
+
+    if out.is_dir():
+        raise SpecError("--out", str(out), "allowed: a file path (this is a directory)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SpecError("--out", str(out), f"cannot create its folder ({err.strerror})"
+                        ) from None
+    if not os.access(out.parent, os.W_OK):
+        raise SpecError("--out", str(out), "allowed: a path in a writable folder")
+    if not out.exists():
+        return None
+    try:
+        return _read_profile(out)
+    except SpecError as err:
+        raise SpecError("--out", str(out), f"holds no profile to extend: {err}") from None
+
+
+def _read_profile(path: Path) -> LayerProfile:
+    from autotune.models.profile import load_profile
+
+    return load_profile(path)
+
+
+def _merge_into(out: Path, previous: LayerProfile | None, new: LayerProfile) -> None:
+    """Write ``new`` over ``previous``'s entries (atomically; new entries win)."""
+    (new if previous is None else previous.merged(new)).save(out)
+
+
+def _profile_study(args: argparse.Namespace) -> int:
     from autotune.launchers import make_launcher
-    from autotune.profiling import DEFAULT_LAYERS, compare_rows, profile_cells, run_profile
+    from autotune.profiling import (
+        DEFAULT_ACCUMS,
+        DEFAULT_LAYERS,
+        check_profilable,
+        compare_rows,
+        profile_cells,
+        render_comparison,
+        run_profile,
+    )
     from autotune.spec import load_study
 
-    spec = load_study(args.study)
-    if spec.launcher.kind == "replay":
-        raise SpecError("launcher.kind", "replay", "allowed: local or slurm (a replayed "
-                        "table is profiled with --from-landscape CSV)")
+    # The study's own profile file is what this writes: it may not exist or fit yet.
+    spec = load_study(args.study, read_profile=False)
+    check_profilable(spec)
+    out = Path(args.out) if args.out else (spec.cluster.profile_path
+                                           or Path("profiles") / f"{spec.name}.json")
+    previous = _writable_profile(out)
     launcher = make_launcher(spec)
     cells, skipped = profile_cells(spec, top=args.top)
     layers = args.layers or DEFAULT_LAYERS
-    out = Path(args.out) if args.out else Path("profiles") / f"{spec.name}.json"
     say = (lambda line: None) if args.quiet else (
         lambda line: print(f"[profile] {line}", file=sys.stderr, flush=True))
     for cell, why in skipped:
         say(f"skipping {cell.label()}: {why}")
     if not cells:
-        print("autotune: error: no feasible layout to profile (see autotune plan)",
-              file=sys.stderr)
+        what = ("every shape's TP group spans nodes" if skipped
+                else "the study has no feasible layout (see autotune plan)")
+        print(f"autotune: error: nothing to profile: {what}", file=sys.stderr)
         return EXIT_FAIL
-    say(f"{len(cells)} layer shape(s) of {spec.name}: "
-        f"{', '.join(c.label() for c in cells)}; {len(cells) * len(layers) * 2} runs")
-    result = run_profile(spec, launcher, cells, layers=layers, log=say)
-    measured = len(cells) - len(result.failed)
-    if measured:
-        merged = result.profile if previous is None else previous.merged(result.profile)
-        _save_profile(merged, out, added=measured)
-        from autotune.tables import format_table
-
-        rows = compare_rows(spec, result.profile, cells)
-        print(format_table(
-            ["shape", "measured ms/layer", "+-", "analytic ms", "measured/analytic"],
-            [[c.label(), f"{e.layer_time_s * 1e3:.4g}",
-              f"{e.stderr_s * 1e3:.2g}" if e.stderr_s is not None else "",
-              f"{a * 1e3:.4g}", f"{e.layer_time_s / a:.2f}"] for c, e, a in rows]))
+    say(f"{len(cells)} layer shape(s) of {spec.name}: {', '.join(c.label() for c in cells)}; "
+        f"{len(cells) * len(layers) * len(DEFAULT_ACCUMS)} runs; writing {out}")
+    result = run_profile(spec, launcher, cells, layers=layers, log=say,
+                         checkpoint=lambda prof: _merge_into(out, previous, prof))
+    rows = compare_rows(spec, result.profile, cells)
+    if rows:
+        print(f"wrote {out}: {len(rows)} layer shape(s) measured, "
+              f"{len(_read_profile(out))} in the file")
+        print(render_comparison(rows))
         noisy = [c.label() for c, e, _ in rows if e.noisy]
         if noisy:
             print(f"noisy (error over 10%): {', '.join(noisy)}; more trial.measure_steps or "
-                  "a wider --layers gap would tighten them", file=sys.stderr)
-        print(f"use it: add to {args.study}'s cluster section:  profile: {out}")
+                  "a wider --layers gap would tighten them")
+        if spec.cluster.profile_path is None or spec.cluster.profile_path != out:
+            print(f"use it: in {args.study}, cluster:  profile: {_relative_to_study(out, spec)}")
     for cell, why in sorted(result.failed.items()):
         print(f"not measured: {cell.label()}: {why}", file=sys.stderr)
     if result.interrupted:
         return EXIT_INTERRUPT
-    if not measured:
+    if not rows:
         print("autotune: error: no layer shape could be measured", file=sys.stderr)
         return EXIT_FAIL
     return EXIT_OK
+
+
+def _relative_to_study(path: Path, spec: StudySpec) -> str:
+    """``path`` as the study file should name it: relative to its folder when it can be
+    (the loader looks there), else absolute."""
+    if spec.source is None:
+        return str(path.resolve())
+    return os.path.relpath(path.resolve(), Path(spec.source).resolve().parent)
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:
@@ -389,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "fit them from a measured table) for the cost model")
     pf.add_argument("study", nargs="?", metavar="STUDY.yaml")
     pf.add_argument("--out", metavar="FILE", help="profile file to write or extend "
-                    "(default: profiles/STUDY-NAME.json)")
+                    "(default: the study's cluster.profile, else profiles/STUDY-NAME.json)")
     pf.add_argument("--layers", type=_layer_counts, metavar="L1,L2",
                     help="layer counts of the runs (default: 1,3)")
     pf.add_argument("--top", type=_positive_int, metavar="K",
@@ -400,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --from-landscape: device of a table that does not name it")
     pf.add_argument("--devices-per-node", type=_positive_int, metavar="N",
                     help="with --from-landscape: node size of a table that does not give it")
-    pf.add_argument("--vocab-size", type=_positive_int, default=51200, metavar="V",
+    pf.add_argument("--vocab-size", type=_positive_int, metavar="V",
                     help="with --from-landscape: vocabulary of the runs (default: 51200)")
     pf.add_argument("--attention", choices=("flash", "explicit"),
                     help="with --from-landscape: attention of the runs (default: the "

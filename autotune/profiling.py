@@ -2,16 +2,20 @@
 
 For each distinct layer shape among the study's feasible layouts (TP degree, micro-batch,
 recompute; the model, device and dtype are the study's), the built-in trainer runs on
-``tp`` devices with ``pp = dp = 1`` and ZeRO 0, at two layer counts times two gradient
-accumulations (a 2 x 2 design: :func:`autotune.models.profile.fit_layer_profile` then
-separates the layer's time per micro-batch from the optimizer step's per-layer share and
-from the per-micro-batch work outside the layers). Each run is a short trial through the
-study's own launcher (local or SLURM), with its warm-up, measured steps and timeout.
+``tp`` devices with ``pp = dp = 1`` and ZeRO 0, at each of the ``--layers`` counts times
+gradient accumulation 1 and 2 (with the default two layer counts, a 2 x 2 design:
+:func:`autotune.models.profile_fit.fit_layer_profile` then separates the layer's time per
+micro-batch from the optimizer step's per-layer share and from the per-micro-batch work
+outside the layers). Each run is a short trial through the study's own launcher (local or
+SLURM), with its warm-up, measured steps and timeout.
 
-A run that fails (out of memory, a timeout) costs only its shape: the other shapes are
-still measured and written; the cost model keeps the analytic time for the missing one.
-Cost: ``4 x shapes`` short runs on at most one node's devices each, against the study's
-trials on the whole machine.
+A run that fails (out of memory, a timeout, a crash) costs its shape: the shape's other
+runs are skipped, none of its measurements is used (an incomplete design would fit the
+optimizer's share into the layer), and the cost model keeps the analytic time for it. The
+other shapes are still measured. After every completed shape the caller's ``checkpoint``
+gets the profile so far, so that a job killed at its time limit keeps what it finished.
+Cost: ``len(layers) x 2`` short runs per shape on at most one node's devices each,
+against the study's trials on the whole machine.
 """
 
 from __future__ import annotations
@@ -22,31 +26,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.candidates import rank_candidates
+from autotune.errors import SpecError
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.layout import Layout, Recompute
-from autotune.models.cost import layer_terms
-from autotune.models.profile import (
-    LayerProfile,
-    LayerSample,
-    LayerShape,
-    ProfileEntry,
-    fit_layer_profile,
-    median_standard_error,
-    tp_link_of,
-)
+from autotune.models.cost import layer_terms, tp_link
+from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
+from autotune.models.profile_fit import LayerSample, fit_layer_profile, median_standard_error
 from autotune.outcome import classify
 from autotune.progress import format_duration
 from autotune.spec import StudySpec
+from autotune.tables import format_table
 from autotune.trial import TrialSpec
 
-__all__ = ["ProfileCell", "ProfileRun", "profile_cells", "profile_specs", "run_profile",
-           "compare_rows", "DEFAULT_LAYERS", "DEFAULT_ACCUMS"]
+__all__ = ["ProfileCell", "ProfileRun", "check_profilable", "profile_cells", "profile_specs",
+           "run_profile", "compare_rows", "render_comparison", "DEFAULT_LAYERS",
+           "DEFAULT_ACCUMS"]
 
 DEFAULT_LAYERS = (1, 3)
 """Layer counts of the runs: few layers keep each run short and small; a gap of two
 doubles the layer's signal against the run-to-run noise (against 1 and 2)."""
 DEFAULT_ACCUMS = (1, 2)
-"""Micro-batches per step of the runs (the second factor of the 2 x 2 design)."""
+"""Micro-batches per step of the runs (the second factor of the design)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -60,16 +60,32 @@ class ProfileCell:
     def label(self) -> str:
         return f"tp{self.tp}-mb{self.micro_batch}-{self.recompute}"
 
+    def layout(self, grad_accum: int = 1) -> Layout:
+        """The layout that measures it: the TP group alone, no pipeline, no replicas."""
+        return Layout(tp=self.tp, pp=1, dp=1, micro_batch=self.micro_batch,
+                      grad_accum=grad_accum, zero_stage=0, recompute=self.recompute)
+
+    def shape(self, spec: StudySpec) -> LayerShape:
+        lay = self.layout()
+        return LayerShape.of(spec.model, lay, device=spec.cluster.device,
+                             dtype=spec.training.dtype, tp_link=tp_link(lay, spec.cluster))
+
 
 @dataclass
 class ProfileRun:
     """What a profiling pass measured and what it could not."""
 
     profile: LayerProfile
-    samples: list[LayerSample] = field(default_factory=list)
     failed: dict[ProfileCell, str] = field(default_factory=dict)
     """Shapes without a layer time, and why."""
     interrupted: bool = False
+
+
+def check_profilable(spec: StudySpec) -> None:
+    """Refuse a study whose launcher cannot run the trainer (a replayed table)."""
+    if spec.launcher.kind == "replay":
+        raise SpecError("launcher.kind", "replay", "allowed: local or slurm (a replayed "
+                        "table is profiled with --from-landscape CSV)")
 
 
 def profile_cells(spec: StudySpec, *, top: int | None = None,
@@ -101,9 +117,7 @@ def profile_specs(spec: StudySpec, cell: ProfileCell, *,
                   accums: Sequence[int] = DEFAULT_ACCUMS) -> list[TrialSpec]:
     """The trainer runs that measure ``cell``: every layer count times every accumulation."""
     run = spec.run_config()
-    return [TrialSpec(model=replace(spec.model, n_layer=n_layer),
-                      layout=Layout(tp=cell.tp, pp=1, dp=1, micro_batch=cell.micro_batch,
-                                    grad_accum=m, zero_stage=0, recompute=cell.recompute),
+    return [TrialSpec(model=replace(spec.model, n_layer=n_layer), layout=cell.layout(m),
                       run=run)
             for n_layer in layers for m in accums]
 
@@ -115,60 +129,65 @@ def _paths(spec: StudySpec, trial: TrialSpec) -> TrialPaths:
 
 def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell], *,
                 layers: Sequence[int] = DEFAULT_LAYERS, accums: Sequence[int] = DEFAULT_ACCUMS,
-                log: Callable[[str], None] = lambda _line: None) -> ProfileRun:
+                log: Callable[[str], None] = lambda _line: None,
+                checkpoint: Callable[[LayerProfile], None] | None = None) -> ProfileRun:
     """Measure ``cells`` with ``launcher`` and fit their layer times.
 
-    A Ctrl-C stops after the running trial has been killed (the launcher does that) and
-    returns what was measured so far, with ``interrupted`` set.
+    Only shapes whose every run succeeded are fitted. A Ctrl-C stops after the running
+    trial has been killed (the launcher does that) and returns the shapes finished so
+    far, with ``interrupted`` set.
     """
     device, dtype = spec.cluster.device, spec.training.dtype
-    plan = [(cell, trial) for cell in cells
-            for trial in profile_specs(spec, cell, layers=layers, accums=accums)]
-    out = ProfileRun(LayerProfile(source=f"autotune profile {spec.source or spec.name}"))
-    started = time.monotonic()
-    for i, (cell, trial) in enumerate(plan, start=1):
+    source = f"autotune profile {spec.source or spec.name}"
+    out = ProfileRun(LayerProfile(source=source))
+    done: list[LayerSample] = []  # samples of the shapes whose runs all succeeded
+    n_runs = len(cells) * len(layers) * len(accums)
+    started, i = time.monotonic(), 0
+    for cell in cells:
+        samples: list[LayerSample] = []
+        for trial in profile_specs(spec, cell, layers=layers, accums=accums):
+            i += 1
+            what = (f"[{i}/{n_runs}] {cell.label()}, {trial.model.n_layer} layer(s) x "
+                    f"{trial.layout.grad_accum} micro-batch(es) on "
+                    f"{trial.layout.world_size} device(s)")
+            t0 = time.monotonic()
+            try:
+                report = launcher.run(trial, _paths(spec, trial),
+                                      timeout_s=spec.trial.timeout_s)
+            except KeyboardInterrupt:
+                out.interrupted = True
+                out.failed[cell] = "interrupted"
+                log(f"{what}: interrupted")
+                break
+            outcome = classify(report)
+            res = report.result
+            if outcome.kind != "complete" or res is None or not res.step_time_s:
+                first = outcome.reason.strip().splitlines()[0][:160] if outcome.reason else ""
+                out.failed[cell] = f"{outcome.kind}: {first}".rstrip(": ")
+                log(f"{what}: {outcome.kind.upper()} {first}; this shape keeps the "
+                    "analytic time")
+                break
+            samples.append(LayerSample(trial.model, trial.layout, device, dtype,
+                                       tp_link(trial.layout, spec.cluster), res.step_time_s,
+                                       median_standard_error(res.step_times_s)))
+            elapsed = time.monotonic() - started
+            log(f"{what}: {res.step_time_s * 1e3:.4g} ms/step in "
+                f"{format_duration(time.monotonic() - t0)}; elapsed "
+                f"{format_duration(elapsed)}, ETA {format_duration(elapsed / i * (n_runs - i))}")
+        if out.interrupted:
+            break
         if cell in out.failed:
             continue
-        what = (f"[{i}/{len(plan)}] {cell.label()}, {trial.model.n_layer} layer(s) x "
-                f"{trial.layout.grad_accum} micro-batch(es) on {trial.layout.world_size} "
-                "device(s)")
-        t0 = time.monotonic()
-        try:
-            report = launcher.run(trial, _paths(spec, trial), timeout_s=spec.trial.timeout_s)
-        except KeyboardInterrupt:
-            out.interrupted = True
-            log(f"{what}: interrupted")
-            break
-        outcome = classify(report)
-        res = report.result
-        if outcome.kind != "complete" or res is None or not res.step_time_s:
-            first = outcome.reason.strip().splitlines()[0][:160] if outcome.reason else ""
-            out.failed[cell] = f"{outcome.kind}: {first}".rstrip(": ")
-            log(f"{what}: {outcome.kind.upper()} {first}; this shape keeps the analytic time")
-            continue
-        out.samples.append(LayerSample(trial.model, trial.layout, device, dtype,
-                                       tp_link_of(trial.layout, spec.cluster),
-                                       res.step_time_s,
-                                       median_standard_error(res.step_times_s)))
-        elapsed = time.monotonic() - started
-        eta = elapsed / i * (len(plan) - i)
-        log(f"{what}: {res.step_time_s * 1e3:.4g} ms/step in "
-            f"{format_duration(time.monotonic() - t0)}; elapsed {format_duration(elapsed)}, "
-            f"ETA {format_duration(eta)}")
-    fitted = fit_layer_profile(out.samples, source=out.profile.source)
-    out.profile = fitted
+        done += samples
+        out.profile = fit_layer_profile(done, source=source)
+        if out.profile.entry(cell.shape(spec)) is None:
+            out.failed[cell] = "no positive slope: the layer is too small against the noise"
+        elif checkpoint is not None:
+            checkpoint(out.profile)
     for cell in cells:
-        if cell not in out.failed and fitted.layer_time_s(_shape(spec, cell)) is None:
-            out.failed[cell] = ("incomplete" if out.interrupted else
-                                "no positive slope: the layer is too small against the noise")
+        if cell not in out.failed and out.profile.entry(cell.shape(spec)) is None:
+            out.failed[cell] = "not run (interrupted)"
     return out
-
-
-def _shape(spec: StudySpec, cell: ProfileCell) -> LayerShape:
-    lay = Layout(tp=cell.tp, pp=1, dp=1, micro_batch=cell.micro_batch, grad_accum=1,
-                 recompute=cell.recompute)
-    return LayerShape.of(spec.model, lay, device=spec.cluster.device,
-                         dtype=spec.training.dtype, tp_link=tp_link_of(lay, spec.cluster))
 
 
 def compare_rows(spec: StudySpec, profile: LayerProfile, cells: Sequence[ProfileCell],
@@ -177,12 +196,19 @@ def compare_rows(spec: StudySpec, profile: LayerProfile, cells: Sequence[Profile
     layer time is off."""
     rows = []
     for cell in cells:
-        entry = profile.entry(_shape(spec, cell))
+        entry = profile.entry(cell.shape(spec))
         if entry is None:
             continue
-        lay = Layout(tp=cell.tp, pp=1, dp=1, micro_batch=cell.micro_batch, grad_accum=1,
-                     recompute=cell.recompute)
-        analytic = layer_terms(spec.model, lay, spec.cluster, spec.training.dtype,
+        analytic = layer_terms(spec.model, cell.layout(), spec.cluster, spec.training.dtype,
                                use_profile=False).total_s
         rows.append((cell, entry, analytic))
     return rows
+
+
+def render_comparison(rows: Sequence[tuple[ProfileCell, ProfileEntry, float]]) -> str:
+    """The measured layer times beside the analytic ones, as an aligned table."""
+    return format_table(
+        ["shape", "measured ms/layer", "+-", "analytic ms", "measured/analytic"],
+        [[c.label(), f"{e.layer_time_s * 1e3:.4g}",
+          f"{e.stderr_s * 1e3:.2g}" if e.stderr_s is not None else "",
+          f"{a * 1e3:.4g}", f"{e.layer_time_s / a:.2f}"] for c, e, a in rows])

@@ -61,8 +61,13 @@ class StudySpec:
         return replace(self, storage=replace(self.storage, url=url))
 
 
-def parse_study(data: Any, *, default_name: str = "study", source: str | None = None) -> StudySpec:
-    """Validate an already-parsed mapping (YAML document) into a :class:`StudySpec`."""
+def parse_study(data: Any, *, default_name: str = "study", source: str | None = None,
+                base_dir: str | Path | None = None, read_profile: bool = True) -> StudySpec:
+    """Validate an already-parsed mapping (YAML document) into a :class:`StudySpec`.
+
+    ``base_dir`` is the folder relative paths in it are read from (the study file's);
+    ``read_profile=False`` leaves ``cluster.profile`` unread (``autotune profile`` writes
+    that file, so it may not exist or fit the model yet)."""
     try:
         data = check_keys("study", data, SECTIONS)
         for required in ("model", "cluster", "training"):
@@ -75,8 +80,8 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
         spec = StudySpec(
             name=name,
             model=ModelConfig.from_dict(data["model"]),
-            cluster=ClusterConfig.from_dict(
-                data["cluster"], base_dir=Path(source).parent if source else None),
+            cluster=ClusterConfig.from_dict(data["cluster"], base_dir=base_dir,
+                                            read_profile=read_profile),
             training=TrainingConfig.from_dict(data["training"]),
             search=SearchConfig.from_dict(data.get("search") or {}),
             trial=TrialConfig.from_dict(data.get("trial") or {}),
@@ -107,8 +112,8 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
         raise SpecError("study", None, f"malformed ({err})", source=source) from None
 
 
-def load_study(path: str | os.PathLike[str]) -> StudySpec:
-    """Read and validate a YAML study file."""
+def load_study(path: str | os.PathLike[str], *, read_profile: bool = True) -> StudySpec:
+    """Read and validate a YAML study file (``read_profile``: see :func:`parse_study`)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -125,4 +130,4 @@ def load_study(path: str | os.PathLike[str]) -> StudySpec:
     if data is None:
         raise SpecError("STUDY", str(p), "the file is empty; see studies/cpu_demo.yaml")
     return parse_study(data, default_name=re.sub(r"[^A-Za-z0-9_.-]", "-", p.stem) or "study",
-                       source=str(p))
+                       source=str(p), base_dir=p.parent, read_profile=read_profile)

@@ -45,12 +45,8 @@ from autotune.errors import SpecError
 from autotune.feasibility import MemoryBudget, check_layout
 from autotune.landscape import LandscapeGroup, load_landscape
 from autotune.models.cost import estimate_step
-from autotune.models.profile import (
-    LayerProfile,
-    fit_layer_profile,
-    landscape_samples,
-    load_profile,
-)
+from autotune.models.profile import LayerProfile, load_profile
+from autotune.models.profile_fit import fit_layer_profile, landscape_samples
 
 CV_SCHEMES: dict[str, Callable[[LandscapeGroup], int]] = {
     "layers": lambda g: g.model.n_layer,

@@ -120,6 +120,68 @@ def test_run_profile_recovers_the_layer_times_and_survives_an_oom(study: Path) -
     assert all("[" in line for line in lines)  # numbered progress lines
 
 
+class InterruptingLauncher(LinearLauncher):
+    """Ctrl-C arrives during the ``at``-th run (the real launchers kill the trial first)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
+        if len(self.specs) + 1 == self.at:
+            raise KeyboardInterrupt
+        return super()._start(spec, paths)
+
+
+class FailingLauncher(LinearLauncher):
+    """The ``at``-th run crashes without a result (e.g. the last run of a shape)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
+        if len(self.specs) + 1 == self.at:
+            self.specs.append(spec)
+            TrialResult(status="error", error="segfault").write(paths.result)
+            return None
+        return super()._start(spec, paths)
+
+
+def test_a_shape_whose_last_run_fails_is_not_fitted_from_the_rest(study: Path) -> None:
+    """Three of four runs would still fit (one series per accumulation) but include the
+    optimizer's share in the layer: an incomplete design is no measurement."""
+    spec = load_study(study)
+    cells = [ProfileCell(1, 2, "none"), ProfileCell(2, 2, "none")]
+    saved: list[LayerProfile] = []
+    out = run_profile(spec, FailingLauncher(at=8), cells, checkpoint=saved.append)
+    assert set(out.failed) == {cells[1]} and out.failed[cells[1]].startswith("error")
+    assert [e.shape.tp for e in out.profile.entries] == [1]
+    assert [len(p) for p in saved] == [1]  # checkpointed after the shape that finished
+
+
+def test_ctrl_c_keeps_the_finished_shapes_only(study: Path) -> None:
+    spec = load_study(study)
+    cells = [ProfileCell(1, 2, "none"), ProfileCell(2, 2, "none"), ProfileCell(1, 4, "none")]
+    out = run_profile(spec, InterruptingLauncher(at=7), cells)
+    assert out.interrupted
+    assert [e.shape.tp for e in out.profile.entries] == [1]
+    assert out.profile.entries[0].layer_time_s == pytest.approx(layer_time(1, 2), rel=1e-9)
+    assert out.failed == {cells[1]: "interrupted", cells[2]: "not run (interrupted)"}
+
+
+def test_a_missing_study_profile_is_where_profile_writes(tmp_path: Path) -> None:
+    """``cluster.profile`` may name a file that does not exist yet: ``autotune profile``
+    reads the study without it and writes there by default; other commands refuse it."""
+    study = write_study(tmp_path / "s.yaml", devices=2,
+                        cluster={"nodes": 1, "devices_per_node": 2, "device": "cpu",
+                                 "profile": "prof/tiny.json"})
+    spec = load_study(study, read_profile=False)
+    assert spec.cluster.profile is None
+    assert spec.cluster.profile_path == tmp_path / "prof" / "tiny.json"
+    assert main(["plan", str(study)]) == 2
+
+
 def _cli(*args: str) -> int:
     return main(["profile", *args])
 
@@ -142,12 +204,33 @@ def test_cli_refuses_bad_requests(study: Path, tmp_path: Path,
         _cli(str(study), "--layers", "2")
     assert exit_.value.code == 2
     assert "--layers" in capsys.readouterr().err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert _cli(str(study), "--out", str(blocker / "p.json")) == 2
+    assert "--out" in capsys.readouterr().err
+    assert _cli(str(study), "--out", str(tmp_path)) == 2
+    assert "directory" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     # An unreadable output file is refused before anything runs.
     assert _cli(str(study), "--out", str(bad)) == 2
     err = capsys.readouterr().err
     assert "not valid JSON" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_default_output_is_read_before_any_run(study: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --out the file is profiles/<study>.json: an existing one is extended, so a
+    corrupt one is refused before a run is spent (and is not replaced)."""
+    monkeypatch.chdir(tmp_path)
+    default = tmp_path / "profiles" / "t.json"
+    default.parent.mkdir()
+    default.write_text('{"kind": "something else"}')
+    assert _cli(str(study)) == 2
+    assert "kind" in capsys.readouterr().err
+    assert default.read_text() == '{"kind": "something else"}'
     assert not (tmp_path / "runs").exists()
 
 
@@ -174,16 +257,18 @@ def test_from_landscape_writes_and_merges(tmp_path: Path,
 
 @pytest.mark.slow
 def test_profile_a_tiny_study_for_real_then_plan_uses_it(tmp_path: Path) -> None:
-    study = write_study(tmp_path / "s.yaml", devices=2)
-    out = tmp_path / "prof" / "tiny.json"
-    run = run_cli("profile", str(study), "--top", "1", "--out", str(out), cwd=tmp_path)
+    """The study names its profile before it exists; ``autotune profile`` (real trainer
+    runs) writes it there, and ``plan`` then ranks with it."""
+    study = write_study(tmp_path / "s.yaml", devices=2,
+                        cluster={"nodes": 1, "devices_per_node": 2, "device": "cpu",
+                                 "profile": "prof/tiny.json"})
+    (tmp_path / "elsewhere").mkdir()
+    run = run_cli("profile", str(study), "--top", "1", cwd=tmp_path / "elsewhere")
     assert run.returncode == 0, run.stderr
     assert "[4/4]" in run.stderr and "measured ms/layer" in run.stdout
-    prof = load_profile(out)
+    prof = load_profile(tmp_path / "prof" / "tiny.json")
     assert len(prof) == 1 and prof.entries[0].layer_time_s > 0
-    text = study.read_text().replace("device: cpu\n", f"device: cpu\n  profile: {out}\n", 1)
-    study.write_text(text)
-    plan = run_cli("plan", str(study), "--format", "json", cwd=tmp_path)
+    plan = run_cli("plan", str(study), "--format", "json", cwd=tmp_path / "elsewhere")
     assert plan.returncode == 0, plan.stderr
     rows = json.loads(plan.stdout)["feasible"]
-    assert rows[0]["step"]["profiled"] is True or any(r["step"]["profiled"] for r in rows)
+    assert any(r["step"]["profiled"] for r in rows)

@@ -36,6 +36,7 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from autotune.config._fields import check_int, check_keys
+from autotune.config.cluster import profile_path
 from autotune.errors import SpecError
 from autotune.sites import (
     NAME_RE,
@@ -217,6 +218,16 @@ def _expand_study(i: int, entry: Any, base_dir: Path) -> list[tuple[str, dict[st
     return out
 
 
+def _absolute_profile(doc: dict[str, Any], base_dir: Path) -> None:
+    """Pin a relative ``cluster.profile`` to the file the study's own folder gives: the
+    rendered study the workers run lives in the campaign's folder, not the study's."""
+    cluster = doc.get("cluster")
+    if isinstance(cluster, dict) and isinstance(cluster.get("profile"), str) \
+            and cluster["profile"]:
+        doc["cluster"] = {**cluster, "profile": str(
+            profile_path(cluster["profile"], base_dir).resolve())}
+
+
 def load_campaign(path: str | Path) -> CampaignSpec:
     """Read and validate a campaign file (and every study it lists)."""
     src = Path(path).resolve()
@@ -256,7 +267,9 @@ def _parse(data: Any, src: Path) -> CampaignSpec:
     for i, entry in enumerate(entries):
         for base_file, doc in _expand_study(i, entry, src.parent):
             doc["storage"] = {**(doc.get("storage") or {}), "url": url}
-            study = parse_study(doc, source=f"{src.name}: studies[{i}] ({base_file})")
+            _absolute_profile(doc, Path(base_file).parent)
+            study = parse_study(doc, source=f"{src.name}: studies[{i}] ({base_file})",
+                                base_dir=Path(base_file).parent)
             check_name(f"studies[{i}].name", study.name, NAME_RE)
             studies.append(CampaignStudy(spec=study, base_file=base_file, document=doc))
     names = [s.name for s in studies]

@@ -13,7 +13,7 @@ from autotune.hardware import DeviceSpec, GiB, LinkSpec, get_device
 if TYPE_CHECKING:
     from autotune.models.profile import LayerProfile
 
-__all__ = ["ClusterConfig", "LinkConfig"]
+__all__ = ["ClusterConfig", "LinkConfig", "profile_path"]
 
 _LEVELS = ("intra_card", "intra_node", "inter_node")
 
@@ -60,6 +60,9 @@ class ClusterConfig:
     """Measured layer times (``cluster.profile``: the path of a file written by
     ``autotune profile``): the cost model uses them in place of its analytic layer time
     for the shapes they cover (:mod:`autotune.models.profile`)."""
+    profile_path: Path | None = field(default=None, compare=False)
+    """Where ``cluster.profile`` points, resolved (it may not exist yet: ``autotune
+    profile`` writes there by default)."""
 
     def __post_init__(self) -> None:
         check_int("cluster.nodes", self.nodes)
@@ -93,14 +96,19 @@ class ClusterConfig:
         return replace(spec, **changes) if changes else spec
 
     @classmethod
-    def from_dict(cls, data: Any, *, base_dir: str | Path | None = None) -> ClusterConfig:
-        """Validate a ``cluster`` section; a relative ``profile`` path is read from
-        ``base_dir`` (the study file's folder) when it is not found from the working one."""
+    def from_dict(cls, data: Any, *, base_dir: str | Path | None = None,
+                  read_profile: bool = True) -> ClusterConfig:
+        """Validate a ``cluster`` section. A relative ``profile`` path is tried from the
+        working directory, then from ``base_dir`` (the study file's folder).
+        ``read_profile=False`` resolves the path without reading the file (``autotune
+        profile`` is what creates or extends it)."""
         data = dict(check_keys("cluster", data, ("nodes", "devices_per_node", "device",
                                                  "memory_gb", "peak_tflops", "links",
                                                  "profile")))
         if "profile" in data:
-            data["profile"] = _load_profile(data["profile"], base_dir)
+            data["profile_path"] = profile_path(data.pop("profile"), base_dir)
+            if read_profile:
+                data["profile"] = _load_profile(data["profile_path"])
         if "links" in data:
             data["links"] = LinkConfig.from_dict(data["links"])
         for key in ("memory_gb", "peak_tflops"):
@@ -111,15 +119,21 @@ class ClusterConfig:
         return cls(**data)
 
 
-def _load_profile(value: Any, base_dir: str | Path | None) -> LayerProfile:
-    from autotune.models.profile import load_profile  # local: configs import light
-
+def profile_path(value: Any, base_dir: str | Path | None) -> Path:
+    """``cluster.profile``'s file: as given if it exists from the working directory (or is
+    absolute), else beside the study file, as the replayed tables are found."""
     if not isinstance(value, str) or not value:
         raise SpecError("cluster.profile", value, "allowed: the path of a layer-profile "
                         "JSON file (written by autotune profile)")
     path = Path(value).expanduser()
     if not path.is_absolute() and not path.exists() and base_dir is not None:
         path = Path(base_dir) / path
+    return path
+
+
+def _load_profile(path: Path) -> LayerProfile:
+    from autotune.models.profile import load_profile  # local: configs import light
+
     try:
         return load_profile(path)
     except SpecError as err:

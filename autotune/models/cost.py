@@ -60,6 +60,7 @@ __all__ = [
     "host_layer_time_s",
     "host_exposed_time_s",
     "link_level",
+    "tp_link",
     "calibrate",
     "device_perf",
 ]
@@ -129,6 +130,11 @@ def link_level(span: int, cluster: ClusterConfig, devices_per_card: int) -> str:
     if span <= cluster.devices_per_node:
         return "intra_node"
     return "inter_node"
+
+
+def tp_link(layout: Layout, cluster: ClusterConfig) -> str:
+    """The link ``layout``'s TP group crosses on ``cluster`` (:func:`link_level`)."""
+    return link_level(layout.tp, cluster, cluster.device_spec().devices_per_card)
 
 
 def _link(spec: DeviceSpec, level: str) -> LinkSpec:
@@ -353,9 +359,9 @@ def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
     (:func:`host_exposed_time_s`), the device running asynchronously behind the host.
 
     With a profile that measured other shapes of this layer but not this one, the
-    analytic time is scaled by :func:`profile_scale`, so that measured and unmeasured
-    layouts compete on one level (an analytic model 10% optimistic would otherwise favour
-    every shape the profile left out).
+    analytic compute and host time are scaled by :func:`profile_scale`, so that measured
+    and unmeasured layouts compete on one level (an analytic model 10% optimistic would
+    otherwise favour every shape the profile left out).
     """
     if use_profile and cluster.profile is not None:
         measured = cluster.profile.layer_time_s(LayerShape.of(
@@ -365,9 +371,11 @@ def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
             # vTrain's method at layer granularity: the measurement already holds the
             # shape-specific kernel speed, the all-reduces and the host time not hidden.
             return LayerTime(measured, 0.0, 0.0, measured=True)
+        # The scale is the stack's speed on this device (kernels, host), measured inside a
+        # node: it scales compute and host time, not an all-reduce over another link.
         k = profile_scale(model, cluster, dtype)
         t = _analytic_layer(model, layout, cluster, dtype)
-        return LayerTime(k * t.compute_s, k * t.tp_comm_s, k * t.host_s)
+        return LayerTime(k * t.compute_s, t.tp_comm_s, k * t.host_s)
     return _analytic_layer(model, layout, cluster, dtype)
 
 
@@ -387,22 +395,24 @@ def _analytic_layer(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
 
 @functools.lru_cache(maxsize=256)
 def profile_scale(model: ModelConfig, cluster: ClusterConfig, dtype: str) -> float:
-    """Measured over analytic layer time, over the shapes of ``model``'s layer that
-    ``cluster.profile`` measured on this device and dtype (:func:`calibrate`: the
-    geometric mean); 1 when it measured none. Memoised: it is asked once per layout."""
+    """How much slower than the analytic model this stack computes and dispatches a layer:
+    over the shapes of ``model``'s layer that ``cluster.profile`` measured on this device
+    and dtype, the :func:`calibrate` scale (a geometric mean) of the analytic compute plus
+    host time against the measured time less the analytic TP all-reduces; 1 when it
+    measured none. Memoised: every layout of a study asks."""
     profile = cluster.profile
     if profile is None:
         return 1.0
-    dpc = cluster.device_spec().devices_per_card
     measured, analytic = [], []
     for entry in profile.entries:
         sh = entry.shape
         lay = Layout(sh.tp, 1, 1, sh.micro_batch, 1, recompute=sh.recompute)
         if LayerShape.of(model, lay, device=cluster.device, dtype=dtype,
-                         tp_link=link_level(sh.tp, cluster, dpc)) != sh:
+                         tp_link=tp_link(lay, cluster)) != sh:
             continue  # another layer, device, dtype, or TP over another link
-        measured.append(entry.layer_time_s)
-        analytic.append(_analytic_layer(model, lay, cluster, dtype).total_s)
+        t = _analytic_layer(model, lay, cluster, dtype)
+        measured.append(entry.layer_time_s - t.tp_comm_s)
+        analytic.append(t.compute_s + t.host_s)
     return calibrate(analytic, measured)
 
 
@@ -439,7 +449,7 @@ class StepEstimate:
     the whole measured layer time (its TP all-reduces and exposed host time included) and
     ``tp_comm_s`` and ``host_s`` are zero."""
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | bool]:
         return dict(self.__dict__)
 
 

@@ -12,7 +12,7 @@ exposed host time), keyed by everything that shapes it (:class:`LayerShape`). Wh
 layout's shape is in the profile the cost model uses the measured time; elsewhere the
 analytic one.
 
-Where the numbers come from (:func:`fit_layer_profile`): steps measured at two or more
+Where the numbers come from (:mod:`autotune.models.profile_fit`): steps measured at two or more
 layer counts with everything else equal. In 1F1B with ``m`` micro-batches over ``p``
 stages the critical path holds ``(m + p - 1) * ceil(L / p)`` layer-micro-batch slots
 (Narayanan et al. 2021, section 2.2.1), so the slope of step time over that count is the
@@ -28,14 +28,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-import numpy as np
+from typing import Any
 
 from autotune.atomic import write_json_atomic
 from autotune.config._fields import check_choice, check_float, check_int, check_keys
@@ -44,13 +39,8 @@ from autotune.errors import SpecError
 from autotune.hardware import HARDWARE
 from autotune.layout import RECOMPUTE_CHOICES, Layout, Recompute
 
-if TYPE_CHECKING:
-    from autotune.config.cluster import ClusterConfig
-    from autotune.landscape import LandscapeGroup
-
-__all__ = ["LayerShape", "ProfileEntry", "LayerProfile", "LayerSample", "PROFILE_KIND",
-           "PROFILE_VERSION", "layer_slots", "fit_layer_profile", "load_profile",
-           "landscape_samples", "tp_link_of", "median_standard_error"]
+__all__ = ["LayerShape", "ProfileEntry", "LayerProfile", "PROFILE_KIND", "PROFILE_VERSION",
+           "load_profile"]
 
 PROFILE_KIND = "autotune-layer-profile"
 DTYPES = ("fp32", "bf16", "fp16")
@@ -181,8 +171,9 @@ class LayerProfile:
     def merged(self, other: LayerProfile) -> LayerProfile:
         """This profile with ``other``'s entries added; ``other`` wins on a shared shape."""
         index = {**self._index, **other._index}
+        parts = [p for s in (self.source, other.source) for p in s.split("; ") if p]
         return LayerProfile(tuple(index[k] for k in sorted(index)),
-                            source="; ".join(s for s in (self.source, other.source) if s))
+                            source="; ".join(dict.fromkeys(parts)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": PROFILE_KIND, "version": PROFILE_VERSION, "source": self.source,
@@ -234,11 +225,14 @@ class LayerProfile:
             raise SpecError(err.field, err.value, err.allowed, source=source) from None
 
 
+_LAYOUT_FIELDS = ("tp", "tp_link", "micro_batch", "recompute")
+"""The fields of a :class:`LayerShape` that the layout sets; the others are the layer's."""
+
+
 def _same_layer(a: LayerShape, b: LayerShape) -> bool:
     """Same model layer on the same device and dtype (any tp, micro-batch, recompute)."""
-    keys = ("device", "dtype", "hidden", "n_head", "kv_heads", "ffn", "seq_len", "mlp",
-            "attention", "dropout")
-    return all(getattr(a, k) == getattr(b, k) for k in keys)
+    return all(getattr(a, f) == getattr(b, f) for f in LayerShape.__dataclass_fields__
+               if f not in _LAYOUT_FIELDS)
 
 
 def load_profile(path: str | os.PathLike[str]) -> LayerProfile:
@@ -256,140 +250,3 @@ def load_profile(path: str | os.PathLike[str]) -> LayerProfile:
         raise SpecError("profile", str(p), f"not valid JSON ({err.msg}, line {err.lineno})"
                         ) from None
     return replace(LayerProfile.from_dict(data, source=str(p)), path=str(p))
-
-
-def layer_slots(n_layer: int, layout: Layout) -> int:
-    """Layer-micro-batch slots on a 1F1B step's critical path: ``(m + p - 1) ceil(L/p)``
-    (Narayanan et al. 2021, section 2.2.1, equal stages)."""
-    return (layout.grad_accum + layout.pp - 1) * math.ceil(n_layer / layout.pp)
-
-
-@dataclass(frozen=True)
-class LayerSample:
-    """One measured step: the job and its step time."""
-
-    model: ModelConfig
-    layout: Layout
-    device: str
-    dtype: str
-    tp_link: str
-    step_time_s: float
-    step_time_se_s: float | None = None
-    """Standard error of ``step_time_s`` (:func:`median_standard_error` of the timed
-    steps), when known: it gives the fitted layer time its error bar."""
-
-
-def tp_link_of(layout: Layout, cluster: ClusterConfig) -> str:
-    """The link a layout's TP group crosses on ``cluster`` (the cost model's rule)."""
-    from autotune.models.cost import link_level  # local: cost imports this module
-
-    return link_level(layout.tp, cluster, cluster.device_spec().devices_per_card)
-
-
-def landscape_samples(groups: Iterable[LandscapeGroup]) -> list[LayerSample]:
-    """The ``ok`` rows of measured landscape groups that report a step time."""
-    return [LayerSample(g.model, m.layout, g.cluster.device, g.dtype,
-                        tp_link_of(m.layout, g.cluster), m.iteration_time_s)
-            for g in groups for m in g.ok() if m.iteration_time_s]
-
-
-class _Point(NamedTuple):
-    slots: int
-    stage_layers: int
-    micro_batches: int
-    step_s: float
-    se_s: float | None
-    """Standard error of ``step_s``, when the steps behind it are known."""
-
-
-def _series_time(points: list[_Point]) -> tuple[float, float | None] | None:
-    """Layer time (and its standard error) from one series of measured steps.
-
-    With both the layer count and the micro-batch count varied (``autotune profile``'s
-    2 x 2 design), least squares on ``T = t * slots + o * stage_layers + c * m + k``
-    separates the layer time ``t`` from per-layer work done once per step (the optimizer
-    step over the layer's weights, its gradient reduction; the cost model charges those
-    itself) and per-micro-batch work outside the layers (embeddings, logits, loss). With
-    the layer count alone varied (a published table), ``T = t' * slots + k``: ``t'`` then
-    also holds ``o / m``, which is small at the accumulation such tables use.
-
-    Either estimate is linear in the step times, ``t = sum c_i T_i``, so its standard
-    error is ``sqrt(sum (c_i se_i)^2)`` when every point has one.
-    """
-    full = np.array([[p.slots, p.stage_layers, p.micro_batches, 1.0] for p in points])
-    if np.linalg.matrix_rank(full) == 4:
-        xs = full
-    elif len({p.slots for p in points}) >= 2 and len({p.micro_batches for p in points}) == 1:
-        xs = full[:, [0, 3]]
-    else:
-        return None
-    weights = np.linalg.pinv(xs)[0]  # t = weights @ step times
-    t = float(weights @ np.array([p.step_s for p in points]))
-    ses = [p.se_s for p in points]
-    se = (None if any(v is None for v in ses)
-          else float(math.sqrt(sum((w * v) ** 2 for w, v in zip(weights, ses, strict=True)
-                                   if v is not None))))
-    return t, se
-
-
-def median_standard_error(step_times_s: Sequence[float]) -> float | None:
-    """Standard error of the median of ``n`` timed steps, ``1.2533 sd / sqrt(n)`` (the
-    large-sample value for normal noise); ``None`` below 2 steps."""
-    n = len(step_times_s)
-    if n < 2:
-        return None
-    return 1.2533 * statistics.stdev(step_times_s) / math.sqrt(n)
-
-
-def fit_layer_profile(samples: Iterable[LayerSample], *, source: str = "") -> LayerProfile:
-    """Layer times from steps measured at several layer counts (see the module docstring).
-
-    Samples that differ only in the number of layers (and, for ``autotune profile``'s
-    runs, in the number of micro-batches) form one series; a series gives one layer time
-    (:func:`_series_time`). Each layer shape gets the median over its series (robust to
-    one noisy series) and the spread between them. Non-positive times (noise swamping a
-    tiny layer) are dropped; a shape left without any is not in the profile.
-    """
-    series: dict[tuple[Any, ...], dict[tuple[int, int, int], list[LayerSample]]] = (
-        defaultdict(lambda: defaultdict(list)))
-    shapes: dict[tuple[Any, ...], LayerShape] = {}
-    for s in samples:
-        if not (s.step_time_s > 0 and math.isfinite(s.step_time_s)):
-            continue
-        shape = LayerShape.of(s.model, s.layout, device=s.device, dtype=s.dtype,
-                              tp_link=s.tp_link)
-        lay = s.layout
-        key = (shape, s.model.vocab_size, lay.pp, lay.dp, lay.zero_stage)
-        shapes[key] = shape
-        stage_layers = math.ceil(s.model.n_layer / lay.pp)
-        point = (layer_slots(s.model.n_layer, lay), stage_layers, lay.grad_accum)
-        series[key][point].append(s)
-    times: dict[LayerShape, list[tuple[float, float | None]]] = defaultdict(list)
-    for key, by_point in series.items():
-        points = []
-        for pt, same in sorted(by_point.items()):
-            ses = [x.step_time_se_s for x in same]
-            se = (None if any(v is None for v in ses)
-                  else statistics.median(v for v in ses if v is not None) / math.sqrt(len(ses)))
-            points.append(_Point(*pt, statistics.median(x.step_time_s for x in same), se))
-        # A slope at rounding level (a series flat within float precision) is no
-        # measurement of a layer: keep only times above a millionth of the step.
-        floor = 1e-6 * max(p.step_s for p in points)
-        fits = [_series_time(points)] if len(points) >= 4 else [None]
-        if fits[0] is None:  # one series per accumulation
-            fits = [_series_time([p for p in points if p.micro_batches == m])
-                    for m in sorted({p.micro_batches for p in points})]
-        kept = [f for f in fits if f is not None and f[0] > floor]
-        if kept:
-            times[shapes[key]] += kept
-    entries = []
-    for shape in sorted(times):
-        vals = [t for t, _ in times[shape]]
-        ses = [se for _, se in times[shape]]
-        med = statistics.median(vals)
-        # The median of k fits is treated like their mean for its error: an estimate.
-        se = (None if any(v is None for v in ses)
-              else statistics.median(v for v in ses if v is not None) / math.sqrt(len(ses)))
-        entries.append(ProfileEntry(shape, med, len(vals), (max(vals) - min(vals)) / med,
-                                    stderr_s=se))
-    return LayerProfile(tuple(entries), source=source)

@@ -194,3 +194,36 @@ def test_a_study_is_done_at_its_budget_or_at_a_search_stop_that_still_holds() ->
     assert not prog.done(10, None)   # the option was turned off: spend the budget
     prog.running = 1  # a trial still running can change the history
     assert not prog.done(10, 0.01)
+
+
+def test_a_relative_profile_is_read_beside_the_study_and_pinned_for_the_workers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The study names ``cluster.profile`` relative to its own folder; the campaign file
+    sits elsewhere and is loaded from a third folder. The rendered study the workers run
+    lives in the campaign's folder, so it must carry the resolved path."""
+    from autotune.campaign.render import study_document
+    from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
+
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    study = yaml.safe_load((REPO / "studies" / "campaigns" / "ci-tiny.yaml").read_text())
+    study["cluster"]["profile"] = "profiles/tiny.json"
+    (studies / "study.yaml").write_text(yaml.safe_dump(study))
+    m = study["model"]
+    shape = LayerShape("cpu", "fp32", m["hidden"], m["n_head"], m["n_head"], m["ffn_hidden"],
+                       m["seq_len"], "gelu", "flash", 0.0, 1, "none", 1, "none")
+    LayerProfile((ProfileEntry(shape, 1e-3),)).save(studies / "profiles" / "tiny.json")
+    camp_dir = tmp_path / "campaigns"
+    camp_dir.mkdir()
+    (camp_dir / "camp.yaml").write_text(yaml.safe_dump({
+        "name": "c1", "site": "local-ci", "storage": {"url": f"sqlite:///{tmp_path}/c.db"},
+        "studies": [{"file": "../studies/study.yaml", "name": "s1"}]}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    campaign = load(camp_dir / "camp.yaml")
+    spec = campaign.studies[0].spec
+    assert spec.cluster.profile is not None and len(spec.cluster.profile) == 1
+    doc = study_document(campaign, campaign.studies[0])
+    pinned = Path(doc["cluster"]["profile"])
+    assert pinned.is_absolute() and pinned == (studies / "profiles" / "tiny.json").resolve()

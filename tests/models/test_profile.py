@@ -19,18 +19,20 @@ from autotune.errors import SpecError
 from autotune.landscape import LandscapeGroup, load_landscape
 from autotune.layout import Layout
 from autotune.models import cost
+from autotune.models.cost import tp_link
 from autotune.models.profile import (
     PROFILE_KIND,
     PROFILE_VERSION,
     LayerProfile,
-    LayerSample,
     LayerShape,
     ProfileEntry,
+    load_profile,
+)
+from autotune.models.profile_fit import (
+    LayerSample,
     fit_layer_profile,
     landscape_samples,
     layer_slots,
-    load_profile,
-    tp_link_of,
 )
 from autotune.spec import parse_study
 from tests.test_landscape import SHARED
@@ -42,7 +44,7 @@ TP2 = Layout(tp=2, pp=1, dp=1, micro_batch=2, grad_accum=4)
 
 def shape(layout: Layout = TP2, model: ModelConfig = M, **changes: Any) -> LayerShape:
     base = LayerShape.of(model, layout, device="a100-80gb", dtype="bf16",
-                         tp_link=tp_link_of(layout, A100))
+                         tp_link=tp_link(layout, A100))
     return replace(base, **changes)
 
 
@@ -160,7 +162,7 @@ def test_a_wrongly_typed_shape_field_is_refused(tmp_path: Path, value: Any) -> N
 
 def sample(n_layer: int, layout: Layout, step_s: float, model: ModelConfig = M) -> LayerSample:
     return LayerSample(replace(model, n_layer=n_layer), layout, "a100-80gb", "bf16",
-                       tp_link_of(layout, A100), step_s)
+                       tp_link(layout, A100), step_s)
 
 
 def published_series(t: float, *, pp: int = 2, m: int = 8, dp: int = 1, k: float = 0.05,
@@ -313,17 +315,20 @@ def test_a_profile_of_another_layer_or_device_changes_nothing(change: dict[str, 
                          ids=lambda c: "-".join(c))
 def test_other_shapes_of_the_layer_set_the_level_of_the_unmeasured(
         change: dict[str, Any]) -> None:
-    """A measured shape k times slower than the analytic model scales the analytic layer
-    time of the shapes the profile lacks by k, and nothing else in the step."""
+    """A measured shape whose compute and host time run k times the analytic ones scales
+    the analytic compute and host time of the shapes the profile lacks by k; their TP
+    all-reduces (a link, not the stack's speed) and the rest of the step stay analytic."""
     for lay in (TP2, Layout(tp=2, pp=2, dp=2, micro_batch=2, grad_accum=4)):
         other = replace(lay, **change)
-        t_other = cost.layer_terms(M, other, A100, "bf16").total_s
-        cluster = with_profile({shape(other): 1.5 * t_other})
+        o = cost.layer_terms(M, other, A100, "bf16")
+        cluster = with_profile({shape(other): 1.5 * (o.compute_s + o.host_s) + o.tp_comm_s})
         assert cost.profile_scale(M, cluster, "bf16") == pytest.approx(1.5, rel=1e-12)
         a = cost.layer_terms(M, lay, A100, "bf16")
         scaled = cost.layer_terms(M, lay, cluster, "bf16")
         assert not scaled.measured
-        assert scaled.total_s == pytest.approx(1.5 * a.total_s, rel=1e-12)
+        assert scaled.compute_s == pytest.approx(1.5 * a.compute_s, rel=1e-12)
+        assert scaled.host_s == pytest.approx(1.5 * a.host_s, rel=1e-12)
+        assert scaled.tp_comm_s == a.tp_comm_s
         est_a, est = cost.estimate_step(M, lay, A100), cost.estimate_step(M, lay, cluster)
         assert not est.profiled
         assert est.optimizer_s == est_a.optimizer_s and est.pp_p2p_s == est_a.pp_p2p_s
