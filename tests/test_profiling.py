@@ -35,16 +35,26 @@ class LinearLauncher(Launcher):
 
     kind = "linear"
 
-    def __init__(self, oom_tp: int | None = None) -> None:
+    def __init__(self, oom_tp: int | None = None, *, crash_at: int | None = None,
+                 interrupt_at: int | None = None) -> None:
         super().__init__()
         self.oom_tp = oom_tp
+        self.crash_at = crash_at
+        """The run (1-based) that crashes without a result."""
+        self.interrupt_at = interrupt_at
+        """The run during which Ctrl-C arrives (the real launchers kill the trial)."""
         self.specs: list[TrialSpec] = []
 
     def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
+        if len(self.specs) + 1 == self.interrupt_at:
+            raise KeyboardInterrupt
         self.specs.append(spec)
         lay, n_layer = spec.layout, spec.model.n_layer
         if lay.tp == self.oom_tp:
             TrialResult(status="oom", error="CUDA out of memory").write(paths.result)
+            return None
+        if len(self.specs) == self.crash_at:
+            TrialResult(status="error", error="segfault").write(paths.result)
             return None
         step = (lay.grad_accum * n_layer * layer_time(lay.tp, lay.micro_batch)
                 + 3e-4 * n_layer + 5e-4 * lay.grad_accum + 2e-3)
@@ -120,41 +130,13 @@ def test_run_profile_recovers_the_layer_times_and_survives_an_oom(study: Path) -
     assert all("[" in line for line in lines)  # numbered progress lines
 
 
-class InterruptingLauncher(LinearLauncher):
-    """Ctrl-C arrives during the ``at``-th run (the real launchers kill the trial first)."""
-
-    def __init__(self, at: int) -> None:
-        super().__init__()
-        self.at = at
-
-    def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
-        if len(self.specs) + 1 == self.at:
-            raise KeyboardInterrupt
-        return super()._start(spec, paths)
-
-
-class FailingLauncher(LinearLauncher):
-    """The ``at``-th run crashes without a result (e.g. the last run of a shape)."""
-
-    def __init__(self, at: int) -> None:
-        super().__init__()
-        self.at = at
-
-    def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
-        if len(self.specs) + 1 == self.at:
-            self.specs.append(spec)
-            TrialResult(status="error", error="segfault").write(paths.result)
-            return None
-        return super()._start(spec, paths)
-
-
 def test_a_shape_whose_last_run_fails_is_not_fitted_from_the_rest(study: Path) -> None:
     """Three of four runs would still fit (one series per accumulation) but include the
     optimizer's share in the layer: an incomplete design is no measurement."""
     spec = load_study(study)
     cells = [ProfileCell(1, 2, "none"), ProfileCell(2, 2, "none")]
     saved: list[LayerProfile] = []
-    out = run_profile(spec, FailingLauncher(at=8), cells, checkpoint=saved.append)
+    out = run_profile(spec, LinearLauncher(crash_at=8), cells, checkpoint=saved.append)
     assert set(out.failed) == {cells[1]} and out.failed[cells[1]].startswith("error")
     assert [e.shape.tp for e in out.profile.entries] == [1]
     assert [len(p) for p in saved] == [1]  # checkpointed after the shape that finished
@@ -163,7 +145,7 @@ def test_a_shape_whose_last_run_fails_is_not_fitted_from_the_rest(study: Path) -
 def test_ctrl_c_keeps_the_finished_shapes_only(study: Path) -> None:
     spec = load_study(study)
     cells = [ProfileCell(1, 2, "none"), ProfileCell(2, 2, "none"), ProfileCell(1, 4, "none")]
-    out = run_profile(spec, InterruptingLauncher(at=7), cells)
+    out = run_profile(spec, LinearLauncher(interrupt_at=7), cells)
     assert out.interrupted
     assert [e.shape.tp for e in out.profile.entries] == [1]
     assert out.profile.entries[0].layer_time_s == pytest.approx(layer_time(1, 2), rel=1e-9)
