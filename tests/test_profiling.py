@@ -241,9 +241,15 @@ def test_from_landscape_writes_and_merges(tmp_path: Path,
 def test_profile_a_tiny_study_for_real_then_plan_uses_it(tmp_path: Path) -> None:
     """The study names its profile before it exists; ``autotune profile`` (real trainer
     runs) writes it there, and ``plan`` then ranks with it."""
+    # Wide enough that two layers (about 2 x 10 ms on one CPU core) stand well above the
+    # run-to-run noise of a busy 2-core machine; the 32-wide test model's layer does not.
     study = write_study(tmp_path / "s.yaml", devices=2,
+                        model={"n_layer": 2, "hidden": 128, "n_head": 4, "seq_len": 64,
+                               "vocab_size": 64, "ffn_hidden": 512, "name": "narrow"},
                         cluster={"nodes": 1, "devices_per_node": 2, "device": "cpu",
-                                 "profile": "prof/tiny.json"})
+                                 "profile": "prof/tiny.json"},
+                        trial={"warmup_steps": 1, "measure_steps": 3, "timeout_s": 120,
+                               "device": "cpu"})
     (tmp_path / "elsewhere").mkdir()
     run = run_cli("profile", str(study), "--top", "1", cwd=tmp_path / "elsewhere")
     assert run.returncode == 0, run.stderr
