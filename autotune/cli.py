@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import AutotuneError, UsageError
 
@@ -246,12 +246,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise SpecError("STUDY / --from-landscape", args.study or args.from_landscape,
                         "allowed: exactly one of a study file and --from-landscape CSV")
     if args.from_landscape is None:
-        table_opts = [(flag, value) for flag, value in (
-            ("--hardware", args.hardware), ("--devices-per-node", args.devices_per_node),
-            ("--vocab-size", args.vocab_size), ("--attention", args.attention))
-            if value is not None]
-        if table_opts:
-            raise SpecError(*table_opts[0],
+        table = _table_options(args)
+        if table:
+            name, value = next(iter(table.items()))
+            raise SpecError(f"--{name.replace('_', '-')}", value,
                             "allowed only with --from-landscape (a study file says it itself)")
         return _profile_study(args)
     if args.out is None:
@@ -269,12 +267,8 @@ def _profile_landscape(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     previous = _writable_profile(out)
-    table = {k: v for k, v in (("hardware", args.hardware),
-                                ("devices_per_node", args.devices_per_node),
-                                ("vocab_size", args.vocab_size), ("attention", args.attention))
-             if v is not None}  # the others keep load_landscape's defaults
     try:
-        groups = load_landscape(args.from_landscape, **table)
+        groups = load_landscape(args.from_landscape, **_table_options(args))
     except SpecError as err:
         if err.field != "--landscape":
             raise
@@ -285,10 +279,16 @@ def _profile_landscape(args: argparse.Namespace) -> int:
         print(f"autotune: error: {args.from_landscape}: no series of layouts measured at "
               "two or more layer counts; nothing to fit", file=sys.stderr)
         return EXIT_FAIL
-    _merge_into(out, previous, profile)
-    print(f"wrote {out}: {len(profile)} layer shape(s) fitted, "
-          f"{len(_read_profile(out))} in the file")
+    written = _merge_into(out, previous, profile)
+    print(f"wrote {out}: {len(profile)} layer shape(s) fitted, {len(written)} in the file")
     return EXIT_OK
+
+
+def _table_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--from-landscape`` options given, as :func:`load_landscape` keywords (the
+    others keep its defaults)."""
+    return {k: getattr(args, k) for k in ("hardware", "devices_per_node", "vocab_size",
+                                          "attention") if getattr(args, k) is not None}
 
 
 def _writable_profile(out: Path) -> LayerProfile | None:
@@ -307,21 +307,20 @@ def _writable_profile(out: Path) -> LayerProfile | None:
         raise SpecError("--out", str(out), "allowed: a path in a writable folder")
     if not out.exists():
         return None
+    from autotune.models.profile import load_profile
+
     try:
-        return _read_profile(out)
+        return load_profile(out)
     except SpecError as err:
         raise SpecError("--out", str(out), f"holds no profile to extend: {err}") from None
 
 
-def _read_profile(path: Path) -> LayerProfile:
-    from autotune.models.profile import load_profile
-
-    return load_profile(path)
-
-
-def _merge_into(out: Path, previous: LayerProfile | None, new: LayerProfile) -> None:
-    """Write ``new`` over ``previous``'s entries (atomically; new entries win)."""
-    (new if previous is None else previous.merged(new)).save(out)
+def _merge_into(out: Path, previous: LayerProfile | None, new: LayerProfile) -> LayerProfile:
+    """Write ``new`` over ``previous``'s entries (atomically; new entries win); return
+    what was written."""
+    merged = new if previous is None else previous.merged(new)
+    merged.save(out)
+    return merged
 
 
 def _profile_study(args: argparse.Namespace) -> int:
@@ -361,14 +360,15 @@ def _profile_study(args: argparse.Namespace) -> int:
                          checkpoint=lambda prof: _merge_into(out, previous, prof))
     rows = compare_rows(spec, result.profile, cells)
     if rows:
-        print(f"wrote {out}: {len(rows)} layer shape(s) measured, "
-              f"{len(_read_profile(out))} in the file")
+        # The last checkpoint wrote exactly this.
+        in_file = len(result.profile if previous is None else previous.merged(result.profile))
+        print(f"wrote {out}: {len(rows)} layer shape(s) measured, {in_file} in the file")
         print(render_comparison(rows))
         noisy = [c.label() for c, e, _ in rows if e.noisy]
         if noisy:
             print(f"noisy (error over 10%): {', '.join(noisy)}; more trial.measure_steps or "
                   "a wider --layers gap would tighten them")
-        if spec.cluster.profile_path is None or spec.cluster.profile_path != out:
+        if spec.cluster.profile_path != out:
             print(f"use it: in {args.study}, cluster:  profile: {_relative_to_study(out, spec)}")
     for cell, why in sorted(result.failed.items()):
         print(f"not measured: {cell.label()}: {why}", file=sys.stderr)

@@ -29,7 +29,7 @@ from autotune.candidates import rank_candidates
 from autotune.errors import SpecError
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.layout import Layout, Recompute
-from autotune.models.cost import layer_terms, tp_link
+from autotune.models.cost import analytic_layer, tp_link
 from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
 from autotune.models.profile_fit import LayerSample, fit_layer_profile, median_standard_error
 from autotune.outcome import classify
@@ -130,7 +130,7 @@ def _paths(spec: StudySpec, trial: TrialSpec) -> TrialPaths:
 def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell], *,
                 layers: Sequence[int] = DEFAULT_LAYERS, accums: Sequence[int] = DEFAULT_ACCUMS,
                 log: Callable[[str], None] = lambda _line: None,
-                checkpoint: Callable[[LayerProfile], None] | None = None) -> ProfileRun:
+                checkpoint: Callable[[LayerProfile], object] | None = None) -> ProfileRun:
     """Measure ``cells`` with ``launcher`` and fit their layer times.
 
     Only shapes whose every run succeeded are fitted. A Ctrl-C stops after the running
@@ -140,7 +140,6 @@ def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell
     device, dtype = spec.cluster.device, spec.training.dtype
     source = f"autotune profile {spec.source or spec.name}"
     out = ProfileRun(LayerProfile(source=source))
-    done: list[LayerSample] = []  # samples of the shapes whose runs all succeeded
     n_runs = len(cells) * len(layers) * len(accums)
     started, i = time.monotonic(), 0
     for cell in cells:
@@ -178,8 +177,8 @@ def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell
             break
         if cell in out.failed:
             continue
-        done += samples
-        out.profile = fit_layer_profile(done, source=source)
+        # Shapes never share a series, so each is fitted on its own samples alone.
+        out.profile = out.profile.merged(fit_layer_profile(samples, source=source))
         if out.profile.entry(cell.shape(spec)) is None:
             out.failed[cell] = "no positive slope: the layer is too small against the noise"
         elif checkpoint is not None:
@@ -199,8 +198,8 @@ def compare_rows(spec: StudySpec, profile: LayerProfile, cells: Sequence[Profile
         entry = profile.entry(cell.shape(spec))
         if entry is None:
             continue
-        analytic = layer_terms(spec.model, cell.layout(), spec.cluster, spec.training.dtype,
-                               use_profile=False).total_s
+        analytic = analytic_layer(spec.model, cell.layout(), spec.cluster,
+                                  spec.training.dtype).total_s
         rows.append((cell, entry, analytic))
     return rows
 

@@ -56,6 +56,7 @@ __all__ = [
     "pipeline_time_s",
     "LayerTime",
     "layer_terms",
+    "analytic_layer",
     "profile_scale",
     "host_layer_time_s",
     "host_exposed_time_s",
@@ -349,7 +350,7 @@ class LayerTime:
 
 
 def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
-                dtype: str = "bf16", *, use_profile: bool = True) -> LayerTime:
+                dtype: str = "bf16") -> LayerTime:
     """The layer time the step is composed of: measured where ``cluster.profile`` has the
     layer's shape (:mod:`autotune.models.profile`), else analytic.
 
@@ -363,10 +364,9 @@ def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
     and unmeasured layouts compete on one level (an analytic model 10% optimistic would
     otherwise favour every shape the profile left out).
     """
-    if use_profile and cluster.profile is not None:
+    if cluster.profile is not None:
         measured = cluster.profile.layer_time_s(LayerShape.of(
-            model, layout, device=cluster.device, dtype=dtype,
-            tp_link=link_level(layout.tp, cluster, cluster.device_spec().devices_per_card)))
+            model, layout, device=cluster.device, dtype=dtype, tp_link=tp_link(layout, cluster)))
         if measured is not None:
             # vTrain's method at layer granularity: the measurement already holds the
             # shape-specific kernel speed, the all-reduces and the host time not hidden.
@@ -374,21 +374,20 @@ def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
         # The scale is the stack's speed on this device (kernels, host), measured inside a
         # node: it scales compute and host time, not an all-reduce over another link.
         k = profile_scale(model, cluster, dtype)
-        t = _analytic_layer(model, layout, cluster, dtype)
+        t = analytic_layer(model, layout, cluster, dtype)
         return LayerTime(k * t.compute_s, t.tp_comm_s, k * t.host_s)
-    return _analytic_layer(model, layout, cluster, dtype)
+    return analytic_layer(model, layout, cluster, dtype)
 
 
-def _analytic_layer(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
-                    dtype: str) -> LayerTime:
+def analytic_layer(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
+                   dtype: str = "bf16") -> LayerTime:
+    """The analytic :class:`LayerTime` (see :func:`layer_terms`), whatever the profile."""
     spec = cluster.device_spec()
     perf = device_perf(spec.name)
     peak = (spec.peak_tflops(dtype) or perf.fallback_peak_tflops or 1.0) * 1e12
     rc = 1.0 if layout.recompute == "full" else 0.0
     compute = (3.0 + rc) * layer_forward_time_s(model, layout, peak, perf, dtype)
-    tp_comm = tp_allreduce_time_s(model, layout,
-                                  spec, link_level(layout.tp, cluster, spec.devices_per_card),
-                                  dtype)
+    tp_comm = tp_allreduce_time_s(model, layout, spec, tp_link(layout, cluster), dtype)
     host = host_exposed_time_s(compute + tp_comm, host_layer_time_s(layout, perf))
     return LayerTime(compute, tp_comm, host)
 
@@ -410,7 +409,7 @@ def profile_scale(model: ModelConfig, cluster: ClusterConfig, dtype: str) -> flo
         if LayerShape.of(model, lay, device=cluster.device, dtype=dtype,
                          tp_link=tp_link(lay, cluster)) != sh:
             continue  # another layer, device, dtype, or TP over another link
-        t = _analytic_layer(model, lay, cluster, dtype)
+        t = analytic_layer(model, lay, cluster, dtype)
         measured.append(entry.layer_time_s - t.tp_comm_s)
         analytic.append(t.compute_s + t.host_s)
     return calibrate(analytic, measured)

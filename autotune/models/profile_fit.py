@@ -92,10 +92,10 @@ def _series_time(points: list[_Point]) -> tuple[float, float | None] | None:
     weights = np.linalg.pinv(xs)[0]  # t = weights @ step times
     t = float(weights @ np.array([p.step_s for p in points]))
     ses = [p.se_s for p in points]
-    se = (None if any(v is None for v in ses)
-          else float(math.sqrt(sum((w * v) ** 2 for w, v in zip(weights, ses, strict=True)
-                                   if v is not None))))
-    return t, se
+    if any(v is None for v in ses):
+        return t, None
+    return t, float(math.sqrt(sum((w * v) ** 2
+                                  for w, v in zip(weights, ses, strict=True))))
 
 
 def median_standard_error(step_times_s: Sequence[float]) -> float | None:
@@ -127,7 +127,6 @@ def fit_layer_profile(samples: Iterable[LayerSample], *, source: str = "") -> La
     """
     series: dict[tuple[Any, ...], dict[tuple[int, int, int], list[LayerSample]]] = (
         defaultdict(lambda: defaultdict(list)))
-    shapes: dict[tuple[Any, ...], LayerShape] = {}
     for s in samples:
         if not (s.step_time_s > 0 and math.isfinite(s.step_time_s)):
             continue
@@ -138,7 +137,6 @@ def fit_layer_profile(samples: Iterable[LayerSample], *, source: str = "") -> La
         # varies. The vocabulary, pipeline, replicas and ZeRO stage change what is outside
         # the layers (the intercepts), so runs that differ in them are separate series.
         key = (shape, s.model.vocab_size, lay.pp, lay.dp, lay.zero_stage)
-        shapes[key] = shape
         stage_layers = math.ceil(s.model.n_layer / lay.pp)
         point = (layer_slots(s.model.n_layer, lay), stage_layers, lay.grad_accum)
         series[key][point].append(s)
@@ -150,15 +148,15 @@ def fit_layer_profile(samples: Iterable[LayerSample], *, source: str = "") -> La
         # A slope at rounding level (a series flat within float precision) is no
         # measurement of a layer: keep only times above a millionth of the step.
         floor = 1e-6 * max(p.step_s for p in points)
-        # Four unknowns need four distinct points; with fewer (or a rank-deficient set)
+        whole = _series_time(points)
+        # Without the four distinct points the full fit needs, yet several accumulations,
         # each accumulation is a series of its own.
-        fits = [_series_time(points)] if len(points) >= 4 else [None]
-        if fits[0] is None:  # one series per accumulation
-            fits = [_series_time([p for p in points if p.micro_batches == m])
-                    for m in sorted({p.micro_batches for p in points})]
+        fits = [whole] if whole is not None else [
+            _series_time([p for p in points if p.micro_batches == m])
+            for m in sorted({p.micro_batches for p in points})]
         kept = [f for f in fits if f is not None and f[0] > floor]
         if kept:
-            times[shapes[key]] += kept
+            times[key[0]] += kept
     entries = []
     for shape in sorted(times):
         vals = [t for t, _ in times[shape]]
