@@ -136,11 +136,29 @@ def model_state_bytes(n_params: int, layout: Layout, dtype: str) -> tuple[int, i
         # DeepSpeed's BF16_Optimizer (used for bf16 below ZeRO-2) accumulates gradients in
         # an fp32 buffer of every parameter of the rank, next to the bf16 ``.grad``
         # (deepspeed/runtime/bf16_optimizer.py, ``fp32_groups_gradients_flat``): 2 + 4.
+        # Which wrapper DeepSpeed picks depends on the recipe (``data_types``): see
+        # :func:`autotune.models.memory_uncertainty.grad_accumulation_sigma_bytes`.
         g_b = 6
     weights = n_params * w_b / (dp if z >= 3 else 1)
     grads = n_params * g_b / (dp if z >= 2 else 1)
-    optim = n_params * o_b / (dp if z >= 1 else 1)
+    optim = n_params * o_b / (dp if z >= 1 or _bf16_pipeline_optimizer(layout, dtype) else 1)
     return int(weights), int(grads), int(optim)
+
+
+def _bf16_pipeline_optimizer(layout: Layout, dtype: str) -> bool:
+    """Whether DeepSpeed shards the fp32 states over ``dp`` although ZeRO is off.
+
+    bf16 with a pipeline and ZeRO-0 runs through ``BF16_Optimizer``
+    (deepspeed/runtime/engine.py, ``_do_optimizer_sanity_check``: ``model_dtype ==
+    grad_accum_dtype == bfloat16 and self.pipeline_parallelism`` returns ``BFLOAT16``;
+    deepspeedai/DeepSpeed@007cca6a2ffe3ed9d393459f4a3081bd54341ba6), and that optimizer
+    keeps only this rank's ``1/dp`` partition of the fp32 master weights, hence of the
+    Adam states (deepspeed/runtime/bf16_optimizer.py, ``fp32_groups_flat_partition``,
+    deepspeedai/DeepSpeed@aa3a6393e3161ed13ade8673ea9ea468285eaaa6): ZeRO-1's sharding
+    without the name. Without a pipeline bf16 ZeRO-0 is ``DDP_BFLOAT16`` (the unsharded
+    ``FP16_Optimizer``); fp16 and fp32 never take this path.
+    """
+    return dtype == "bf16" and layout.zero_stage == 0 and layout.pp > 1
 
 
 def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:

@@ -115,3 +115,13 @@ def test_more_sharding_never_needs_more_memory() -> None:
     assert math.isclose(mem.estimate_memory(big, lay(recompute="full")).activations_bytes,
                         24 * (2048 * 2 * 2048) * 2 + mem.layer_activation_bytes(big, lay(),
                                                                                   "bf16"))
+
+
+def test_bf16_pipeline_without_zero_shards_the_fp32_states() -> None:
+    # DeepSpeed runs bf16 + pipeline + ZeRO-0 through BF16_Optimizer, which keeps this
+    # rank's 1/dp of the fp32 master weights and Adam states (engine.py
+    # _do_optimizer_sanity_check; bf16_optimizer.py fp32_groups_flat_partition).
+    assert mem.model_state_bytes(1000, lay(dp=2, pp=2), "bf16") == (2000, 6000, 6000)
+    # Without a pipeline it is DDP_BFLOAT16 (FP16_Optimizer): unsharded; fp16 likewise.
+    assert mem.model_state_bytes(1000, lay(dp=2), "bf16") == (2000, 6000, 12000)
+    assert mem.model_state_bytes(1000, lay(dp=2, pp=2), "fp16") == (2000, 2000, 12000)
