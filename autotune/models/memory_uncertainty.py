@@ -54,7 +54,7 @@ excluded. Nothing here is fitted to a measured table.
 >>> est = estimate_memory(MODEL_PRESETS["gpt-1.3b"], lay, dtype="bf16")
 >>> unc = estimate_uncertainty(MODEL_PRESETS["gpt-1.3b"], lay, est, dtype="bf16")
 >>> round(unc.relative_sigma, 2)
-0.23
+0.18
 >>> p = fit_probability(est.peak_bytes, 80 * 2**30, unc.relative_sigma)
 >>> classify_fit(p, 0.025).value, classify_fit(fit_probability(est.peak_bytes, 10 * 2**30,
 ...     unc.relative_sigma), 0.025).value
@@ -160,6 +160,19 @@ class MemoryVerdict:
     """Device memory less the margin: what the peak is compared with."""
     oom: str | None = None
     """Key of a measured OOM layout that dominates this one (then ``p_fit == 0``)."""
+
+    @property
+    def headroom_sd(self) -> float:
+        """``ln(usable / median) / s``: how many log-sds the median lies below the usable
+        memory (``P(fit) = Phi(headroom_sd)`` before any measured OOM)."""
+        if self.usable_bytes <= 0:
+            return -math.inf
+        if self.corrected_bytes <= 0:
+            return math.inf
+        z = math.log(self.usable_bytes / self.corrected_bytes)
+        if self.log_sigma == 0.0:
+            return math.inf if z >= 0 else -math.inf
+        return z / self.log_sigma
 
 
 # ------------------------------------------------------------------------ per-term sds
@@ -362,19 +375,34 @@ def classify_fit(p_fit: float, min_p_fit: float) -> Verdict:
     return Verdict.UNCERTAIN
 
 
-def oom_conditioned_p_fit(p_fit: float, p_fit_oom: float) -> float:
-    """P(fit) of a layout after a sibling with ``p_fit_oom`` ran out of memory.
+def oom_conditioned_p_fit(headroom_sd: float, oom_headroom_sd: float) -> float:
+    """P(fit) of a layout after a sibling ran out of memory, from both layouts' headroom in
+    sds (:attr:`MemoryVerdict.headroom_sd`, ``z = ln(usable / median) / s``; P(fit) =
+    ``Phi(z)``).
 
     Siblings (same tp and pp: the same model shard and recipe) share the model's error:
-    taken as one standardised error ``e`` for both, layout X fits when ``e <= z_X`` with
-    ``Phi(z_X) = p_X``. The OOM says ``e > z_oom``, so ``P(fit | OOM) = P(z_oom < e <= z)
-    / P(e > z_oom) = max(0, p - p_oom) / (1 - p_oom)``: a sibling that needs at least as
-    much (``p <= p_oom``) cannot fit (the rule of
-    :func:`autotune.search.dominated_by_oom`), one that needs much less barely moves.
+    taken as one standardised error ``e`` for both, a layout fits when ``e <= z``. The OOM
+    says ``e > z_oom``, so ``P(fit | OOM) = P(z_oom < e <= z) / P(e > z_oom) = 1 -
+    Q(z) / Q(z_oom)`` with ``Q`` the upper tail: a sibling that needs at least as much
+    (``z <= z_oom``) cannot fit (the rule of :func:`autotune.search.dominated_by_oom`), one
+    with much more headroom barely moves. Computed with upper tails, so that two layouts
+    the model is sure of (``P(fit)`` 1 in floating point) still compare.
 
-    >>> round(oom_conditioned_p_fit(0.999, 0.99), 3), oom_conditioned_p_fit(0.9, 0.95)
+    >>> round(oom_conditioned_p_fit(3.0902, 2.3263), 3), oom_conditioned_p_fit(1.0, 2.0)
     (0.9, 0.0)
     """
-    if p_fit_oom >= 1.0:
-        return 0.0 if p_fit <= p_fit_oom else p_fit
-    return max(0.0, p_fit - p_fit_oom) / (1.0 - p_fit_oom)
+    if not headroom_sd > oom_headroom_sd:
+        return 0.0
+    if math.isinf(headroom_sd):
+        return 1.0
+    q, q_oom = _upper_tail(headroom_sd), _upper_tail(oom_headroom_sd)
+    if q_oom > 0.0:
+        return 1.0 - q / q_oom
+    # Both beyond ~38 sd: the tails' ratio from their asymptote phi(z) / z (Mills ratio).
+    return 1.0 - math.exp(-(headroom_sd ** 2 - oom_headroom_sd ** 2) / 2) * (
+        oom_headroom_sd / headroom_sd)
+
+
+def _upper_tail(z: float) -> float:
+    """``Q(z) = P(e > z)`` of a standard normal, accurate far into the tail (erfc)."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))

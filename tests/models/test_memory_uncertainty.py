@@ -99,8 +99,12 @@ def test_verdict_thresholds() -> None:
 
 
 def test_an_oom_conditions_its_siblings() -> None:
-    # A sibling needing no less than the OOM cannot fit; one needing much less barely moves.
-    assert unc.oom_conditioned_p_fit(0.97, 0.98) == 0.0
-    assert unc.oom_conditioned_p_fit(0.999999, 0.5) == pytest.approx(0.999998)
-    # an OOM where the model was sure it fits is a large surprise: siblings drop a lot
-    assert unc.oom_conditioned_p_fit(0.995, 0.99) == pytest.approx(0.5)
+    # Headroom in sds (P(fit) = Phi(z)). A sibling with no more headroom than the OOM
+    # cannot fit; one with much more barely moves.
+    assert unc.oom_conditioned_p_fit(1.9, 2.0) == 0.0
+    assert unc.oom_conditioned_p_fit(5.0, 0.0) == pytest.approx(1.0, abs=1e-6)
+    # an OOM where the model was sure (z = 2.33, P(fit) 99%) moves a sibling at 99.5% to 1/2
+    assert unc.oom_conditioned_p_fit(2.5758, 2.3263) == pytest.approx(0.5, abs=1e-3)
+    # both far beyond what float P(fit) can tell apart from 1: still ordered by headroom
+    assert unc.oom_conditioned_p_fit(41.0, 40.0) == pytest.approx(1.0)
+    assert 0.2 < unc.oom_conditioned_p_fit(40.01, 40.0) < 0.5
