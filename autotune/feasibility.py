@@ -18,12 +18,18 @@ factor); an empty list means feasible.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.layout import Layout
+
+if TYPE_CHECKING:  # the models stay out of the trainer's import path (see check_layout)
+    from autotune.models.memory_uncertainty import MemoryVerdict
 
 __all__ = ["Reason", "Placement", "MemoryBudget", "Constraints", "check_layout", "REASON_CODES"]
 
@@ -38,7 +44,7 @@ REASON_CODES: dict[str, str] = {
     "zero_pp": "ZeRO-2/3 with pipeline parallelism (DeepSpeed refuses it)",
     "tp_cross_node": "tensor-parallel group spans nodes",
     "tp_cross_card": "tensor-parallel group spans cards",
-    "memory": "predicted memory exceeds the device",
+    "memory": "predicted memory exceeds the device beyond its error bar",
     "oom_dominated": "a less memory-hungry sibling ran out of memory",
 }
 
@@ -68,18 +74,65 @@ class Placement:
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """What predicted peak memory is compared against."""
+    """What predicted peak memory is compared against, and how sure it must be.
+
+    The memory model's peak is a median with an error bar
+    (:mod:`autotune.models.memory_uncertainty`); :meth:`verdict` turns it into a
+    probability of fitting ``usable_bytes`` and a *fits* / *uncertain* / *exceeds*
+    verdict. Only *exceeds* (``p_fit < min_p_fit``) excludes a layout.
+    """
 
     capacity_bytes: int
     margin: float = 0.05
-    """Fraction of the device memory kept free (allocator fragmentation, runtime)."""
+    """Fraction of the device memory kept free: the expected allocator fragmentation."""
     dtype: str = "bf16"
     device: str | None = None
     """Device name (``cpu``, ``h100``...): picks the memory model's runtime allowance."""
+    min_p_fit: float = 0.025
+    """``trial.memory_min_p_fit``: excluded below this probability of fitting."""
+    correction: float = 1.0
+    """Multiplicative correction of the predicted peak (measured / predicted), e.g. from
+    a study's own measured peaks; 1 until something has been measured."""
+    correction_sigma: float = 0.0
+    """sd of ``ln(correction)``: how well the correction itself is known."""
 
     @property
     def usable_bytes(self) -> int:
         return int(self.capacity_bytes * (1.0 - self.margin))
+
+    @classmethod
+    def for_study(cls, cluster: ClusterConfig, training: TrainingConfig,
+                  trial: TrialConfig) -> MemoryBudget:
+        """The budget a study's settings give (what :meth:`Constraints.from_configs` uses)."""
+        return cls(capacity_bytes=cluster.device_spec().memory_bytes,
+                   margin=trial.memory_margin, dtype=training.dtype, device=cluster.device,
+                   min_p_fit=trial.memory_min_p_fit)
+
+    def verdict(self, model: ModelConfig, layout: Layout) -> MemoryVerdict:
+        """The memory check of a structurally valid ``layout``: the prediction, its error
+        bar, ``P(peak <= usable_bytes)`` and the verdict (``docs/models.md``)."""
+        from autotune.models.memory import estimate_memory  # local: keeps the trainer light
+        from autotune.models.memory_uncertainty import (
+            MemoryVerdict,
+            classify_fit,
+            estimate_uncertainty,
+            fit_probability,
+            log_sigma,
+        )
+
+        est = estimate_memory(model, layout, dtype=self.dtype, device=self.device)
+        unc = estimate_uncertainty(model, layout, est, dtype=self.dtype, device=self.device)
+        p = fit_probability(est.peak_bytes, self.usable_bytes, unc.relative_sigma,
+                            correction=self.correction,
+                            correction_sigma=self.correction_sigma)
+        s = log_sigma(unc.relative_sigma, self.correction_sigma)
+        median = self.correction * est.peak_bytes
+        # sd of a log-normal with median m and log-sd s: m * exp(s^2/2) * sqrt(exp(s^2) - 1)
+        sigma = median * math.exp(s * s / 2) * math.sqrt(math.expm1(s * s))
+        return MemoryVerdict(verdict=classify_fit(p, self.min_p_fit), p_fit=p,
+                             predicted_bytes=est.peak_bytes, corrected_bytes=int(median),
+                             sigma_bytes=int(sigma), log_sigma=s,
+                             usable_bytes=self.usable_bytes)
 
 
 def check_layout(
@@ -124,17 +177,23 @@ def check_layout(
         reasons.extend(_placement_reasons(lay, placement))
     if memory is not None and not reasons:
         # Only a structurally valid layout has a meaningful memory prediction.
-        from autotune.models.memory import estimate_memory  # local: keeps the trainer light
-
-        est = estimate_memory(model, lay, dtype=memory.dtype, device=memory.device)
-        if est.peak_bytes > memory.usable_bytes:
-            reasons.append(Reason(
-                "memory",
-                f"predicted peak {est.peak_bytes / 2**30:.1f} GiB per device > "
-                f"{memory.usable_bytes / 2**30:.1f} GiB usable "
-                f"({memory.capacity_bytes / 2**30:.1f} GiB less {memory.margin:.0%} margin)",
-            ))
+        fit = memory.verdict(model, lay)
+        if fit.verdict.value == "exceeds":
+            reasons.append(Reason("memory", _memory_message(fit, memory)))
     return reasons
+
+
+def _memory_message(fit: MemoryVerdict, memory: MemoryBudget) -> str:
+    return (f"predicted peak {fit.corrected_bytes / 2**30:.1f} +- "
+            f"{fit.sigma_bytes / 2**30:.1f} GiB per device > "
+            f"{memory.usable_bytes / 2**30:.1f} GiB usable "
+            f"({memory.capacity_bytes / 2**30:.1f} GiB less {memory.margin:.0%} margin): "
+            f"P(fit) {_percent(fit.p_fit)} < {_percent(memory.min_p_fit)}")
+
+
+def _percent(p: float) -> str:
+    """``0.0123`` → ``1.2%``; tiny probabilities stay readable (``<0.1%``)."""
+    return "<0.1%" if 0 < p < 0.001 else f"{100 * p:.1f}%"
 
 
 def _placement_reasons(lay: Layout, placement: Placement) -> list[Reason]:
@@ -170,9 +229,7 @@ class Constraints:
                                 devices_per_card=device.devices_per_card,
                                 allow_tp_across_nodes=search.tp_across_nodes,
                                 allow_tp_across_cards=search.tp_across_cards),
-            memory=MemoryBudget(capacity_bytes=device.memory_bytes,
-                                margin=trial.memory_margin, dtype=training.dtype,
-                                device=cluster.device),
+            memory=MemoryBudget.for_study(cluster, training, trial),
         )
 
     def structural_only(self) -> Constraints:
@@ -186,3 +243,38 @@ class Constraints:
         return check_layout(layout, model, world_size=self.world_size,
                             global_batch=self.global_batch, placement=self.placement,
                             memory=self.memory)
+
+    def memory_verdict(self, layout: Layout, model: ModelConfig, *,
+                       ooms: Iterable[Layout] = ()) -> MemoryVerdict | None:
+        """The memory verdict of ``layout`` (``None`` without a memory rule).
+
+        ``ooms``: layouts measured to run out of memory. One that ``layout`` needs no less
+        memory than (:func:`autotune.search.needs_no_less_memory`) makes it *exceeds*
+        with ``p_fit = 0`` (``oom`` names it); a sibling that needs less (same tp and pp)
+        lowers its ``p_fit`` by conditioning on the shared error
+        (:func:`~autotune.models.memory_uncertainty.oom_conditioned_p_fit`). The verdict
+        does not check the structural rules: :meth:`check` does.
+        """
+        if self.memory is None:
+            return None
+        fit = self.memory.verdict(model, layout)
+        ooms = list(ooms)
+        if not ooms:
+            return fit
+        from autotune.models.memory_uncertainty import (
+            Verdict,
+            classify_fit,
+            oom_conditioned_p_fit,
+        )
+        from autotune.search._base import needs_no_less_memory  # local: search imports optuna
+
+        for oom in ooms:
+            if needs_no_less_memory(layout, oom):
+                return replace(fit, verdict=Verdict.EXCEEDS, p_fit=0.0, oom=oom.key())
+        # With one shared error, the most surprising OOM (the most headroom) says the most.
+        siblings = [self.memory.verdict(model, oom).headroom_sd for oom in ooms
+                    if oom.tp == layout.tp and oom.pp == layout.pp]
+        if not siblings:
+            return fit
+        p = min(fit.p_fit, oom_conditioned_p_fit(fit.headroom_sd, max(siblings)))
+        return replace(fit, p_fit=p, verdict=classify_fit(p, self.memory.min_p_fit))

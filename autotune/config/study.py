@@ -151,11 +151,16 @@ class TrialConfig:
     timeout_s: float = 600.0
     """Per-trial wall-time limit; the trial's whole process group is killed past it."""
     memory_margin: float = 0.05
-    """Fraction of device memory the memory model keeps free. Small on purpose: the model
-    is good to about 20%, and a layout wrongly excluded can never be found, while one that
-    runs out of memory costs one short trial and rules out its hungrier siblings
-    (docs/models.md: at 0.10, 7 of the 34 Aurora layouts that ran would be excluded; at
-    0.05, 1)."""
+    """Fraction of device memory the memory model keeps free: the expected allocator
+    fragmentation. What the prediction may be off by beyond that is its error bar
+    (``memory_min_p_fit``; docs/models.md, "Memory: prediction, uncertainty, verdict")."""
+    memory_min_p_fit: float = 0.025
+    """A layout is excluded on memory only when its probability of fitting the device is
+    below this (0.025: beyond about 2 sd of the prediction's error bar); layouts between
+    this and ``1 - memory_min_p_fit`` are *uncertain*: they stay candidates and the search
+    weighs their predicted throughput by the probability. A layout wrongly excluded can
+    never be found, while one that runs out of memory costs one short trial and rules out
+    its hungrier siblings. 0 never excludes on the prediction alone."""
     collective_timeout_s: int = 300
     """Process-group timeout inside the trial (a dead rank cannot block the others)."""
     device: str = "auto"
@@ -166,6 +171,9 @@ class TrialConfig:
         check_int("trial.measure_steps", self.measure_steps)
         check_float("trial.timeout_s", self.timeout_s, strict=True)
         check_float("trial.memory_margin", self.memory_margin, maximum=0.9)
+        if check_float("trial.memory_min_p_fit", self.memory_min_p_fit) >= 0.5:
+            raise SpecError("trial.memory_min_p_fit", self.memory_min_p_fit,
+                            "allowed: a probability >= 0 and < 0.5 (0.025 = 2.5%)")
         check_int("trial.collective_timeout_s", self.collective_timeout_s)
         check_choice("trial.device", self.device, ("auto", "cpu", "cuda", "xpu"))
 
