@@ -3,9 +3,12 @@ others are out. No trial runs; it answers in well under a second even for 175B o
 devices (the space is a few thousand layouts; each check and estimate is arithmetic).
 
 :func:`plan_study` builds a :class:`PlanResult` from the ranking of
-:mod:`autotune.candidates` (the same order the search draws from) and the excluded
-layouts grouped by the first reason code of :mod:`autotune.feasibility`;
-:func:`render_plan` prints it as an aligned table, CSV or JSON.
+:mod:`autotune.candidates` (the same order the search draws from: expected throughput,
+the predicted one times the probability of fitting) and the excluded layouts grouped by the
+first reason code of :mod:`autotune.feasibility`; each feasible row carries its memory
+verdict (*fits* or *uncertain*) and probability of fitting, and the header counts the
+verdicts of every layout the memory rule judged. :func:`render_plan` prints it as an
+aligned table, CSV or JSON.
 
 >>> from autotune.spec import load_study
 >>> result = plan_study(load_study("studies/cpu_demo.yaml"), top=3)
@@ -22,12 +25,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.candidates import partition_space, rank_candidates
+from autotune.candidates import Candidate, partition_space, rank_layouts
 from autotune.errors import SpecError
 from autotune.feasibility import REASON_CODES, Constraints
 from autotune.layout import Layout
 from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
+from autotune.models.memory_uncertainty import Verdict
 from autotune.spec import StudySpec
 
 __all__ = ["PlanRow", "Exclusion", "PlanResult", "plan_study", "render_plan", "FORMATS"]
@@ -44,6 +48,12 @@ class PlanRow:
     layout: Layout
     step: StepEstimate
     memory: MemoryEstimate
+    memory_verdict: Verdict = Verdict.FITS
+    """*fits* or *uncertain*: the memory check's verdict (docs/models.md)."""
+    p_fit: float = 1.0
+    """Probability that the layout fits the device."""
+    memory_sigma_bytes: int = 0
+    """sd of the predicted peak (the error bar behind ``p_fit``)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,11 @@ class PlanResult:
     """Excluded layouts by first reason code, most frequent first."""
     profile: str | None = None
     """Source of the measured layer times (``cluster.profile``), if the study has some."""
+    memory_verdicts: tuple[tuple[str, int], ...] = ()
+    """``(verdict, count)`` over every layout the memory rule judged (the structurally
+    valid ones): fits and uncertain are feasible, exceeds excluded."""
+    memory_min_p_fit: float | None = None
+    """``trial.memory_min_p_fit`` the verdicts used."""
 
 
 def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
@@ -82,13 +97,10 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
                                            spec.trial)
     feasible, excluded = partition_space(spec, constraints)
-    ranked = rank_candidates(spec, constraints)
-    dtype, device = spec.training.dtype, spec.cluster.device
-    rows = tuple(
-        PlanRow(i + 1, c.layout,
-                estimate_step(spec.model, c.layout, spec.cluster, dtype=dtype),
-                estimate_memory(spec.model, c.layout, dtype=dtype, device=device))
-        for i, c in enumerate(ranked[:top]))
+    ranked = rank_layouts(spec, feasible, constraints)
+    rows = tuple(_row(spec, constraints, i + 1, c) for i, c in enumerate(ranked[:top]))
+    verdicts = Counter(c.memory_verdict.value for c in ranked)
+    verdicts["exceeds"] = sum(reasons[0].code == "memory" for _, reasons in excluded)
     counts: Counter[str] = Counter()
     examples: dict[str, str] = {}
     for layout, reasons in excluded:
@@ -98,16 +110,29 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
     exclusions = tuple(Exclusion(code, n, examples[code]) for code, n in counts.most_common())
     return PlanResult(
         study=spec.name, model=spec.model.name, world_size=spec.world_size,
-        global_batch=spec.training.global_batch, device=device, dtype=dtype,
+        global_batch=spec.training.global_batch, device=spec.cluster.device,
+        dtype=spec.training.dtype,
         n_layouts=len(feasible) + len(excluded), n_feasible=len(feasible),
         memory_capacity_bytes=spec.cluster.device_spec().memory_bytes, rows=rows,
         excluded=exclusions,
-        profile=spec.cluster.profile.label if spec.cluster.profile is not None else None)
+        profile=spec.cluster.profile.label if spec.cluster.profile is not None else None,
+        memory_verdicts=tuple((v.value, verdicts[v.value]) for v in Verdict),
+        memory_min_p_fit=constraints.memory.min_p_fit if constraints.memory else None)
+
+
+def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate) -> PlanRow:
+    dtype, device = spec.training.dtype, spec.cluster.device
+    fit = constraints.memory_verdict(cand.layout, spec.model)
+    return PlanRow(rank, cand.layout,
+                   estimate_step(spec.model, cand.layout, spec.cluster, dtype=dtype),
+                   estimate_memory(spec.model, cand.layout, dtype=dtype, device=device),
+                   cand.memory_verdict, cand.p_fit, fit.sigma_bytes if fit else 0)
 
 
 _COLUMNS = ("rank", "layout", "tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage",
             "recompute", "model_tflops_per_device", "step_time_s", "peak_memory_gib",
-            "bubble_s", "comm_s", "layer_time")
+            "bubble_s", "comm_s", "layer_time", "memory_verdict", "p_fit",
+            "peak_memory_sigma_gib")
 
 
 def _row_values(row: PlanRow) -> list[Any]:
@@ -116,7 +141,24 @@ def _row_values(row: PlanRow) -> list[Any]:
     return [row.rank, lay.key(), lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.grad_accum,
             lay.zero_stage, lay.recompute, round(st.model_tflops_per_device, 4),
             round(st.step_time_s, 6), round(row.memory.peak_bytes / GiB, 3),
-            round(st.bubble_s, 6), round(comm, 6), "measured" if st.profiled else "model"]
+            round(st.bubble_s, 6), round(comm, 6), "measured" if st.profiled else "model",
+            row.memory_verdict.value, round(row.p_fit, 4),
+            round(row.memory_sigma_bytes / GiB, 3)]
+
+
+def _fit_cell(row: PlanRow) -> str:
+    """``fits`` or ``uncertain 31%`` (the probability only where it is not ~1)."""
+    if row.memory_verdict is Verdict.FITS:
+        return "fits"
+    return f"{row.memory_verdict.value} {100 * row.p_fit:.0f}%"
+
+
+def _verdict_line(result: PlanResult) -> str:
+    counts = dict(result.memory_verdicts)
+    judged = sum(counts.values())
+    return (f"memory ({judged} layouts judged, excluded below P(fit) "
+            f"{100 * (result.memory_min_p_fit or 0):.1f}%): {counts.get('fits', 0)} fits, "
+            f"{counts.get('uncertain', 0)} uncertain, {counts.get('exceeds', 0)} exceeds")
 
 
 def _to_json(result: PlanResult) -> dict[str, Any]:
@@ -127,10 +169,14 @@ def _to_json(result: PlanResult) -> dict[str, Any]:
         "n_excluded": result.n_layouts - result.n_feasible,
         "memory_capacity_bytes": result.memory_capacity_bytes,
         "profile": result.profile,
+        "memory_verdicts": dict(result.memory_verdicts),
+        "memory_min_p_fit": result.memory_min_p_fit,
         "feasible": [{"rank": r.rank, "layout": r.layout.to_dict(), "key": r.layout.key(),
                       "model_tflops_per_device": r.step.model_tflops_per_device,
                       "step_time_s": r.step.step_time_s,
                       "peak_memory_bytes": r.memory.peak_bytes,
+                      "memory_verdict": r.memory_verdict.value, "p_fit": r.p_fit,
+                      "peak_memory_sigma_bytes": r.memory_sigma_bytes,
                       "step": r.step.to_dict(),
                       "memory": {k: v for k, v in r.memory.__dict__.items()}}
                      for r in result.rows],
@@ -158,16 +204,20 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
             f"{result.memory_capacity_bytes / GiB:.0f} GiB per device\n"
             f"{result.n_layouts} layouts: {result.n_feasible} feasible, "
             f"{result.n_layouts - result.n_feasible} excluded; top {len(result.rows)} "
-            "by predicted model TFLOPS per device")
-    cols = ["rank", "layout", "TFLOPS/dev", "step_s", "mem_GiB", "bubble_s", "comm_s"]
-    picks = [0, 1, 9, 10, 11, 12, 13]
+            "by predicted model TFLOPS per device x P(fit)")
+    if result.memory_min_p_fit is not None:
+        head += "\n" + _verdict_line(result)
+    cols = ["rank", "layout", "TFLOPS/dev", "step_s", "mem_GiB", "+-GiB", "memory",
+            "bubble_s", "comm_s"]
+    picks = [0, 1, 9, 10, 11, 17, -1, 12, 13]
     if result.profile is not None:
         n = sum(r.step.profiled for r in result.rows)
         head += (f"\nlayer times: measured for {n} of these {len(result.rows)} layouts "
                  f"(profile {result.profile}), the cost model's for the rest")
         cols.append("layer")
         picks.append(14)
-    body = format_table(cols, [[_row_values(r)[i] for i in picks] for r in result.rows])
+    body = format_table(cols, [[_fit_cell(r) if i == -1 else _row_values(r)[i] for i in picks]
+                               for r in result.rows])
     out = [head, "", body if result.rows else "(no feasible layout)"]
     if result.excluded:
         out += ["", "excluded (by first reason):",

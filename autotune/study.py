@@ -242,7 +242,7 @@ class _Worker:
         self.study = study
         self.strategy = make_strategy(
             spec.search.strategy, seed=spec.search.seed,
-            predict=lambda lay: self.by_key[lay.key()].predicted_tflops
+            predict=lambda lay: self.by_key[lay.key()].expected_tflops
             if lay.key() in self.by_key else 0.0,
             min_improvement=spec.search.min_improvement)
         self.name_suffix = name_suffix

@@ -33,8 +33,10 @@ def test_shipped_studies_load_and_plan_non_empty(path: Path) -> None:
 def test_ranked_best_first_and_every_row_passes_the_check() -> None:
     spec = load_study(REPO / "studies" / "lrz_gpt18.4b.yaml")
     result = plan_study(spec, top=1000)
-    tflops = [r.step.model_tflops_per_device for r in result.rows]
-    assert tflops == sorted(tflops, reverse=True)
+    # Ranked by expected throughput: predicted TFLOPS times the probability of fitting.
+    expected = [r.step.model_tflops_per_device * r.p_fit for r in result.rows]
+    assert expected == sorted(expected, reverse=True)
+    assert {r.memory_verdict.value for r in result.rows} <= {"fits", "uncertain"}
     assert [r.rank for r in result.rows] == list(range(1, len(result.rows) + 1))
     cons = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial)
     assert all(cons.check(r.layout, spec.model) == [] for r in result.rows)
@@ -66,6 +68,27 @@ def test_render_table_csv_json() -> None:
         render_plan(result, "xml")
     with pytest.raises(SpecError):
         plan_study(load_study(REPO / "studies" / "cpu_demo.yaml"), top=0)
+
+
+def test_plan_shows_memory_verdicts_and_probabilities() -> None:
+    result = plan_study(load_study(REPO / "studies" / "lrz_gpt175b.yaml"), top=2000)
+    counts = dict(result.memory_verdicts)
+    assert set(counts) == {"fits", "uncertain", "exceeds"} and counts["uncertain"] > 0
+    assert counts["fits"] + counts["uncertain"] == result.n_feasible
+    memory = next(e for e in result.excluded if e.code == "memory")
+    assert counts["exceeds"] == memory.count and "P(fit)" in memory.example
+    table = render_plan(result, "table")
+    assert (f"{counts['fits']} fits, {counts['uncertain']} uncertain, "
+            f"{counts['exceeds']} exceeds") in table
+    assert "uncertain " in table and "%" in table
+    rows = list(csv.DictReader(io.StringIO(render_plan(result, "csv"))))
+    assert {r["memory_verdict"] for r in rows} == {"fits", "uncertain"}
+    assert all(0.0 < float(r["p_fit"]) <= 1.0 for r in rows)
+    data = json.loads(render_plan(result, "json"))
+    assert data["memory_verdicts"] == counts and data["memory_min_p_fit"] == 0.025
+    row = data["feasible"][0]
+    assert row["memory_verdict"] in ("fits", "uncertain") and 0 < row["p_fit"] <= 1
+    assert row["peak_memory_sigma_bytes"] > 0
 
 
 def _study(tp, pp, mb, zero, rc, nodes, dpn, batch, device, tp_nodes) -> dict:
