@@ -25,6 +25,7 @@ from typing import Any
 from autotune.candidates import partition_space, rank_candidates
 from autotune.errors import SpecError
 from autotune.feasibility import REASON_CODES, Constraints
+from autotune.hardware import GiB
 from autotune.layout import Layout
 from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
@@ -33,7 +34,6 @@ from autotune.spec import StudySpec
 __all__ = ["PlanRow", "Exclusion", "PlanResult", "plan_study", "render_plan", "FORMATS"]
 
 FORMATS: tuple[str, ...] = ("table", "csv", "json")
-GiB = 1024**3
 
 
 @dataclass(frozen=True)

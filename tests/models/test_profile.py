@@ -246,10 +246,9 @@ def with_profile(entries: dict[LayerShape, float]) -> ClusterConfig:
 def logits_s(layout: Layout) -> float:
     """Output layer and loss, forward and backward, for one micro-batch (the last stage)."""
     spec = A100.device_spec()
-    perf = cost.device_perf(spec.name)
     peak = spec.peak_tflops("bf16")
     assert peak is not None
-    return 3.0 * cost.logits_forward_time_s(M, layout, peak * 1e12, perf)
+    return 3.0 * cost.logits_forward_time_s(M, layout, peak * 1e12, spec)
 
 
 def analytic_layer_s(est: cost.StepEstimate, layout: Layout) -> float:
