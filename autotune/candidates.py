@@ -3,6 +3,8 @@
 :func:`rank_candidates` is the one place that combines the space
 (:mod:`autotune.space`), the feasibility check (:mod:`autotune.feasibility`), the memory
 model and the cost model; the planner shows its output and the study runner searches it.
+Each function takes the configs it reads and the study's measured layer times
+(``profile``, :attr:`autotune.spec.StudySpec.profile`), never the whole study.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from autotune.config.cluster import ClusterConfig
+from autotune.config.model import ModelConfig
+from autotune.config.study import SearchConfig, TrainingConfig
 from autotune.feasibility import Constraints, Reason
 from autotune.layout import Layout
 from autotune.models.cost import estimate_step
 from autotune.models.memory import estimate_memory
+from autotune.models.profile import LayerProfile
 from autotune.space import enumerate_layouts
-from autotune.spec import StudySpec
 
 __all__ = ["Candidate", "rank_candidates", "rank_layouts", "partition_space"]
 
@@ -29,14 +34,15 @@ class Candidate:
     predicted_memory_bytes: int
 
 
-def partition_space(spec: StudySpec, constraints: Constraints | None = None,
+def partition_space(model: ModelConfig, cluster: ClusterConfig, training: TrainingConfig,
+                    search: SearchConfig, constraints: Constraints,
                     ) -> tuple[list[Layout], list[tuple[Layout, list[Reason]]]]:
-    """Every layout of the space, split into feasible ones and excluded ones with reasons."""
-    constraints = constraints or Constraints.from_configs(spec.cluster, spec.training,
-                                                          spec.search, spec.trial)
+    """Every layout of the space (``search``'s axes on ``cluster``'s world size at
+    ``training``'s global batch), split into feasible ones and excluded ones with the
+    reasons ``constraints`` gives."""
     feasible, excluded = [], []
-    for layout in enumerate_layouts(spec.search, spec.world_size, spec.training.global_batch):
-        reasons = constraints.check(layout, spec.model)
+    for layout in enumerate_layouts(search, cluster.world_size, training.global_batch):
+        reasons = constraints.check(layout, model)
         if reasons:
             excluded.append((layout, reasons))
         else:
@@ -44,20 +50,22 @@ def partition_space(spec: StudySpec, constraints: Constraints | None = None,
     return feasible, excluded
 
 
-def rank_candidates(spec: StudySpec, constraints: Constraints | None = None) -> list[Candidate]:
+def rank_candidates(model: ModelConfig, cluster: ClusterConfig, training: TrainingConfig,
+                    search: SearchConfig, constraints: Constraints, *,
+                    profile: LayerProfile | None) -> list[Candidate]:
     """Feasible layouts, best predicted throughput first (ties: fewer devices per model)."""
-    feasible, _ = partition_space(spec, constraints)
-    return rank_layouts(spec, feasible)
+    feasible, _ = partition_space(model, cluster, training, search, constraints)
+    return rank_layouts(model, cluster, feasible, dtype=training.dtype, profile=profile)
 
 
-def rank_layouts(spec: StudySpec, layouts: Iterable[Layout]) -> list[Candidate]:
+def rank_layouts(model: ModelConfig, cluster: ClusterConfig, layouts: Iterable[Layout], *,
+                 dtype: str, profile: LayerProfile | None) -> list[Candidate]:
     """``layouts`` with their predictions, best predicted throughput first (ties: fewer
     devices per model, then layout order)."""
     out = []
     for layout in layouts:
-        step = estimate_step(spec.model, layout, spec.cluster, dtype=spec.training.dtype)
-        mem = estimate_memory(spec.model, layout, dtype=spec.training.dtype,
-                              device=spec.cluster.device)
+        step = estimate_step(model, layout, cluster, dtype=dtype, profile=profile)
+        mem = estimate_memory(model, layout, dtype=dtype, device=cluster.device)
         out.append(Candidate(layout, step.model_tflops_per_device, step.step_time_s,
                              mem.peak_bytes))
     out.sort(key=lambda c: (-c.predicted_tflops, c.layout.model_parallel_size, c.layout))

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.candidates import partition_space, rank_candidates
+from autotune.candidates import partition_space, rank_layouts
 from autotune.errors import SpecError
 from autotune.feasibility import REASON_CODES, Constraints
 from autotune.hardware import GiB
@@ -81,13 +81,15 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
         raise SpecError("--top", top, "allowed: an integer >= 1")
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
                                            spec.trial)
-    feasible, excluded = partition_space(spec, constraints)
-    ranked = rank_candidates(spec, constraints)
-    dtype, device = spec.training.dtype, spec.cluster.device
+    model, cluster, profile = spec.model, spec.cluster, spec.profile
+    feasible, excluded = partition_space(model, cluster, spec.training, spec.search,
+                                         constraints)
+    dtype, device = spec.training.dtype, cluster.device
+    ranked = rank_layouts(model, cluster, feasible, dtype=dtype, profile=profile)
     rows = tuple(
         PlanRow(i + 1, c.layout,
-                estimate_step(spec.model, c.layout, spec.cluster, dtype=dtype),
-                estimate_memory(spec.model, c.layout, dtype=dtype, device=device))
+                estimate_step(model, c.layout, cluster, dtype=dtype, profile=profile),
+                estimate_memory(model, c.layout, dtype=dtype, device=device))
         for i, c in enumerate(ranked[:top]))
     counts: Counter[str] = Counter()
     examples: dict[str, str] = {}
@@ -102,7 +104,7 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
         n_layouts=len(feasible) + len(excluded), n_feasible=len(feasible),
         memory_capacity_bytes=spec.cluster.device_spec().memory_bytes, rows=rows,
         excluded=exclusions,
-        profile=spec.cluster.profile.label if spec.cluster.profile is not None else None)
+        profile=profile.label if profile is not None else None)
 
 
 _COLUMNS = ("rank", "layout", "tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage",

@@ -12,9 +12,10 @@ of the data-parallel gradient reduction and ``T_opt`` the memory-bound optimizer
 
 Every term is one function below, citing its source. Constants are physical (datasheet
 peaks, published GEMM efficiencies, launch latencies: the device's entry in
-:data:`autotune.hardware.HARDWARE`), never fitted to a landscape; the
-one hook for measurements is :func:`calibrate`, a single scale factor that leaves the
-ranking alone. See ``docs/models.md``.
+:data:`autotune.hardware.HARDWARE`), never fitted to a landscape; the hooks for
+measurements are :func:`calibrate`, a single scale factor that leaves the ranking alone,
+and a measured :class:`~autotune.models.profile.LayerProfile` passed as ``profile``. See
+``docs/models.md``.
 
 >>> from autotune.config.cluster import ClusterConfig
 >>> from autotune.config.model import MODEL_PRESETS
@@ -38,7 +39,7 @@ from autotune.hardware import DeviceSpec, LinkSpec
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.models.memory import dtype_bytes, params_per_rank
-from autotune.models.profile import LayerShape
+from autotune.models.profile import LayerProfile, LayerShape
 
 __all__ = [
     "StepEstimate",
@@ -302,7 +303,7 @@ class LayerTime:
     host_s: float
     """Host dispatch time the device did not hide (0 when measured)."""
     measured: bool = False
-    """From ``cluster.profile`` rather than the analytic model."""
+    """From the layer profile rather than the analytic model."""
 
     @property
     def total_s(self) -> float:
@@ -310,8 +311,9 @@ class LayerTime:
 
 
 def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
-                dtype: str = "bf16") -> LayerTime:
-    """The layer time the step is composed of: measured where ``cluster.profile`` has the
+                dtype: str = "bf16", *, profile: LayerProfile | None = None) -> LayerTime:
+    """The layer time the step is composed of: measured where ``profile`` (the study's
+    ``cluster.profile``, :func:`autotune.models.profile.load_cluster_profile`) has the
     layer's shape (:mod:`autotune.models.profile`), else analytic.
 
     Analytic: the forward (:func:`layer_forward_time_s`) counted 3 times (backward = 2
@@ -324,8 +326,8 @@ def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
     and unmeasured layouts compete on one level (an analytic model 10% optimistic would
     otherwise favour every shape the profile left out).
     """
-    if cluster.profile is not None:
-        measured = cluster.profile.layer_time_s(LayerShape.of(
+    if profile is not None:
+        measured = profile.layer_time_s(LayerShape.of(
             model, layout, device=cluster.device, dtype=dtype, tp_link=tp_link(layout, cluster)))
         if measured is not None:
             # vTrain's method at layer granularity: the measurement already holds the
@@ -333,7 +335,7 @@ def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
             return LayerTime(measured, 0.0, 0.0, measured=True)
         # The scale is the stack's speed on this device (kernels, host), measured inside a
         # node: it scales compute and host time, not an all-reduce over another link.
-        k = profile_scale(model, cluster, dtype)
+        k = profile_scale(model, cluster, dtype, profile)
         t = analytic_layer(model, layout, cluster, dtype)
         return LayerTime(k * t.compute_s, t.tp_comm_s, k * t.host_s)
     return analytic_layer(model, layout, cluster, dtype)
@@ -352,13 +354,13 @@ def analytic_layer(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
 
 
 @functools.lru_cache(maxsize=256)
-def profile_scale(model: ModelConfig, cluster: ClusterConfig, dtype: str) -> float:
+def profile_scale(model: ModelConfig, cluster: ClusterConfig, dtype: str,
+                  profile: LayerProfile | None) -> float:
     """How much slower than the analytic model this stack computes and dispatches a layer:
-    over the shapes of ``model``'s layer that ``cluster.profile`` measured on this device
+    over the shapes of ``model``'s layer that ``profile`` measured on ``cluster``'s device
     and dtype, the :func:`calibrate` scale (a geometric mean) of the analytic compute plus
     host time against the measured time less the analytic TP all-reduces; 1 when it
     measured none. Memoised: every layout of a study asks."""
-    profile = cluster.profile
     if profile is None:
         return 1.0
     measured, analytic = [], []
@@ -403,7 +405,7 @@ class StepEstimate:
     gemm_efficiency: float
     """Efficiency of the layer's largest GEMM (a diagnostic)."""
     profiled: bool = False
-    """The layer time is a measured one from ``cluster.profile``; ``compute_s`` then holds
+    """The layer time is a measured one from the layer profile; ``compute_s`` then holds
     the whole measured layer time (its TP all-reduces and exposed host time included) and
     ``tp_comm_s`` and ``host_s`` are zero."""
 
@@ -425,8 +427,9 @@ class _Stage:
 
 
 def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
-                  dtype: str = "bf16") -> StepEstimate:
-    """Predicted step time and throughput of ``layout`` on ``cluster`` (pure function)."""
+                  dtype: str = "bf16", profile: LayerProfile | None = None) -> StepEstimate:
+    """Predicted step time and throughput of ``layout`` on ``cluster`` (pure function);
+    with measured layer times where ``profile`` has them (:func:`layer_terms`)."""
     spec = cluster.device_spec()
     peak = spec.peak_flops_or_fallback(dtype)
     dpc = spec.devices_per_card
@@ -434,7 +437,7 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     rc = 1.0 if lay.recompute == "full" else 0.0
     layers = math.ceil(model.n_layer / p)
 
-    layer = layer_terms(model, lay, cluster, dtype)
+    layer = layer_terms(model, lay, cluster, dtype, profile=profile)
     layer_compute, tp_comm, exposed_host = layer.compute_s, layer.tp_comm_s, layer.host_s
     logits = 3.0 * logits_forward_time_s(model, lay, peak, spec)
     p2p = p2p_time_s(model, lay, spec, link_level(lay.world_size, cluster, dpc), dtype)
