@@ -49,7 +49,7 @@ from autotune.sites import SiteProfile, load_site
 from autotune.trial import TrialSpec
 
 if TYPE_CHECKING:
-    from autotune.spec import StudySpec
+    from autotune.config.cluster import ClusterConfig
 
 __all__ = ["SlurmLauncher", "allocation_job_id", "expand_hostlist", "node_groups",
            "step_name", "TERMINAL_STATES"]
@@ -172,9 +172,10 @@ class SlurmLauncher(Launcher):
         self._timeout_s = 0.0
 
     @classmethod
-    def for_study(cls, spec: StudySpec) -> SlurmLauncher:
-        """The launcher a study file asks for: its ``launcher.slurm`` options and node size."""
-        return cls(spec.launcher.slurm, devices_per_node=spec.cluster.devices_per_node)
+    def for_study(cls, options: SlurmOptions, cluster: ClusterConfig) -> SlurmLauncher:
+        """The launcher a study file asks for: its ``launcher.slurm`` options and the node
+        size of its ``cluster``."""
+        return cls(options, devices_per_node=cluster.devices_per_node)
 
     def _default_devices_per_node(self) -> int:
         """Ranks per node when not given: the allocation's ``--ntasks-per-node`` (campaign
