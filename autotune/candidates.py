@@ -9,6 +9,9 @@ probability that it fits the device (:attr:`Candidate.expected_tflops`): a layou
 memory is *uncertain* stays in the space but ranks by what it is expected to give (an
 OOM trial gives nothing, costs one short failed step, and rules out its hungrier
 siblings). Ranking and the strategies' ``predict`` both use it.
+
+Each function takes the configs it reads and the study's measured layer times
+(``profile``, :attr:`autotune.spec.StudySpec.profile`), never the whole study.
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from autotune.config.cluster import ClusterConfig
+from autotune.config.model import ModelConfig
+from autotune.config.study import SearchConfig, TrainingConfig
 from autotune.feasibility import Constraints, Reason
 from autotune.layout import Layout
 from autotune.models.cost import estimate_step
 from autotune.models.memory import estimate_memory
 from autotune.models.memory_uncertainty import Verdict
+from autotune.models.profile import LayerProfile
 from autotune.space import enumerate_layouts
-from autotune.spec import StudySpec
 
 __all__ = ["Candidate", "rank_candidates", "rank_layouts", "partition_space"]
 
@@ -45,14 +51,15 @@ class Candidate:
         return self.predicted_tflops * self.p_fit
 
 
-def partition_space(spec: StudySpec, constraints: Constraints | None = None,
+def partition_space(model: ModelConfig, cluster: ClusterConfig, training: TrainingConfig,
+                    search: SearchConfig, constraints: Constraints,
                     ) -> tuple[list[Layout], list[tuple[Layout, list[Reason]]]]:
-    """Every layout of the space, split into feasible ones and excluded ones with reasons."""
-    constraints = constraints or Constraints.from_configs(spec.cluster, spec.training,
-                                                          spec.search, spec.trial)
+    """Every layout of the space (``search``'s axes on ``cluster``'s world size at
+    ``training``'s global batch), split into feasible ones and excluded ones with the
+    reasons ``constraints`` gives."""
     feasible, excluded = [], []
-    for layout in enumerate_layouts(spec.search, spec.world_size, spec.training.global_batch):
-        reasons = constraints.check(layout, spec.model)
+    for layout in enumerate_layouts(search, cluster.world_size, training.global_batch):
+        reasons = constraints.check(layout, model)
         if reasons:
             excluded.append((layout, reasons))
         else:
@@ -60,26 +67,27 @@ def partition_space(spec: StudySpec, constraints: Constraints | None = None,
     return feasible, excluded
 
 
-def rank_candidates(spec: StudySpec, constraints: Constraints | None = None) -> list[Candidate]:
-    """Feasible layouts, best predicted throughput first (ties: fewer devices per model)."""
-    constraints = constraints or Constraints.from_configs(spec.cluster, spec.training,
-                                                          spec.search, spec.trial)
-    feasible, _ = partition_space(spec, constraints)
-    return rank_layouts(spec, feasible, constraints)
+def rank_candidates(model: ModelConfig, cluster: ClusterConfig, training: TrainingConfig,
+                    search: SearchConfig, constraints: Constraints, *,
+                    profile: LayerProfile | None) -> list[Candidate]:
+    """Feasible layouts, best expected throughput first (ties: fewer devices per model)."""
+    feasible, _ = partition_space(model, cluster, training, search, constraints)
+    return rank_layouts(model, cluster, feasible, dtype=training.dtype, profile=profile,
+                        constraints=constraints)
 
 
-def rank_layouts(spec: StudySpec, layouts: Iterable[Layout],
+def rank_layouts(model: ModelConfig, cluster: ClusterConfig, layouts: Iterable[Layout], *,
+                 dtype: str, profile: LayerProfile | None,
                  constraints: Constraints | None = None) -> list[Candidate]:
     """``layouts`` with their predictions, best expected throughput first (ties: fewer
     devices per model, then layout order). The probability of fitting comes from
     ``constraints``' memory rule; without one (a replayed table) every layout has 1."""
     out = []
     for layout in layouts:
-        step = estimate_step(spec.model, layout, spec.cluster, dtype=spec.training.dtype)
-        fit = constraints.memory_verdict(layout, spec.model) if constraints else None
+        step = estimate_step(model, layout, cluster, dtype=dtype, profile=profile)
+        fit = constraints.memory_verdict(layout, model) if constraints else None
         if fit is None:
-            mem = estimate_memory(spec.model, layout, dtype=spec.training.dtype,
-                                  device=spec.cluster.device).peak_bytes
+            mem = estimate_memory(model, layout, dtype=dtype, device=cluster.device).peak_bytes
             out.append(Candidate(layout, step.model_tflops_per_device, step.step_time_s, mem))
         else:
             out.append(Candidate(layout, step.model_tflops_per_device, step.step_time_s,

@@ -79,7 +79,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = spec.with_storage_url(args.storage)
     if args.n_trials:
         spec = replace(spec, search=replace(spec.search, n_trials=args.n_trials))
-    launchers = make_launchers(spec)  # first: a bad launcher section touches no database
+    # first: a bad launcher section touches no database
+    launchers = make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,
+                               source=spec.source)
     storage = open_storage(spec.storage)
     n = spec.search.n_trials
     progress = Progress(total=n, enabled=not args.quiet)
@@ -342,7 +344,8 @@ def _profile_study(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (spec.cluster.profile_path
                                            or Path("profiles") / f"{spec.name}.json")
     previous = _writable_profile(out)
-    launcher = make_launcher(spec)
+    launcher = make_launcher(spec.launcher, spec.model, spec.cluster, spec.training,
+                             source=spec.source)
     cells, skipped = profile_cells(spec, top=args.top)
     layers = args.layers or DEFAULT_LAYERS
     say = (lambda line: None) if args.quiet else (

@@ -1,8 +1,12 @@
-"""The device and link table: peaks, memory and bandwidths from public figures.
+"""The device table: every per-device figure, one :class:`DeviceSpec` entry per device.
 
-Every number cites where it comes from; numbers that public sources do not confirm are
-marked ``estimate``. A study file may override any of them (``cluster.links``,
-``cluster.memory_gb``, ``cluster.peak_tflops``); see ``docs/clusters.md``.
+Peaks, memory and link bandwidths (the planner, the trainer's MFU), the cost model's GEMM
+efficiency, memory bandwidth and per-kernel costs (:mod:`autotune.models.cost`), and the
+memory model's runtime allowance (:mod:`autotune.models.memory`): adding a device is one
+entry in :data:`HARDWARE` (``docs/clusters.md``). Every number cites where it comes from;
+numbers that public sources do not confirm are marked ``estimate``. A study file may
+override the peak, the memory and the links (``cluster.peak_tflops``,
+``cluster.memory_gb``, ``cluster.links``); see ``docs/clusters.md``.
 
 Bandwidths are per device, per direction, in GB/s (1e9 bytes/s), the figure that an
 NCCL/oneCCL ring all-reduce's bus bandwidth approaches. A "card" is what sits in one
@@ -15,6 +19,8 @@ each tile is one PyTorch device.
 989.0
 >>> peak_flops_for_device_name("Intel(R) Data Center GPU Max 1550", "bf16") / 1e12
 419.0
+>>> get_device("cpu").peak_flops_or_fallback("bf16") / 1e12  # no datasheet peak: assumed
+0.05
 """
 
 from __future__ import annotations
@@ -23,9 +29,17 @@ from dataclasses import dataclass
 
 from autotune.errors import SpecError
 
-__all__ = ["DeviceSpec", "LinkSpec", "HARDWARE", "get_device", "peak_flops_for_device_name"]
+__all__ = ["DeviceSpec", "LinkSpec", "HARDWARE", "get_device", "peak_flops_for_device_name",
+           "GiB", "MiB", "DEFAULT_RUNTIME_BYTES"]
 
+MiB = 1024**2
 GiB = 1024**3
+"""Binary byte units: the project's one definition (memory sizes, reports, records)."""
+
+DEFAULT_RUNTIME_BYTES = 1536 * MiB
+"""An accelerator rank's fixed runtime allowance: the CUDA/Level-Zero context (~0.5-1 GiB,
+outside the caching allocator but inside the device's capacity) plus the NCCL/oneCCL
+channel buffers. The default of :attr:`DeviceSpec.runtime_bytes`."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +54,8 @@ class LinkSpec:
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One kind of device, as a PyTorch rank sees it."""
+    """One kind of device, as a PyTorch rank sees it: everything the planner, the cost and
+    memory models and the trainer's MFU know about it."""
 
     name: str
     peak_bf16_tflops: float | None
@@ -57,13 +72,33 @@ class DeviceSpec:
     """Between cards of one node (Xe Link, NVLink)."""
     inter_node: LinkSpec
     """Between nodes (Slingshot, InfiniBand), per device."""
+    gemm_efficiency_max: float
+    """Fraction of the dense peak a large GEMM reaches (published measurements)."""
+    hbm_gbps: float
+    """Device memory bandwidth, GB/s (memory-bound kernels, optimizer step)."""
+    kernel_overhead_s: float = 5e-6
+    """Fixed cost per kernel: launch latency plus the eager-mode dispatch (~3-5 us on
+    CUDA, NVIDIA's CUDA C++ Best Practices Guide; similar for Level Zero)."""
+    host_op_s: float = 15e-6
+    """Host time to dispatch one framework operator (eager PyTorch)."""
+    fallback_peak_tflops: float | None = None
+    """Peak to assume when the datasheet has none (CPU): see :meth:`peak_flops_or_fallback`."""
+    runtime_bytes: int = DEFAULT_RUNTIME_BYTES
+    """Fixed per-rank memory of the runtime (context, communication channels), charged by
+    the memory model (:func:`autotune.models.memory.runtime_bytes`)."""
     torch_names: tuple[str, ...] = ()
     """Substrings of ``torch.<device>.get_device_name()``, most specific first."""
     source: str = ""
     """Where the figures come from."""
 
     def peak_tflops(self, dtype: str) -> float | None:
+        """The dense peak in ``dtype`` (BF16, else FP32), ``None`` where it is unknown."""
         return self.peak_bf16_tflops if dtype == "bf16" else self.peak_fp32_tflops
+
+    def peak_flops_or_fallback(self, dtype: str) -> float:
+        """The dense peak FLOP/s the cost model computes with: :meth:`peak_tflops`, else
+        :attr:`fallback_peak_tflops`, else 1 TFLOPS (an entry with neither)."""
+        return (self.peak_tflops(dtype) or self.fallback_peak_tflops or 1.0) * 1e12
 
 
 _NVLINK3 = LinkSpec(gbps=300.0, latency_us=5.0)    # A100 NVLink3: 600 GB/s bidirectional
@@ -78,11 +113,25 @@ _XE_TILE = LinkSpec(gbps=185.0, latency_us=10.0)
 _XE_LINK = LinkSpec(gbps=18.0, latency_us=15.0)
 _SLINGSHOT = LinkSpec(gbps=16.0, latency_us=20.0)  # estimate: 8 x 25 GB/s over 12 tiles
 
+# Large-GEMM efficiency (gemm_efficiency_max): A100 cuBLAS BF16/FP16 ~250 of 312 TFLOPS
+# (NVIDIA, "A100 Tensor Core GPU architecture" whitepaper and cuBLAS benchmarks); H100 SXM
+# ~700-750 of 989 (NVIDIA Hopper tuning guide, cuBLAS 12); Max 1550 tile: 207 of 419 per
+# tile with the node busy (ALCF, shared/landscapes/README.md). HBM (hbm_gbps): A100-40GB
+# 1,555 GB/s, A100-80GB 2,039, H100 3,350, H200 4,800 (NVIDIA datasheets); Max 1550 3,277
+# GB/s per card, half per tile (Intel datasheet). CPU: a rank's share of a small host
+# (estimate).
+# Runtime allowance (runtime_bytes) on CPU, measured here: `python -c "import torch,
+# deepspeed, torch.distributed"` peaks at ~245 MiB RSS (torch 2.13 CPU, DeepSpeed 0.19); a
+# trainer rank adds the gloo process group, the DeepSpeed engine and autograd bookkeeping.
+# Calibrated once against the trainer's peak RSS of a near-empty model
+# (tests/models/test_memory_vs_trainer.py). Accelerators: DEFAULT_RUNTIME_BYTES.
+
 HARDWARE: dict[str, DeviceSpec] = {
     "max1550-tile": DeviceSpec(
         name="max1550-tile", peak_bf16_tflops=419.0, peak_fp32_tflops=26.2,
         memory_bytes=64 * GiB, devices_per_card=2,
         intra_card=_XE_TILE, intra_node=_XE_LINK, inter_node=_SLINGSHOT,
+        gemm_efficiency_max=0.49, hbm_gbps=1638.0, kernel_overhead_s=8e-6,
         torch_names=("Max 1550", "Data Center GPU Max"),
         source="Intel datasheet: 832 BF16 TFLOPS per 2-tile card at 1.6 GHz; 128 GB HBM2e",
     ),
@@ -90,12 +139,14 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="max1550-card", peak_bf16_tflops=838.0, peak_fp32_tflops=52.4,
         memory_bytes=128 * GiB, devices_per_card=1,
         intra_card=_XE_TILE, intra_node=_XE_LINK, inter_node=LinkSpec(32.0, 20.0),
+        gemm_efficiency_max=0.49, hbm_gbps=3277.0, kernel_overhead_s=8e-6,
         source="Intel datasheet (COMPOSITE mode: one device = one card)",
     ),
     "a100-40gb": DeviceSpec(
         name="a100-40gb", peak_bf16_tflops=312.0, peak_fp32_tflops=19.5,
         memory_bytes=40 * GiB, devices_per_card=1,
         intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR,
+        gemm_efficiency_max=0.80, hbm_gbps=1555.0,
         torch_names=("A100-SXM4-40GB", "A100-PCIE-40GB"),
         source="NVIDIA A100 datasheet",
     ),
@@ -103,6 +154,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="a100-80gb", peak_bf16_tflops=312.0, peak_fp32_tflops=19.5,
         memory_bytes=80 * GiB, devices_per_card=1,
         intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR,
+        gemm_efficiency_max=0.80, hbm_gbps=2039.0,
         torch_names=("A100",),
         source="NVIDIA A100 datasheet",
     ),
@@ -110,6 +162,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="h100", peak_bf16_tflops=989.0, peak_fp32_tflops=67.0,
         memory_bytes=80 * GiB, devices_per_card=1,
         intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR,
+        gemm_efficiency_max=0.72, hbm_gbps=3350.0,
         torch_names=("H100",),
         source="NVIDIA H100 SXM datasheet (dense, without sparsity)",
     ),
@@ -117,6 +170,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="h200", peak_bf16_tflops=989.0, peak_fp32_tflops=67.0,
         memory_bytes=141 * 10**9, devices_per_card=1,
         intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR,
+        gemm_efficiency_max=0.72, hbm_gbps=4800.0,
         torch_names=("H200",),
         source="NVIDIA H200 SXM datasheet (dense, without sparsity)",
     ),
@@ -125,6 +179,8 @@ HARDWARE: dict[str, DeviceSpec] = {
         memory_bytes=8 * GiB, devices_per_card=1,
         intra_card=LinkSpec(5.0, 50.0), intra_node=LinkSpec(5.0, 50.0),
         inter_node=LinkSpec(1.0, 100.0),
+        gemm_efficiency_max=0.5, hbm_gbps=10.0, kernel_overhead_s=20e-6,
+        fallback_peak_tflops=0.05, runtime_bytes=420 * MiB,
         source="estimate: gloo over loopback; a rank's memory share of a small host",
     ),
 }

@@ -28,6 +28,7 @@ from typing import Any
 from autotune.candidates import Candidate, partition_space, rank_layouts
 from autotune.errors import SpecError
 from autotune.feasibility import REASON_CODES, Constraints
+from autotune.hardware import GiB
 from autotune.layout import Layout
 from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
@@ -37,7 +38,6 @@ from autotune.spec import StudySpec
 __all__ = ["PlanRow", "Exclusion", "PlanResult", "plan_study", "render_plan", "FORMATS"]
 
 FORMATS: tuple[str, ...] = ("table", "csv", "json")
-GiB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,11 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
         raise SpecError("--top", top, "allowed: an integer >= 1")
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
                                            spec.trial)
-    feasible, excluded = partition_space(spec, constraints)
-    ranked = rank_layouts(spec, feasible, constraints)
+    model, cluster, profile = spec.model, spec.cluster, spec.profile
+    feasible, excluded = partition_space(model, cluster, spec.training, spec.search,
+                                         constraints)
+    ranked = rank_layouts(model, cluster, feasible, dtype=spec.training.dtype,
+                          profile=profile, constraints=constraints)
     rows = tuple(_row(spec, constraints, i + 1, c) for i, c in enumerate(ranked[:top]))
     verdicts = Counter(c.memory_verdict.value for c in ranked)
     verdicts["exceeds"] = sum(reasons[0].code == "memory" for _, reasons in excluded)
@@ -115,7 +118,7 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
         n_layouts=len(feasible) + len(excluded), n_feasible=len(feasible),
         memory_capacity_bytes=spec.cluster.device_spec().memory_bytes, rows=rows,
         excluded=exclusions,
-        profile=spec.cluster.profile.label if spec.cluster.profile is not None else None,
+        profile=profile.label if profile is not None else None,
         memory_verdicts=tuple((v.value, verdicts[v.value]) for v in Verdict),
         memory_min_p_fit=constraints.memory.min_p_fit if constraints.memory else None)
 
@@ -124,7 +127,8 @@ def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate) 
     dtype, device = spec.training.dtype, spec.cluster.device
     fit = constraints.memory_verdict(cand.layout, spec.model)
     return PlanRow(rank, cand.layout,
-                   estimate_step(spec.model, cand.layout, spec.cluster, dtype=dtype),
+                   estimate_step(spec.model, cand.layout, spec.cluster, dtype=dtype,
+                                 profile=spec.profile),
                    estimate_memory(spec.model, cand.layout, dtype=dtype, device=device),
                    cand.memory_verdict, cand.p_fit, fit.sigma_bytes if fit else 0)
 

@@ -26,7 +26,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.candidates import rank_candidates
+from autotune.config.cluster import ClusterConfig
+from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
+from autotune.feasibility import Constraints
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.layout import Layout, Recompute
 from autotune.models.cost import analytic_layer, tp_link
@@ -65,10 +68,11 @@ class ProfileCell:
         return Layout(tp=self.tp, pp=1, dp=1, micro_batch=self.micro_batch,
                       grad_accum=grad_accum, zero_stage=0, recompute=self.recompute)
 
-    def shape(self, spec: StudySpec) -> LayerShape:
+    def shape(self, model: ModelConfig, cluster: ClusterConfig, dtype: str) -> LayerShape:
+        """The profile key of this cell's layer of ``model`` on ``cluster`` in ``dtype``."""
         lay = self.layout()
-        return LayerShape.of(spec.model, lay, device=spec.cluster.device,
-                             dtype=spec.training.dtype, tp_link=tp_link(lay, spec.cluster))
+        return LayerShape.of(model, lay, device=cluster.device, dtype=dtype,
+                             tp_link=tp_link(lay, cluster))
 
 
 @dataclass
@@ -92,7 +96,10 @@ def profile_cells(spec: StudySpec, *, top: int | None = None,
                   ) -> tuple[list[ProfileCell], list[tuple[ProfileCell, str]]]:
     """The shapes to measure: those of the feasible layouts (of the ``top`` best predicted
     ones, if given), best predicted first; and the shapes left out, with the reason."""
-    ranked = rank_candidates(spec)
+    constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
+                                           spec.trial)
+    ranked = rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
+                             constraints, profile=spec.profile)
     if top is not None:
         ranked = ranked[:top]
     cells: list[ProfileCell] = []
@@ -137,7 +144,8 @@ def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell
     trial has been killed (the launcher does that) and returns the shapes finished so
     far, with ``interrupted`` set.
     """
-    device, dtype = spec.cluster.device, spec.training.dtype
+    model, cluster = spec.model, spec.cluster
+    device, dtype = cluster.device, spec.training.dtype
     source = f"autotune profile {spec.source or spec.name}"
     out = ProfileRun(LayerProfile(source=source))
     n_runs = len(cells) * len(layers) * len(accums)
@@ -167,7 +175,7 @@ def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell
                     "analytic time")
                 break
             samples.append(LayerSample(trial.model, trial.layout, device, dtype,
-                                       tp_link(trial.layout, spec.cluster), res.step_time_s,
+                                       tp_link(trial.layout, cluster), res.step_time_s,
                                        median_standard_error(res.step_times_s)))
             elapsed = time.monotonic() - started
             log(f"{what}: {res.step_time_s * 1e3:.4g} ms/step in "
@@ -179,12 +187,12 @@ def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell
             continue
         # Shapes never share a series, so each is fitted on its own samples alone.
         out.profile = out.profile.merged(fit_layer_profile(samples, source=source))
-        if out.profile.entry(cell.shape(spec)) is None:
+        if out.profile.entry(cell.shape(model, cluster, dtype)) is None:
             out.failed[cell] = "no positive slope: the layer is too small against the noise"
         elif checkpoint is not None:
             checkpoint(out.profile)
     for cell in cells:
-        if cell not in out.failed and out.profile.entry(cell.shape(spec)) is None:
+        if cell not in out.failed and out.profile.entry(cell.shape(model, cluster, dtype)) is None:
             out.failed[cell] = "not run (interrupted)"
     return out
 
@@ -195,7 +203,7 @@ def compare_rows(spec: StudySpec, profile: LayerProfile, cells: Sequence[Profile
     layer time is off."""
     rows = []
     for cell in cells:
-        entry = profile.entry(cell.shape(spec))
+        entry = profile.entry(cell.shape(spec.model, spec.cluster, spec.training.dtype))
         if entry is None:
             continue
         analytic = analytic_layer(spec.model, cell.layout(), spec.cluster,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from autotune.hardware import GiB
 from autotune.layout import Layout
 from autotune.outcome import Outcome
 from autotune.trial import TrialResult
@@ -19,7 +20,6 @@ from autotune.trial import TrialResult
 __all__ = ["TrialFacts", "measurement_row", "user_attrs", "SEARCH_STOP_ATTR",
            "search_stop_record", "search_stop_line"]
 
-GiB = 2**30
 SEARCH_STOP_ATTR = "search_stop"
 """Study user attribute: why the strategy last stopped before the budget (a dict from
 :func:`search_stop_record`), or ``None`` once a later proposal was made."""

@@ -22,6 +22,7 @@ from autotune.config.launcher import LauncherConfig
 from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, StorageConfig, TrainingConfig, TrialConfig
 from autotune.errors import SpecError
+from autotune.models.profile import LayerProfile, load_cluster_profile
 from autotune.trial import RunConfig
 
 __all__ = ["StudySpec", "load_study", "parse_study", "STUDY_NAME_RE"]
@@ -43,6 +44,10 @@ class StudySpec:
     trial: TrialConfig = field(default_factory=TrialConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    profile: LayerProfile | None = None
+    """The measured layer times ``cluster.profile`` names, read and checked once at load
+    (:func:`~autotune.models.profile.load_cluster_profile`); callers hand it to the cost
+    model. ``None``: the study names none, or was loaded with ``read_profile=False``."""
     source: str | None = None
     """The file it was loaded from (for messages)."""
 
@@ -80,8 +85,7 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
         spec = StudySpec(
             name=name,
             model=ModelConfig.from_dict(data["model"]),
-            cluster=ClusterConfig.from_dict(data["cluster"], base_dir=base_dir,
-                                            read_profile=read_profile),
+            cluster=ClusterConfig.from_dict(data["cluster"], base_dir=base_dir),
             training=TrainingConfig.from_dict(data["training"]),
             search=SearchConfig.from_dict(data.get("search") or {}),
             trial=TrialConfig.from_dict(data.get("trial") or {}),
@@ -89,16 +93,10 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             launcher=LauncherConfig.from_dict(data.get("launcher") or {}),
             source=source,
         )
-        profile = spec.cluster.profile
-        if profile is not None and not profile.covers(spec.model, device=spec.cluster.device,
-                                                      dtype=spec.training.dtype):
-            # A profile of another model or device would silently do nothing: say so.
-            raise SpecError("cluster.profile", profile.label,
-                            f"allowed: a profile with entries for this model's layer "
-                            f"(hidden {spec.model.hidden}, {spec.model.n_head} heads, "
-                            f"sequence {spec.model.seq_len}) on {spec.cluster.device} in "
-                            f"{spec.training.dtype}; this one has {len(profile)} entries "
-                            "for other layers (autotune profile STUDY measures them)")
+        if read_profile:
+            # Read once, here: a bad file fails the load, before any database or launcher.
+            spec = replace(spec, profile=load_cluster_profile(spec.cluster, spec.model,
+                                                              spec.training.dtype))
         if spec.model.dropout > 0 and spec.launcher.kind != "replay":
             # Local and SLURM trials run the built-in trainer, which has no dropout: a
             # study must not tune (and predict memory for) a model it will not run.

@@ -182,14 +182,16 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial)
     table = launchers[0].fixed_layouts()
     if table is None:
-        candidates = rank_candidates(spec, constraints)
+        candidates = rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
+                                     constraints, profile=spec.profile)
     else:
         # A replayed table is the space: its rows say what ran and what ran out of memory,
         # so only the structural rules apply (the study's axes, placement and memory
         # model would hide rows that were measured).
         constraints = constraints.structural_only()
-        candidates = rank_layouts(spec, [lay for lay in table
-                                         if not constraints.check(lay, spec.model)])
+        candidates = rank_layouts(spec.model, spec.cluster,
+                                  [lay for lay in table if not constraints.check(lay, spec.model)],
+                                  dtype=spec.training.dtype, profile=spec.profile)
     if not candidates:
         raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")

@@ -33,13 +33,11 @@ import json
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS
 from autotune.errors import SpecError
 from autotune.feasibility import MemoryBudget, check_layout
@@ -90,15 +88,17 @@ def _flagged(group: LandscapeGroup, margin: float, status: str = "oom") -> int:
                        for r in check_layout(m.layout, group.model, memory=budget)))
 
 
-def rank_group(group: LandscapeGroup, cluster: ClusterConfig) -> dict[str, Any]:
-    """The cost model on ``cluster`` against the group's ``ok`` rows: Spearman's rho, whether
-    the measured best is in the predicted top 3, and the share of those layouts whose layer
-    time came from ``cluster.profile`` (``profiled_share``)."""
+def rank_group(group: LandscapeGroup, profile: LayerProfile | None = None) -> dict[str, Any]:
+    """The cost model on the group's cluster (with ``profile``'s measured layer times, if
+    given) against the group's ``ok`` rows: Spearman's rho, whether the measured best is in
+    the predicted top 3, and the share of those layouts whose layer time came from
+    ``profile`` (``profiled_share``)."""
     ok = group.ok()
     if not ok:
         return {"name": group.name, "n_layouts": 0, "spearman": None, "best_in_top3": False,
                 "profiled_share": 0.0}
-    estimates = [estimate_step(group.model, m.layout, cluster, dtype=group.dtype) for m in ok]
+    estimates = [estimate_step(group.model, m.layout, group.cluster, dtype=group.dtype,
+                               profile=profile) for m in ok]
     predicted = [e.model_tflops_per_device for e in estimates]
     measured = [float(m.model_tflops_per_device or 0.0) for m in ok]
     best = int(np.argmax(measured))
@@ -114,8 +114,8 @@ def rank_group(group: LandscapeGroup, cluster: ClusterConfig) -> dict[str, Any]:
 
 
 def evaluate_group(group: LandscapeGroup, *, margin: float) -> dict[str, Any]:
-    """:func:`rank_group` on the group's own cluster, and the memory model on its rows."""
-    return {**rank_group(group, group.cluster),
+    """:func:`rank_group` with the analytic model, and the memory model on its rows."""
+    return {**rank_group(group),
             "n_oom": sum(m.status == "oom" for m in group.measurements),
             "oom_flagged": _flagged(group, margin),
             "ok_flagged_infeasible": _flagged(group, margin, status="ok") if group.ok() else 0}
@@ -168,13 +168,6 @@ def held_out_profiles(groups: Sequence[LandscapeGroup], scheme: str,
             landscape_samples(g for g in pool if key(g) != value),
             source=f"landscape groups with {scheme} != {value}")
     return [folds[key(g)] for g in groups]
-
-
-def held_out_clusters(groups: Sequence[LandscapeGroup], scheme: str,
-                      fit_on: Sequence[LandscapeGroup] | None = None) -> list[ClusterConfig]:
-    """Each group's cluster with its :func:`held_out_profiles` profile."""
-    return [replace(g.cluster, profile=prof)
-            for g, prof in zip(groups, held_out_profiles(groups, scheme, fit_on), strict=True)]
 
 
 def _print_comparison(variants: dict[str, dict[str, Any]]) -> None:
@@ -246,10 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ok rows: {ok_total}, predicted infeasible by the memory model: {ok_flagged}")
     # Every loaded group is fitted on (small ones too): a held-out group's own key value
     # never is, so the only question is how much of the rest a user would have measured.
-    clusters = {s: held_out_clusters(selected, s, fit_on=loaded) for s in schemes}
+    profiles = {s: held_out_profiles(selected, s, fit_on=loaded) for s in schemes}
     if given is not None:
-        clusters["file"] = [replace(g.cluster, profile=given) for g in selected]
-    profiled = {name: _profiled_variant(selected, cl) for name, cl in clusters.items()}
+        profiles["file"] = [given] * len(selected)
+    profiled = {name: _profiled_variant(selected, ps) for name, ps in profiles.items()}
     if profiled:
         _print_comparison({"analytic": analytic, **{
             f"profiled, {'file' if name == 'file' else 'cv ' + name}": r
@@ -268,10 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _profiled_variant(groups: list[LandscapeGroup], clusters: list[ClusterConfig]
+def _profiled_variant(groups: list[LandscapeGroup], profiles: list[LayerProfile]
                       ) -> dict[str, Any]:
-    """:func:`summarize` of the groups ranked on these clusters, with the per-group rows."""
-    ranked = [rank_group(g, c) for g, c in zip(groups, clusters, strict=True)]
+    """:func:`summarize` of the groups ranked with these profiles (one per group), with the
+    per-group rows."""
+    ranked = [rank_group(g, p) for g, p in zip(groups, profiles, strict=True)]
     return {**summarize(ranked), "groups": ranked}
 
 

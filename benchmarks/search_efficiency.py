@@ -20,9 +20,9 @@ minutes on 2 cores (tpe and gp get ``--optuna-repeats`` seeds: Optuna's GP refit
 
 ``--profile-cv SCHEME`` (``layers``, ``world``, ``batch``; repeatable or a comma list) also
 replays the strategies that use the cost model (``default``, ``cost-model-only``) with its
-layer times measured: each group's cluster gets the layer profile fitted on the groups
+layer times measured: each group's cost model gets the layer profile fitted on the groups
 whose layer count, device count or global batch differs from its own
-(``benchmarks/cost_model_accuracy.py``, ``held_out_clusters``). Their rows are named
+(``benchmarks/cost_model_accuracy.py``, ``held_out_profiles``). Their rows are named
 ``STRATEGY+SCHEME``; the JSON puts them under ``profiled`` (by scheme, then strategy).
 
 ``--min-improvement X`` (repeatable) also replays the default strategy with the early stop
@@ -50,11 +50,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS
 from autotune.landscape import LandscapeGroup, load_landscape
 from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
+from autotune.models.profile import LayerProfile
 from autotune.search import (
     PARAM_AXES,
     STRATEGIES,
@@ -66,7 +66,7 @@ from autotune.search import (
 )
 from benchmarks.cost_model_accuracy import (
     add_profile_cv_argument,
-    held_out_clusters,
+    held_out_profiles,
     parse_profile_cv,
 )
 
@@ -166,9 +166,9 @@ class Task:
     then also draws the error ``i``, the same for every strategy."""
     max_trials: int | None = None
     """Censor each replay after this many trials (``--max-trials``)."""
-    cluster: ClusterConfig | None = None
-    """The cluster the cost model predicts for (``--profile-cv``: the group's with a
-    held-out layer profile); ``None``: the group's own."""
+    profile: LayerProfile | None = None
+    """The layer profile the cost model predicts with (``--profile-cv``: one held out from
+    the group); ``None``: the analytic model."""
     label: str = ""
     """The row this replay is reported under (default: the strategy)."""
 
@@ -178,7 +178,7 @@ class Task:
 
 def run_task(task: Task) -> list[int | None]:
     g = task.group
-    predict = cost_model_predictor(g.model, task.cluster or g.cluster, dtype=g.dtype)
+    predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype, profile=task.profile)
     out = []
     for seed in task.seeds:
         pred = with_error(predict, g, task.cost_model_error, seed)
@@ -336,10 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     for scheme in schemes:
         mine = [s for s in strategies if s in USES_COST_MODEL]
         profiled_rows[scheme] = {s: f"{s}+{scheme}" for s in mine}
-        clusters = held_out_clusters(groups, scheme, fit_on=every_group)
+        profiles = held_out_profiles(groups, scheme, fit_on=every_group)
         tasks += [Task(g, s, seeds(s), args.tolerance, args.cost_model_error, args.max_trials,
-                       cluster=c, label=profiled_rows[scheme][s])
-                  for g, c in zip(groups, clusters, strict=True) for s in mine]
+                       profile=p, label=profiled_rows[scheme][s])
+                  for g, p in zip(groups, profiles, strict=True) for s in mine]
     rows = [*strategies, *(r for by_s in profiled_rows.values() for r in by_s.values())]
     started = time.monotonic()
     if args.jobs > 1 and len(tasks) > 1:

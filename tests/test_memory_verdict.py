@@ -114,7 +114,10 @@ def test_candidates_carry_the_verdict_and_rank_by_expected_throughput() -> None:
                         "training": {"global_batch": 64},
                         "search": {"tp": [1, 2], "pp": [1], "zero_stage": [2],
                                    "recompute": ["none", "full"]}})
-    ranked = rank_candidates(spec)
+    ranked = rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
+                             Constraints.from_configs(spec.cluster, spec.training,
+                                                      spec.search, spec.trial),
+                             profile=spec.profile)
     assert {c.memory_verdict for c in ranked} == {Verdict.FITS, Verdict.UNCERTAIN}
     expected = [c.expected_tflops for c in ranked]
     assert expected == sorted(expected, reverse=True)

@@ -13,7 +13,13 @@ from autotune.cli import main
 from autotune.config.cluster import ClusterConfig
 from autotune.errors import SpecError
 from autotune.layout import Layout
-from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry, load_profile
+from autotune.models.profile import (
+    LayerProfile,
+    LayerShape,
+    ProfileEntry,
+    load_cluster_profile,
+    load_profile,
+)
 from autotune.plan import plan_study
 from autotune.spec import load_study
 from tests.helpers import TINY, write_study
@@ -43,7 +49,7 @@ def test_a_relative_profile_is_read_beside_the_study_and_used_by_plan(
     path = profiled_study(tmp_path, prof)
     monkeypatch.chdir(tmp_path / "elsewhere")
     spec = load_study(path)
-    assert spec.cluster.profile == prof
+    assert spec.profile == prof
     rows = plan_study(spec, top=1000).rows
     assert {(r.layout.tp, r.layout.micro_batch) for r in rows if r.step.profiled} == {(1, 1)}
     assert any(not r.step.profiled for r in rows)
@@ -59,7 +65,7 @@ def test_a_profile_found_from_the_working_directory_comes_first(
     here = LayerProfile((ProfileEntry(MEASURED, 2e-4),))
     here.save(tmp_path / "elsewhere" / "prof.json")
     monkeypatch.chdir(tmp_path / "elsewhere")
-    assert load_study(path).cluster.profile == here
+    assert load_study(path).profile == here
 
 
 @pytest.mark.parametrize("profile, needle", [
@@ -87,8 +93,11 @@ def test_cluster_section_errors_name_cluster_profile(tmp_path: Path) -> None:
     bad = LayerProfile((ProfileEntry(MEASURED, 1e-4),)).to_dict()
     bad["entries"][0]["layer_time_s"] = -1.0
     (tmp_path / "bad.json").write_text(json.dumps(bad))
+    # The config keeps the path only; the models layer reads the file.
+    cluster = ClusterConfig.from_dict({**CPU, "profile": "bad.json"}, base_dir=tmp_path)
+    assert cluster.profile_path == tmp_path / "bad.json"
     with pytest.raises(SpecError) as err:
-        ClusterConfig.from_dict({**CPU, "profile": "bad.json"}, base_dir=tmp_path)
+        load_cluster_profile(cluster, TINY, "fp32")
     # The field is the study's; the message names the file and the entry's field.
     assert err.value.field == "cluster.profile"
     assert err.value.value == str(tmp_path / "bad.json")
@@ -96,4 +105,22 @@ def test_cluster_section_errors_name_cluster_profile(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
     LayerProfile((ProfileEntry(MEASURED, 1e-4),)).save(good)
     cluster = ClusterConfig.from_dict({**CPU, "profile": str(good)})  # absolute: as given
-    assert cluster.profile == load_profile(good)
+    assert load_cluster_profile(cluster, TINY, "fp32") == load_profile(good)
+    assert load_cluster_profile(ClusterConfig(**CPU), TINY, "fp32") is None
+
+
+def test_the_config_layer_imports_no_model() -> None:
+    """``cluster.profile`` is a path in the config; the models layer reads the file. No
+    module of ``autotune/config/`` imports ``autotune.models``, not even lazily."""
+    import ast
+
+    import autotune.config
+
+    offenders = []
+    for path in sorted(Path(autotune.config.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}: {n}" for n in names
+                          if n == "autotune.models" or n.startswith("autotune.models.")]
+    assert offenders == []

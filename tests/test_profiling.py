@@ -79,8 +79,12 @@ def test_cells_are_the_feasible_shapes_best_predicted_first(study: Path) -> None
     cells, skipped = profile_cells(spec)
     assert len(cells) == len(set(cells)) and not skipped
     from autotune.candidates import rank_candidates
+    from autotune.feasibility import Constraints
 
-    ranked = rank_candidates(spec)
+    constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
+                                           spec.trial)
+    ranked = rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
+                             constraints, profile=spec.profile)
     shapes = {ProfileCell(c.layout.tp, c.layout.micro_batch, c.layout.recompute)
               for c in ranked}
     assert set(cells) == shapes
@@ -159,7 +163,7 @@ def test_a_missing_study_profile_is_where_profile_writes(tmp_path: Path) -> None
                         cluster={"nodes": 1, "devices_per_node": 2, "device": "cpu",
                                  "profile": "prof/tiny.json"})
     spec = load_study(study, read_profile=False)
-    assert spec.cluster.profile is None
+    assert spec.profile is None
     assert spec.cluster.profile_path == tmp_path / "prof" / "tiny.json"
     assert main(["plan", str(study)]) == 2
 

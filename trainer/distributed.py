@@ -8,7 +8,8 @@ Launchers, read in this order (the first one whose variables are present wins):
 * ``torchrun``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
 * ``srun`` (one task per device): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``;
   the rendezvous host is the first node of ``SLURM_NODELIST`` (``node[01-03,07]`` is
-  expanded here, without calling ``scontrol``); ``MASTER_PORT`` from the environment or
+  expanded by :func:`autotune.hostlist.parse_hostlist`, without calling ``scontrol``);
+  ``MASTER_PORT`` from the environment or
   :data:`DEFAULT_MASTER_PORT`.
 * ``mpiexec`` with PMI/PALS (Aurora-like): ``PMI_RANK``, ``PMI_SIZE``,
   ``PALS_LOCAL_RANKID`` or ``PMI_LOCAL_RANK``; ``MASTER_ADDR`` must be exported by the job
@@ -20,8 +21,6 @@ Launchers, read in this order (the first one whose variables are present wins):
 >>> le = launch_env_from(env)
 >>> (le.launcher, le.rank, le.world_size, le.local_rank, le.master_addr, le.master_port)
 ('slurm', 5, 8, 1, 'gpu07', 29500)
->>> expand_nodelist("node[01-03,07],login1")
-['node01', 'node02', 'node03', 'node07', 'login1']
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import os
-import re
 import resource
 import socket
 import sys
@@ -37,7 +35,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LaunchEnv", "DeviceInfo", "launch_env_from", "expand_nodelist", "pick_device",
+from autotune.hostlist import parse_hostlist
+
+__all__ = ["LaunchEnv", "DeviceInfo", "launch_env_from", "pick_device",
            "prepare_environment", "init_process_group", "set_group_timeout", "synchronize",
            "reset_peak_memory",
            "peak_memory", "DEFAULT_MASTER_PORT"]
@@ -58,30 +58,6 @@ class LaunchEnv:
     master_port: int
 
 
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand a SLURM host list (``a[1-3,5],b07``) into host names, zero padding kept."""
-    hosts: list[str] = []
-    # Split at top-level commas only (commas inside brackets belong to a range list).
-    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", nodelist):
-        parts = re.split(r"(\[[^\]]*\])", item)
-        expanded = [""]
-        for part in parts:
-            if part.startswith("["):
-                choices: list[str] = []
-                for rng in part[1:-1].split(","):
-                    lo, _, hi = rng.partition("-")
-                    if hi:
-                        width = len(lo)
-                        choices += [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
-                    else:
-                        choices.append(lo)
-                expanded = [e + c for e in expanded for c in choices]
-            else:
-                expanded = [e + part for e in expanded]
-        hosts += expanded
-    return hosts
-
-
 def _int(env: Mapping[str, str], name: str) -> int:
     value = env[name]
     try:
@@ -100,7 +76,7 @@ def launch_env_from(env: Mapping[str, str]) -> LaunchEnv:
                          port)
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
-        addr = env.get("MASTER_ADDR") or expand_nodelist(nodelist)[0]
+        addr = env.get("MASTER_ADDR") or parse_hostlist(nodelist)[0]
         return LaunchEnv("slurm", _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"),
                          int(env.get("SLURM_LOCALID", "0")), addr, port)
     if "PMI_RANK" in env and "PMI_SIZE" in env:

@@ -1,17 +1,19 @@
-"""The machine a study runs on: nodes, devices per node, device type and link overrides."""
+"""The machine a study runs on: nodes, devices per node, device type and link overrides.
+
+It also names the machine's layer profile (``cluster.profile``), by its path only: reading
+the file is the models layer's job (``load_cluster_profile`` in ``models/profile.py``, called
+by the study loader), so that the config layer never imports the models layer.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.config._fields import check_float, check_int, check_keys
 from autotune.errors import SpecError
 from autotune.hardware import DeviceSpec, GiB, LinkSpec, get_device
-
-if TYPE_CHECKING:
-    from autotune.models.profile import LayerProfile
 
 __all__ = ["ClusterConfig", "LinkConfig", "profile_path"]
 
@@ -56,13 +58,11 @@ class ClusterConfig:
     """Override of the dense peak per device (TFLOPS, in the study's dtype)."""
     links: LinkConfig = field(default_factory=LinkConfig)
     """Overrides of the link table."""
-    profile: LayerProfile | None = None
-    """Measured layer times (``cluster.profile``: the path of a file written by
-    ``autotune profile``): the cost model uses them in place of its analytic layer time
-    for the shapes they cover (:mod:`autotune.models.profile`)."""
-    profile_path: Path | None = field(default=None, compare=False)
-    """Where ``cluster.profile`` points, resolved (it may not exist yet: ``autotune
-    profile`` writes there by default)."""
+    profile_path: Path | None = None
+    """``cluster.profile``, resolved: the layer-profile file written by ``autotune
+    profile`` (it may not exist yet: ``autotune profile`` writes there by default). Its
+    measured layer times replace the cost model's analytic ones for the shapes they cover;
+    the study loader reads it (``StudySpec.profile``)."""
 
     def __post_init__(self) -> None:
         check_int("cluster.nodes", self.nodes)
@@ -96,19 +96,15 @@ class ClusterConfig:
         return replace(spec, **changes) if changes else spec
 
     @classmethod
-    def from_dict(cls, data: Any, *, base_dir: str | Path | None = None,
-                  read_profile: bool = True) -> ClusterConfig:
+    def from_dict(cls, data: Any, *, base_dir: str | Path | None = None) -> ClusterConfig:
         """Validate a ``cluster`` section. A relative ``profile`` path is tried from the
-        working directory, then from ``base_dir`` (the study file's folder).
-        ``read_profile=False`` resolves the path without reading the file (``autotune
-        profile`` is what creates or extends it)."""
+        working directory, then from ``base_dir`` (the study file's folder); the file is
+        not read here."""
         data = dict(check_keys("cluster", data, ("nodes", "devices_per_node", "device",
                                                  "memory_gb", "peak_tflops", "links",
                                                  "profile")))
         if "profile" in data:
             data["profile_path"] = profile_path(data.pop("profile"), base_dir)
-            if read_profile:
-                data["profile"] = _load_profile(data["profile_path"])
         if "links" in data:
             data["links"] = LinkConfig.from_dict(data["links"])
         for key in ("memory_gb", "peak_tflops"):
@@ -130,15 +126,3 @@ def profile_path(value: Any, base_dir: str | Path | None) -> Path:
         path = Path(base_dir) / path
     return path
 
-
-def _load_profile(path: Path) -> LayerProfile:
-    from autotune.models.profile import load_profile  # local: configs import light
-
-    try:
-        return load_profile(path)
-    except SpecError as err:
-        if err.field == "profile":  # the file itself: missing, unreadable
-            raise SpecError("cluster.profile", err.value, err.allowed) from None
-        # Something inside the file: name the file and the entry's field.
-        raise SpecError("cluster.profile", str(path),
-                        f"in the file, {err.field}: got {err.value!r}; {err.allowed}") from None

@@ -7,38 +7,46 @@ from typing import TYPE_CHECKING
 from autotune.launchers.base import Launcher, LaunchReport, TrialPaths
 
 if TYPE_CHECKING:
-    from autotune.spec import StudySpec
+    from autotune.config.cluster import ClusterConfig
+    from autotune.config.launcher import LauncherConfig
+    from autotune.config.model import ModelConfig
+    from autotune.config.study import TrainingConfig
 
 __all__ = ["Launcher", "LaunchReport", "TrialPaths", "make_launcher", "make_launchers"]
 
 
-def make_launcher(spec: StudySpec) -> Launcher:
-    """The launcher the study file asks for (heavy backends imported only when used)."""
-    cfg = spec.launcher
-    if cfg.kind == "local":
+def make_launcher(launcher: LauncherConfig, model: ModelConfig, cluster: ClusterConfig,
+                  training: TrainingConfig, *, source: str | None = None) -> Launcher:
+    """The launcher the study file's ``launcher`` section asks for (heavy backends imported
+    only when used). SLURM reads the node size from ``cluster``; a replayed table is
+    matched against the study's model, cluster and global batch, with relative paths
+    read from beside ``source`` (the study file)."""
+    if launcher.kind == "local":
         from autotune.launchers.local import LocalLauncher
 
-        return LocalLauncher(cfg.local)
-    if cfg.kind == "slurm":
+        return LocalLauncher(launcher.local)
+    if launcher.kind == "slurm":
         from autotune.launchers.slurm import SlurmLauncher
 
-        return SlurmLauncher.for_study(spec)
+        return SlurmLauncher.for_study(launcher.slurm, cluster)
     from autotune.launchers.replay import ReplayLauncher
 
-    return ReplayLauncher.for_study(spec)
+    assert launcher.replay is not None  # LauncherConfig requires it for kind "replay"
+    return ReplayLauncher.for_study(launcher.replay, model, cluster, training, source=source)
 
 
-def make_launchers(spec: StudySpec) -> list[Launcher]:
+def make_launchers(launcher: LauncherConfig, model: ModelConfig, cluster: ClusterConfig,
+                   training: TrainingConfig, *, source: str | None = None) -> list[Launcher]:
     """The launchers one worker drives: one, or, for SLURM inside an allocation that holds
     the study's node count several times over, one per disjoint node group, so that
     independent trials run side by side (``autotune.study.run_study`` gives each its own
     thread)."""
-    if spec.launcher.kind == "slurm":
+    if launcher.kind == "slurm":
         from autotune.launchers.slurm import SlurmLauncher, node_groups
 
-        groups = node_groups(spec.cluster.nodes)
+        groups = node_groups(cluster.nodes)
         if len(groups) > 1:
-            return [SlurmLauncher(spec.launcher.slurm,
-                                  devices_per_node=spec.cluster.devices_per_node, nodelist=g)
+            return [SlurmLauncher(launcher.slurm, devices_per_node=cluster.devices_per_node,
+                                  nodelist=g)
                     for g in groups]
-    return [make_launcher(spec)]
+    return [make_launcher(launcher, model, cluster, training, source=source)]

@@ -36,7 +36,8 @@ from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.trial import TrialResult, TrialSpec
 
 if TYPE_CHECKING:
-    from autotune.spec import StudySpec
+    from autotune.config.launcher import ReplayOptions
+    from autotune.config.study import TrainingConfig
 
 __all__ = ["ReplayLauncher", "group_from_frame", "FRAME_COLUMNS"]
 
@@ -57,8 +58,10 @@ class ReplayLauncher(Launcher):
         self._by_layout = {m.layout: m for m in group.measurements}
 
     @classmethod
-    def for_study(cls, spec: StudySpec) -> ReplayLauncher:
-        """The launcher of a study file with ``launcher.kind: replay``.
+    def for_study(cls, opts: ReplayOptions, model: ModelConfig, cluster: ClusterConfig,
+                  training: TrainingConfig, *, source: str | None = None) -> ReplayLauncher:
+        """The launcher of a study file with ``launcher.kind: replay`` (``opts``: its
+        ``launcher.replay``; ``source``: the study file, for relative paths and messages).
 
         Reads ``launcher.replay.landscape`` (relative paths: from the study file's folder
         when not found from the working directory) with the study's device, node size,
@@ -66,41 +69,39 @@ class ReplayLauncher(Launcher):
         that is not given, the one group with the study's model, world size and global
         batch. Any mismatch is a :class:`SpecError` that lists the file's groups.
         """
-        opts = spec.launcher.replay
-        assert opts is not None  # LauncherConfig requires it for kind "replay"
         path = Path(opts.landscape).expanduser()
-        if not path.is_absolute() and not path.exists() and spec.source:
-            path = Path(spec.source).parent / path
+        if not path.is_absolute() and not path.exists() and source:
+            path = Path(source).parent / path
         if not path.is_file():
             raise SpecError("launcher.replay.landscape", opts.landscape,
                             "allowed: the path of a readable landscape CSV (vTrain or Aurora "
-                            "format)", source=spec.source)
-        groups = load_landscape(path, hardware=spec.cluster.device,
-                                devices_per_node=spec.cluster.devices_per_node,
-                                vocab_size=spec.model.vocab_size,
-                                attention=spec.model.attention)
+                            "format)", source=source)
+        groups = load_landscape(path, hardware=cluster.device,
+                                devices_per_node=cluster.devices_per_node,
+                                vocab_size=model.vocab_size, attention=model.attention)
         listing = "; ".join(f"{i}: {g.name} ({len(g.measurements)} layouts)"
                             for i, g in enumerate(groups[:12]))
         listing += "; ..." if len(groups) > 12 else ""
         if opts.group is not None:
             if opts.group >= len(groups):
                 raise SpecError("launcher.replay.group", opts.group,
-                                f"allowed: 0..{len(groups) - 1} ({listing})", source=spec.source)
+                                f"allowed: 0..{len(groups) - 1} ({listing})", source=source)
             group = groups[opts.group]
-            problem = _mismatch(group, spec)
+            problem = _mismatch(group, model, cluster.world_size, training.global_batch)
             if problem:
                 raise SpecError("launcher.replay.group", opts.group,
                                 f"group {group.name!r} does not match the study: {problem}",
-                                source=spec.source)
+                                source=source)
             return cls(group)
-        matching = [g for g in groups if not _mismatch(g, spec)]
+        matching = [g for g in groups
+                    if not _mismatch(g, model, cluster.world_size, training.global_batch)]
         if len(matching) != 1:
             what = "no group" if not matching else f"{len(matching)} groups"
             raise SpecError("launcher.replay.landscape", opts.landscape,
                             f"{what} of the file match(es) the study's model, world size "
-                            f"{spec.world_size} and global batch "
-                            f"{spec.training.global_batch}; set launcher.replay.group to one "
-                            f"of: {listing}", source=spec.source)
+                            f"{cluster.world_size} and global batch "
+                            f"{training.global_batch}; set launcher.replay.group to one "
+                            f"of: {listing}", source=source)
         return cls(matching[0])
 
     def fixed_layouts(self) -> tuple[Layout, ...]:
@@ -141,14 +142,15 @@ def _model_differences(table: ModelConfig, asked: ModelConfig) -> list[str]:
             for dim in _MODEL_DIMS if getattr(table, dim) != getattr(asked, dim)]
 
 
-def _mismatch(group: LandscapeGroup, spec: StudySpec) -> str:
-    """Why ``group`` cannot answer ``spec``'s trials (empty when it can)."""
-    problems = _model_differences(group.model, spec.model)
-    if group.cluster.world_size != spec.world_size:
-        problems.append(f"{group.cluster.world_size} devices (study: {spec.world_size})")
-    if group.global_batch != spec.training.global_batch:
-        problems.append(f"global batch {group.global_batch} "
-                        f"(study: {spec.training.global_batch})")
+def _mismatch(group: LandscapeGroup, model: ModelConfig, world_size: int,
+              global_batch: int) -> str:
+    """Why ``group`` cannot answer a study's trials of ``model`` on ``world_size`` devices
+    at ``global_batch`` (empty when it can)."""
+    problems = _model_differences(group.model, model)
+    if group.cluster.world_size != world_size:
+        problems.append(f"{group.cluster.world_size} devices (study: {world_size})")
+    if group.global_batch != global_batch:
+        problems.append(f"global batch {group.global_batch} (study: {global_batch})")
     return ", ".join(problems)
 
 

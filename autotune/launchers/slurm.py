@@ -43,13 +43,14 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config.launcher import SlurmOptions
 from autotune.errors import LaunchError
+from autotune.hostlist import parse_hostlist
 from autotune.launchers.base import Launcher, LaunchReport, TrialPaths
 from autotune.launchers.local import trainer_env
 from autotune.sites import SiteProfile, load_site
 from autotune.trial import TrialSpec
 
 if TYPE_CHECKING:
-    from autotune.spec import StudySpec
+    from autotune.config.cluster import ClusterConfig
 
 __all__ = ["SlurmLauncher", "allocation_job_id", "expand_hostlist", "node_groups",
            "step_name", "TERMINAL_STATES"]
@@ -76,47 +77,11 @@ def allocation_job_id(env: dict[str, str] | None = None) -> str:
 
 def expand_hostlist(hostlist: str) -> list[str]:
     """Host names of a SLURM host list (``node[01-03]``): ``scontrol show hostnames``, the
-    authority, or where it is not installed, :func:`parse_hostlist`.
-
-    >>> parse_hostlist("gpu[01-02,07],login1,r[1-2]n[3-4]")
-    ['gpu01', 'gpu02', 'gpu07', 'login1', 'r1n3', 'r1n4', 'r2n3', 'r2n4']
-    """
+    authority, or where it is not installed, :func:`autotune.hostlist.parse_hostlist`."""
     if shutil.which("scontrol") is None:
         return parse_hostlist(hostlist)
     out = _slurm(["scontrol", "show", "hostnames", hostlist])
     return [h for h in out.split() if h]
-
-
-def parse_hostlist(hostlist: str) -> list[str]:
-    """SLURM's host-list syntax in Python: comma-separated names, each with bracketed
-    lists of numbers and ranges (zero padding kept; several brackets multiply out)."""
-    entries, depth, start = [], 0, 0
-    for i, ch in enumerate(hostlist + ","):
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            entries.append(hostlist[start:i].strip())
-            start = i + 1
-    hosts: list[str] = []
-    for entry in filter(None, entries):
-        names = [""]
-        for text, spec in re.findall(r"([^\[\]]*)(?:\[([^\]]*)\])?", entry):
-            suffixes = [text]
-            if spec:
-                suffixes = [text + n for n in _bracket_numbers(spec, hostlist)]
-            names = [n + sfx for n in names for sfx in suffixes]
-        hosts.extend(names)
-    return hosts
-
-
-def _bracket_numbers(spec: str, hostlist: str) -> list[str]:
-    out = []
-    for part in spec.split(","):
-        lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise LaunchError(f"cannot read the SLURM host list {hostlist!r} ([{spec}])")
-        width = len(lo)
-        out += [str(n).zfill(width) for n in range(int(lo), int(hi or lo) + 1)]
-    return out
 
 
 def node_groups(nodes_per_trial: int, env: dict[str, str] | None = None) -> list[list[str]]:
@@ -172,9 +137,10 @@ class SlurmLauncher(Launcher):
         self._timeout_s = 0.0
 
     @classmethod
-    def for_study(cls, spec: StudySpec) -> SlurmLauncher:
-        """The launcher a study file asks for: its ``launcher.slurm`` options and node size."""
-        return cls(spec.launcher.slurm, devices_per_node=spec.cluster.devices_per_node)
+    def for_study(cls, options: SlurmOptions, cluster: ClusterConfig) -> SlurmLauncher:
+        """The launcher a study file asks for: its ``launcher.slurm`` options and the node
+        size of its ``cluster``."""
+        return cls(options, devices_per_node=cluster.devices_per_node)
 
     def _default_devices_per_node(self) -> int:
         """Ranks per node when not given: the allocation's ``--ntasks-per-node`` (campaign

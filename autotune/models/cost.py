@@ -11,9 +11,11 @@ TP all-reduces, its point-to-point sends): with equal stages this is the textboo
 of the data-parallel gradient reduction and ``T_opt`` the memory-bound optimizer step.
 
 Every term is one function below, citing its source. Constants are physical (datasheet
-peaks, published GEMM efficiencies, launch latencies), never fitted to a landscape; the
-one hook for measurements is :func:`calibrate`, a single scale factor that leaves the
-ranking alone. See ``docs/models.md``.
+peaks, published GEMM efficiencies, launch latencies: the device's entry in
+:data:`autotune.hardware.HARDWARE`), never fitted to a landscape; the hooks for
+measurements are :func:`calibrate`, a single scale factor that leaves the ranking alone,
+and a measured :class:`~autotune.models.profile.LayerProfile` passed as ``profile``. See
+``docs/models.md``.
 
 >>> from autotune.config.cluster import ClusterConfig
 >>> from autotune.config.model import MODEL_PRESETS
@@ -37,11 +39,10 @@ from autotune.hardware import DeviceSpec, LinkSpec
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.models.memory import dtype_bytes, params_per_rank
-from autotune.models.profile import LayerShape
+from autotune.models.profile import LayerProfile, LayerShape
 
 __all__ = [
     "StepEstimate",
-    "DevicePerf",
     "estimate_step",
     "gemm_efficiency",
     "gemm_time_s",
@@ -63,43 +64,8 @@ __all__ = [
     "link_level",
     "tp_link",
     "calibrate",
-    "device_perf",
 ]
 
-
-@dataclass(frozen=True)
-class DevicePerf:
-    """What the cost model needs beyond :class:`~autotune.hardware.DeviceSpec`."""
-
-    gemm_efficiency_max: float
-    """Fraction of the dense peak a large GEMM reaches (published measurements)."""
-    hbm_gbps: float
-    """Device memory bandwidth, GB/s (memory-bound kernels, optimizer step)."""
-    kernel_overhead_s: float = 5e-6
-    """Fixed cost per kernel: launch latency plus the eager-mode dispatch (~3-5 us on
-    CUDA, NVIDIA's CUDA C++ Best Practices Guide; similar for Level Zero)."""
-    host_op_s: float = 15e-6
-    """Host time to dispatch one framework operator (eager PyTorch)."""
-    fallback_peak_tflops: float | None = None
-    """Peak to assume when the device table has none (CPU)."""
-
-
-# Large-GEMM efficiency: A100 cuBLAS BF16/FP16 ~250 of 312 TFLOPS (NVIDIA, "A100 Tensor
-# Core GPU architecture" whitepaper and cuBLAS benchmarks); H100 SXM ~700-750 of 989
-# (NVIDIA Hopper tuning guide, cuBLAS 12); Max 1550 tile: 207 of 419 per tile with the
-# node busy (ALCF, shared/landscapes/README.md). HBM: A100-40GB 1,555 GB/s, A100-80GB
-# 2,039, H100 3,350, H200 4,800 (NVIDIA datasheets); Max 1550 3,277 GB/s per card, half
-# per tile (Intel datasheet). CPU: a rank's share of a small host (estimate).
-_PERF: dict[str, DevicePerf] = {
-    "a100-40gb": DevicePerf(0.80, 1555.0),
-    "a100-80gb": DevicePerf(0.80, 2039.0),
-    "h100": DevicePerf(0.72, 3350.0),
-    "h200": DevicePerf(0.72, 4800.0),
-    "max1550-tile": DevicePerf(0.49, 1638.0, kernel_overhead_s=8e-6),
-    "max1550-card": DevicePerf(0.49, 3277.0, kernel_overhead_s=8e-6),
-    "cpu": DevicePerf(0.5, 10.0, kernel_overhead_s=20e-6, fallback_peak_tflops=0.05),
-}
-_DEFAULT_PERF = DevicePerf(0.7, 2000.0)
 
 GEMM_RAMP_S = 5e-6
 """A GEMM reaches ``gemm_efficiency_max`` only when its ideal time is long against the
@@ -109,11 +75,6 @@ DP_OVERLAP_STAGES = (2, 3)
 """ZeRO stages whose gradient reduction DeepSpeed overlaps with the backward pass
 (``overlap_comm`` defaults to true for stages 2 and 3; stages 0-1 and the pipeline engine
 reduce after the backward / after the flush)."""
-
-
-def device_perf(name: str) -> DevicePerf:
-    """The :class:`DevicePerf` of a device-table name (a generic accelerator if unknown)."""
-    return _PERF.get(name, _DEFAULT_PERF)
 
 
 def link_level(span: int, cluster: ClusterConfig, devices_per_card: int) -> str:
@@ -142,7 +103,7 @@ def _link(spec: DeviceSpec, level: str) -> LinkSpec:
     return getattr(spec, level)
 
 
-def gemm_efficiency(flops: float, peak_flops: float, perf: DevicePerf) -> float:
+def gemm_efficiency(flops: float, peak_flops: float, spec: DeviceSpec) -> float:
     """Fraction of peak one GEMM of ``flops`` reaches: rising with the work per kernel.
 
     ``e(w) = e_max * w / (w + w_half)`` with ``w_half = peak * e_max * GEMM_RAMP_S``: the
@@ -150,19 +111,19 @@ def gemm_efficiency(flops: float, peak_flops: float, perf: DevicePerf) -> float:
     GEMMs (small micro-batch, sequence or hidden / tp) cannot fill the device's compute
     units (wave quantization; NVIDIA, "Matrix Multiplication Background User's Guide").
     """
-    w_half = peak_flops * perf.gemm_efficiency_max * GEMM_RAMP_S
-    return perf.gemm_efficiency_max * flops / (flops + w_half)
+    w_half = peak_flops * spec.gemm_efficiency_max * GEMM_RAMP_S
+    return spec.gemm_efficiency_max * flops / (flops + w_half)
 
 
-def gemm_time_s(flops: float, peak_flops: float, perf: DevicePerf) -> float:
+def gemm_time_s(flops: float, peak_flops: float, spec: DeviceSpec) -> float:
     """Time of one GEMM: ``flops / (peak * gemm_efficiency(flops))``."""
     if flops <= 0:
         return 0.0
-    return flops / (peak_flops * gemm_efficiency(flops, peak_flops, perf))
+    return flops / (peak_flops * gemm_efficiency(flops, peak_flops, spec))
 
 
 def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
-                         perf: DevicePerf, dtype: str) -> float:
+                         spec: DeviceSpec, dtype: str) -> float:
     """Forward time of one transformer layer for one micro-batch on one TP rank.
 
     GEMMs (per token: QKV ``2h(h+2kv)/t``, projection ``2h^2/t``, MLP ``2hf/t`` per
@@ -184,7 +145,7 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     attn = 4 * b * s * s * h / t
     flash = model.attention == "flash"
     gemms += [attn] if flash else [attn / 2, attn / 2]
-    time = sum(gemm_time_s(w, peak_flops, perf) for w in gemms)
+    time = sum(gemm_time_s(w, peak_flops, spec) for w in gemms)
     swiglu = model.mlp == "swiglu"
     mlp_elem = (5 if swiglu else 2) * f / t  # per token: elements read + written
     elem_bytes = tokens * (11 * h + mlp_elem) * dtype_bytes(dtype)
@@ -194,7 +155,7 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
         passes = 5 if model.dropout > 0 else 3
         elem_bytes += passes * model.n_head * s * s * b / t * dtype_bytes(dtype)
         n_elementwise += 2 if model.dropout > 0 else 1
-    time += elem_bytes / (perf.hbm_gbps * 1e9) + n_elementwise * perf.kernel_overhead_s
+    time += elem_bytes / (spec.hbm_gbps * 1e9) + n_elementwise * spec.kernel_overhead_s
     return time
 
 
@@ -206,7 +167,7 @@ HOST_SERIAL_FRACTION = 0.25
 balanced (see :func:`host_exposed_time_s`): a quarter, i.e. mostly asynchronous."""
 
 
-def host_layer_time_s(layout: Layout, perf: DevicePerf) -> float:
+def host_layer_time_s(layout: Layout, spec: DeviceSpec) -> float:
     """Host (Python + dispatcher) time of one layer for one micro-batch, all passes.
 
     Eager PyTorch spends ~10-20 us of CPU per operator (He, "Making Deep Learning Go
@@ -218,7 +179,7 @@ def host_layer_time_s(layout: Layout, perf: DevicePerf) -> float:
     ops = passes * HOST_OPS_PER_LAYER_PASS
     if layout.tp > 1:
         ops += 6 if layout.recompute == "full" else 4
-    return ops * perf.host_op_s
+    return ops * spec.host_op_s
 
 
 def host_exposed_time_s(device_s: float, host_s: float, *,
@@ -247,13 +208,13 @@ def host_exposed_time_s(device_s: float, host_s: float, *,
 
 
 def logits_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
-                          perf: DevicePerf) -> float:
+                          spec: DeviceSpec) -> float:
     """Forward time of the vocabulary-parallel output layer and the fp32 softmax/loss
     (``2 b s h V / t`` FLOPs; the logits read and written in fp32 about 3 times)."""
     b, s, t = layout.micro_batch, model.seq_len, layout.tp
     vocab = math.ceil(model.vocab_size / t)
-    gemm = gemm_time_s(2 * b * s * model.hidden * vocab, peak_flops, perf)
-    return gemm + 3 * b * s * vocab * 4 / (perf.hbm_gbps * 1e9) + 4 * perf.kernel_overhead_s
+    gemm = gemm_time_s(2 * b * s * model.hidden * vocab, peak_flops, spec)
+    return gemm + 3 * b * s * vocab * 4 / (spec.hbm_gbps * 1e9) + 4 * spec.kernel_overhead_s
 
 
 def ring_allreduce_time_s(n_bytes: float, ranks: int, link: LinkSpec) -> float:
@@ -311,13 +272,13 @@ def zero3_gather_time_s(n_params: int, layout: Layout, link: LinkSpec, dtype: st
     return passes * (per_pass + (layout.dp - 1) * link.latency_us * 1e-6)
 
 
-def optimizer_time_s(n_params: int, layout: Layout, perf: DevicePerf, dtype: str) -> float:
+def optimizer_time_s(n_params: int, layout: Layout, spec: DeviceSpec, dtype: str) -> float:
     """Adam step over the rank's shard: memory-bound, ~28-30 bytes read or written per
     parameter (fp32 master, momentum, variance read and written; gradient read; 16-bit
     weight written). ZeRO-1 and above update only ``1/dp`` of the parameters."""
     shard = n_params / layout.dp if layout.zero_stage >= 1 else n_params
     per_param = 28 if dtype == "fp32" else 30
-    return shard * per_param / (perf.hbm_gbps * 1e9)
+    return shard * per_param / (spec.hbm_gbps * 1e9)
 
 
 def pipeline_time_s(stage_times_s: list[float], micro_batches: int) -> float:
@@ -342,7 +303,7 @@ class LayerTime:
     host_s: float
     """Host dispatch time the device did not hide (0 when measured)."""
     measured: bool = False
-    """From ``cluster.profile`` rather than the analytic model."""
+    """From the layer profile rather than the analytic model."""
 
     @property
     def total_s(self) -> float:
@@ -350,8 +311,9 @@ class LayerTime:
 
 
 def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
-                dtype: str = "bf16") -> LayerTime:
-    """The layer time the step is composed of: measured where ``cluster.profile`` has the
+                dtype: str = "bf16", *, profile: LayerProfile | None = None) -> LayerTime:
+    """The layer time the step is composed of: measured where ``profile`` (the study's
+    ``cluster.profile``, :func:`autotune.models.profile.load_cluster_profile`) has the
     layer's shape (:mod:`autotune.models.profile`), else analytic.
 
     Analytic: the forward (:func:`layer_forward_time_s`) counted 3 times (backward = 2
@@ -364,8 +326,8 @@ def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
     and unmeasured layouts compete on one level (an analytic model 10% optimistic would
     otherwise favour every shape the profile left out).
     """
-    if cluster.profile is not None:
-        measured = cluster.profile.layer_time_s(LayerShape.of(
+    if profile is not None:
+        measured = profile.layer_time_s(LayerShape.of(
             model, layout, device=cluster.device, dtype=dtype, tp_link=tp_link(layout, cluster)))
         if measured is not None:
             # vTrain's method at layer granularity: the measurement already holds the
@@ -373,7 +335,7 @@ def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
             return LayerTime(measured, 0.0, 0.0, measured=True)
         # The scale is the stack's speed on this device (kernels, host), measured inside a
         # node: it scales compute and host time, not an all-reduce over another link.
-        k = profile_scale(model, cluster, dtype)
+        k = profile_scale(model, cluster, dtype, profile)
         t = analytic_layer(model, layout, cluster, dtype)
         return LayerTime(k * t.compute_s, t.tp_comm_s, k * t.host_s)
     return analytic_layer(model, layout, cluster, dtype)
@@ -383,23 +345,22 @@ def analytic_layer(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
                    dtype: str = "bf16") -> LayerTime:
     """The analytic :class:`LayerTime` (see :func:`layer_terms`), whatever the profile."""
     spec = cluster.device_spec()
-    perf = device_perf(spec.name)
-    peak = (spec.peak_tflops(dtype) or perf.fallback_peak_tflops or 1.0) * 1e12
+    peak = spec.peak_flops_or_fallback(dtype)
     rc = 1.0 if layout.recompute == "full" else 0.0
-    compute = (3.0 + rc) * layer_forward_time_s(model, layout, peak, perf, dtype)
+    compute = (3.0 + rc) * layer_forward_time_s(model, layout, peak, spec, dtype)
     tp_comm = tp_allreduce_time_s(model, layout, spec, tp_link(layout, cluster), dtype)
-    host = host_exposed_time_s(compute + tp_comm, host_layer_time_s(layout, perf))
+    host = host_exposed_time_s(compute + tp_comm, host_layer_time_s(layout, spec))
     return LayerTime(compute, tp_comm, host)
 
 
 @functools.lru_cache(maxsize=256)
-def profile_scale(model: ModelConfig, cluster: ClusterConfig, dtype: str) -> float:
+def profile_scale(model: ModelConfig, cluster: ClusterConfig, dtype: str,
+                  profile: LayerProfile | None) -> float:
     """How much slower than the analytic model this stack computes and dispatches a layer:
-    over the shapes of ``model``'s layer that ``cluster.profile`` measured on this device
+    over the shapes of ``model``'s layer that ``profile`` measured on ``cluster``'s device
     and dtype, the :func:`calibrate` scale (a geometric mean) of the analytic compute plus
     host time against the measured time less the analytic TP all-reduces; 1 when it
     measured none. Memoised: every layout of a study asks."""
-    profile = cluster.profile
     if profile is None:
         return 1.0
     measured, analytic = [], []
@@ -444,7 +405,7 @@ class StepEstimate:
     gemm_efficiency: float
     """Efficiency of the layer's largest GEMM (a diagnostic)."""
     profiled: bool = False
-    """The layer time is a measured one from ``cluster.profile``; ``compute_s`` then holds
+    """The layer time is a measured one from the layer profile; ``compute_s`` then holds
     the whole measured layer time (its TP all-reduces and exposed host time included) and
     ``tp_comm_s`` and ``host_s`` are zero."""
 
@@ -466,19 +427,19 @@ class _Stage:
 
 
 def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
-                  dtype: str = "bf16") -> StepEstimate:
-    """Predicted step time and throughput of ``layout`` on ``cluster`` (pure function)."""
+                  dtype: str = "bf16", profile: LayerProfile | None = None) -> StepEstimate:
+    """Predicted step time and throughput of ``layout`` on ``cluster`` (pure function);
+    with measured layer times where ``profile`` has them (:func:`layer_terms`)."""
     spec = cluster.device_spec()
-    perf = device_perf(spec.name)
-    peak = (spec.peak_tflops(dtype) or perf.fallback_peak_tflops or 1.0) * 1e12
+    peak = spec.peak_flops_or_fallback(dtype)
     dpc = spec.devices_per_card
     lay, m, p = layout, layout.grad_accum, layout.pp
     rc = 1.0 if lay.recompute == "full" else 0.0
     layers = math.ceil(model.n_layer / p)
 
-    layer = layer_terms(model, lay, cluster, dtype)
+    layer = layer_terms(model, lay, cluster, dtype, profile=profile)
     layer_compute, tp_comm, exposed_host = layer.compute_s, layer.tp_comm_s, layer.host_s
-    logits = 3.0 * logits_forward_time_s(model, lay, peak, perf)
+    logits = 3.0 * logits_forward_time_s(model, lay, peak, spec)
     p2p = p2p_time_s(model, lay, spec, link_level(lay.world_size, cluster, dpc), dtype)
     dp_link = _link(spec, link_level(lay.tp * lay.dp, cluster, dpc)) if lay.dp > 1 else None
 
@@ -505,7 +466,7 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
         if p == 1 and lay.zero_stage in DP_OVERLAP_STAGES:
             # hidden behind the last backward (2 of the layer's 3 or 4 forward-equivalents)
             dp = max(0.0, dp - layers * layer_compute * 2.0 / (3.0 + rc))
-    opt = optimizer_time_s(n_max, lay, perf, dtype)
+    opt = optimizer_time_s(n_max, lay, spec, dtype)
     step = pipe + dp + opt
 
     world = lay.world_size
@@ -524,7 +485,7 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
         step_time_s=step,
         model_tflops_per_device=model_flops / (step * world) / 1e12,
         hardware_tflops_per_device=hw_flops / (step * world) / 1e12,
-        gemm_efficiency=gemm_efficiency(big, peak, perf),
+        gemm_efficiency=gemm_efficiency(big, peak, spec),
         profiled=layer.measured,
     )
 

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 from autotune.config.model import ModelConfig
+from autotune.hardware import DEFAULT_RUNTIME_BYTES, HARDWARE
 from autotune.layout import Layout
 
 __all__ = [
@@ -46,24 +47,8 @@ __all__ = [
     "optimizer_temp_bytes",
     "dtype_bytes",
     "CPU_ALLOCATOR_OVERHEAD",
-    "RUNTIME_BYTES",
     "COMM_BUCKET_ELEMENTS",
 ]
-
-MiB = 1024**2
-GiB = 1024**3
-
-RUNTIME_BYTES: dict[str, int] = {
-    # Measured here: `python -c "import torch, deepspeed, torch.distributed"` peaks at
-    # ~245 MiB RSS (torch 2.13 CPU, DeepSpeed 0.19); a trainer rank adds the gloo process
-    # group, the DeepSpeed engine and autograd bookkeeping. Calibrated once against the
-    # trainer's peak RSS of a near-empty model (tests/models/test_memory_vs_trainer.py).
-    "cpu": 420 * MiB,
-    # Accelerators: the CUDA/Level-Zero context (~0.5-1 GiB, outside the caching
-    # allocator but inside the device's capacity) plus NCCL/oneCCL channel buffers.
-    "default": 1536 * MiB,
-}
-"""Fixed per-rank allowance for the runtime, by device name ("default" for accelerators)."""
 
 CPU_ALLOCATOR_OVERHEAD = 1.15
 """Peak RSS over live bytes on CPU (allocator retention), charged to ``runtime_bytes``."""
@@ -267,10 +252,12 @@ def optimizer_temp_bytes(n_params: int, layout: Layout) -> int:
 
 
 def runtime_bytes(device: str | None) -> int:
-    """The fixed runtime allowance of :data:`RUNTIME_BYTES` for a device name."""
-    if device is None:
-        return RUNTIME_BYTES["default"]
-    return RUNTIME_BYTES.get(device, RUNTIME_BYTES["default"])
+    """The fixed runtime allowance of a device-table name
+    (:attr:`~autotune.hardware.DeviceSpec.runtime_bytes`); an accelerator's
+    (:data:`~autotune.hardware.DEFAULT_RUNTIME_BYTES`) for ``None`` or a name the table
+    does not hold."""
+    spec = HARDWARE.get(device) if device is not None else None
+    return spec.runtime_bytes if spec is not None else DEFAULT_RUNTIME_BYTES
 
 
 @dataclass(frozen=True)

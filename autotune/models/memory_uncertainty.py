@@ -70,7 +70,6 @@ from enum import Enum
 from autotune.config.model import ModelConfig
 from autotune.layout import Layout
 from autotune.models.memory import (
-    RUNTIME_BYTES,
     MemoryEstimate,
     buffer_bytes,
     layer_activation_bytes,
@@ -110,7 +109,8 @@ RUNTIME_SD_FRACTION = 1 / 3
 """Relative sd of the accelerator runtime allowance (1.5 +- 0.5 GiB)."""
 
 CPU_RUNTIME_SD_FRACTION = 0.10
-"""Relative sd of the CPU runtime allowance, which was measured (memory.RUNTIME_BYTES)."""
+"""Relative sd of the CPU runtime allowance, which was measured (the ``cpu`` entry's
+``runtime_bytes`` in autotune/hardware.py)."""
 
 
 class Verdict(str, Enum):
@@ -291,10 +291,11 @@ def runtime_sigma_bytes(device: str | None) -> int:
     in each of the TP, PP and DP communicators: tens of MiB to ~1 GiB; oneCCL likewise),
     cuBLAS/oneDNN workspaces (``CUBLAS_WORKSPACE_CONFIG``: tens of MiB per stream). sd:
     :data:`RUNTIME_SD_FRACTION` of it, 0.5 GiB. CPU: the allowance was measured
-    (``RUNTIME_BYTES``'s comment), sd :data:`CPU_RUNTIME_SD_FRACTION`.
+    (the comment on the ``cpu`` entry's ``runtime_bytes`` in ``autotune/hardware.py``),
+    sd :data:`CPU_RUNTIME_SD_FRACTION`.
     """
     if device == "cpu":
-        return int(CPU_RUNTIME_SD_FRACTION * RUNTIME_BYTES["cpu"])
+        return int(CPU_RUNTIME_SD_FRACTION * runtime_bytes("cpu"))
     return int(RUNTIME_SD_FRACTION * runtime_bytes(device))
 
 

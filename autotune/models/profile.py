@@ -21,6 +21,9 @@ intercept. ``autotune profile`` measures such pairs with the trainer on ``tp`` d
 ``--from-landscape`` reads them from a published table.
 
 A profile is a tagged JSON file (``"kind": "autotune-layer-profile"``), written atomically.
+A study names one in ``cluster.profile``; :func:`load_cluster_profile` reads it once, when
+the study is loaded, and its callers hand it to the cost model
+(``estimate_step(..., profile=...)``).
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ from typing import Any
 
 from autotune.atomic import write_json_atomic
 from autotune.config._fields import check_choice, check_float, check_int, check_keys
+from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS, MLP_KINDS, ModelConfig
 from autotune.errors import SpecError
 from autotune.hardware import HARDWARE
 from autotune.layout import RECOMPUTE_CHOICES, Layout, Recompute
 
 __all__ = ["LayerShape", "ProfileEntry", "LayerProfile", "PROFILE_KIND", "PROFILE_VERSION",
-           "load_profile"]
+           "load_profile", "load_cluster_profile"]
 
 PROFILE_KIND = "autotune-layer-profile"
 DTYPES = ("fp32", "bf16", "fp16")
@@ -250,3 +254,31 @@ def load_profile(path: str | os.PathLike[str]) -> LayerProfile:
         raise SpecError("profile", str(p), f"not valid JSON ({err.msg}, line {err.lineno})"
                         ) from None
     return replace(LayerProfile.from_dict(data, source=str(p)), path=str(p))
+
+
+def load_cluster_profile(cluster: ClusterConfig, model: ModelConfig,
+                         dtype: str) -> LayerProfile | None:
+    """The profile ``cluster.profile`` names (``None`` if it names none), read and checked
+    against the study's layer. Every error is a :class:`SpecError` of ``cluster.profile``:
+    the file missing or unreadable, an entry malformed (the message names the file and
+    the entry's field), or no entry for ``model``'s layer on this device in ``dtype`` (a
+    profile of another model would silently do nothing)."""
+    path = cluster.profile_path
+    if path is None:
+        return None
+    try:
+        profile = load_profile(path)
+    except SpecError as err:
+        if err.field == "profile":  # the file itself: missing, unreadable
+            raise SpecError("cluster.profile", err.value, err.allowed) from None
+        # Something inside the file: name the file and the entry's field.
+        raise SpecError("cluster.profile", str(path),
+                        f"in the file, {err.field}: got {err.value!r}; {err.allowed}") from None
+    if not profile.covers(model, device=cluster.device, dtype=dtype):
+        raise SpecError("cluster.profile", profile.label,
+                        f"allowed: a profile with entries for this model's layer "
+                        f"(hidden {model.hidden}, {model.n_head} heads, "
+                        f"sequence {model.seq_len}) on {cluster.device} in "
+                        f"{dtype}; this one has {len(profile)} entries "
+                        "for other layers (autotune profile STUDY measures them)")
+    return profile

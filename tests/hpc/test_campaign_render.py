@@ -223,7 +223,7 @@ def test_a_relative_profile_is_read_beside_the_study_and_pinned_for_the_workers(
     monkeypatch.chdir(elsewhere)
     campaign = load(camp_dir / "camp.yaml")
     spec = campaign.studies[0].spec
-    assert spec.cluster.profile is not None and len(spec.cluster.profile) == 1
+    assert spec.profile is not None and len(spec.profile) == 1
     doc = study_document(campaign, campaign.studies[0])
     pinned = Path(doc["cluster"]["profile"])
     assert pinned.is_absolute() and pinned == (studies / "profiles" / "tiny.json").resolve()

@@ -1,4 +1,5 @@
-"""SLURM host lists: the Python reader (used where ``scontrol`` is absent) against scontrol."""
+"""SLURM host lists: the one Python reader (the launcher's where ``scontrol`` is absent, and
+the trainer's for its rendezvous host) against scontrol."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import subprocess
 import pytest
 
 from autotune.errors import LaunchError
-from autotune.launchers.slurm import parse_hostlist
+from autotune.hostlist import parse_hostlist
 
-CASES = ["node[01-04]", "a,b", "gpu[01-02,07],login1", "r[1-2]n[3-4]", "x[8-11]", "solo"]
+CASES = ["node[01-04]", "a,b", "gpu[01-02,07],login1", "r[1-2]n[3-4]", "x[8-11]", "solo",
+         "a[8-10],b[1,3]", "gpu[007-008]-ib,cpu1"]
 
 
 def test_the_python_reader_expands_ranges_lists_padding_and_products() -> None:
@@ -18,6 +20,11 @@ def test_the_python_reader_expands_ranges_lists_padding_and_products() -> None:
     assert parse_hostlist("gpu[01-02,07],login1") == ["gpu01", "gpu02", "gpu07", "login1"]
     assert parse_hostlist("r[1-2]n[3-4]") == ["r1n3", "r1n4", "r2n3", "r2n4"]
     assert parse_hostlist("x[8-11]") == ["x8", "x9", "x10", "x11"]
+    # the cases the trainer's own reader had (it now uses this one)
+    assert parse_hostlist("node01") == ["node01"]
+    assert parse_hostlist("node[01-03,07]") == ["node01", "node02", "node03", "node07"]
+    assert parse_hostlist("a[8-10],b[1,3]") == ["a8", "a9", "a10", "b1", "b3"]
+    assert parse_hostlist("gpu[007-008]-ib,cpu1") == ["gpu007-ib", "gpu008-ib", "cpu1"]
     with pytest.raises(LaunchError, match="cannot read the SLURM host list"):
         parse_hostlist("node[a-b]")
 

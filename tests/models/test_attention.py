@@ -10,6 +10,7 @@ import pytest
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import MODEL_PRESETS, ModelConfig
 from autotune.errors import SpecError
+from autotune.hardware import get_device
 from autotune.landscape import load_landscape
 from autotune.layout import Layout
 from autotune.models import cost
@@ -49,7 +50,7 @@ def test_explicit_attention_stores_the_score_matrix() -> None:
 
 
 def test_explicit_attention_costs_score_passes_and_two_gemms() -> None:
-    perf, peak = cost.device_perf("a100-80gb"), 312e12
+    perf, peak = get_device("a100-80gb"), 312e12
     dropped = replace(M, dropout=0.1)  # Megatron's default: the 5 passes of the docstring
     flash = cost.layer_forward_time_s(dropped, LAY, peak, perf, "bf16")
     explicit = cost.layer_forward_time_s(replace(dropped, attention="explicit"), LAY, peak,

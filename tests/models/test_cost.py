@@ -48,7 +48,7 @@ def test_link_levels_follow_the_rank_order() -> None:
 
 
 def test_gemm_efficiency_rises_with_work_and_saturates() -> None:
-    perf = cost.device_perf("a100-80gb")
+    perf = get_device("a100-80gb")
     peak = 312e12
     effs = [cost.gemm_efficiency(w, peak, perf) for w in (1e8, 1e9, 1e10, 1e11, 1e13)]
     assert effs == sorted(effs) and effs[-1] < perf.gemm_efficiency_max
@@ -76,9 +76,8 @@ def test_p2p_dp_zero3_optimizer_terms() -> None:
     z3 = cost.zero3_gather_time_s(1000, lay(dp=4, zero_stage=3), link, "bf16")
     assert math.isclose(z3, 3 * (3 / 4 * 2000 / (link.gbps * 1e9) + 3 * link.latency_us * 1e-6))
     assert cost.zero3_gather_time_s(1000, lay(dp=4, zero_stage=1), link, "bf16") == 0.0
-    perf = cost.device_perf("a100-80gb")
-    assert math.isclose(cost.optimizer_time_s(1000, lay(dp=4, zero_stage=1), perf, "bf16"),
-                        250 * 30 / (perf.hbm_gbps * 1e9))
+    assert math.isclose(cost.optimizer_time_s(1000, lay(dp=4, zero_stage=1), spec, "bf16"),
+                        250 * 30 / (spec.hbm_gbps * 1e9))
 
 
 def test_breakdown_adds_up_and_throughput_is_consistent() -> None:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from autotune.config.model import ModelConfig
+from autotune.hardware import DEFAULT_RUNTIME_BYTES, HARDWARE, MiB
 from autotune.layout import Layout
 from autotune.models import memory as mem
 
@@ -97,8 +98,9 @@ def test_buffers_runtime_and_peak_is_the_sum() -> None:
     assert mem.buffer_bytes(M, lay(dp=2), "bf16", n) == 4 * n
     z3 = mem.buffer_bytes(M, lay(dp=2, zero_stage=3), "bf16", n)
     assert z3 == 4 * n + 2 * mem.layer_params_per_rank(M, 1) * 2
-    assert mem.runtime_bytes("cpu") == mem.RUNTIME_BYTES["cpu"]
-    assert mem.runtime_bytes("h100") == mem.runtime_bytes(None) == mem.RUNTIME_BYTES["default"]
+    assert mem.runtime_bytes("cpu") == HARDWARE["cpu"].runtime_bytes == 420 * MiB
+    assert (mem.runtime_bytes("h100") == mem.runtime_bytes(None) == HARDWARE["h100"].runtime_bytes
+            == DEFAULT_RUNTIME_BYTES == 1536 * MiB)
     est = mem.estimate_memory(M, lay(pp=2), dtype="bf16", device="h100")
     terms = (est.weights_bytes + est.grads_bytes + est.optimizer_bytes + est.activations_bytes
              + est.logits_bytes + est.buffers_bytes + est.runtime_bytes)

@@ -44,8 +44,8 @@ def test_flat_partition_logits_buffers_runtime_fragmentation_by_hand() -> None:
     n = mem.params_per_rank(M, lay(), "only")
     buf, temp = mem.buffer_bytes(M, lay(), "bf16", n), mem.optimizer_temp_bytes(n, lay())
     assert unc.buffer_sigma_bytes(M, lay(), "bf16", n) == int(math.hypot(buf / 2, temp / 2))
-    assert unc.runtime_sigma_bytes("h100") == int(mem.RUNTIME_BYTES["default"] / 3)
-    assert unc.runtime_sigma_bytes("cpu") == int(0.10 * mem.RUNTIME_BYTES["cpu"])
+    assert unc.runtime_sigma_bytes("h100") == int(mem.runtime_bytes("h100") / 3)
+    assert unc.runtime_sigma_bytes("cpu") == int(0.10 * mem.runtime_bytes("cpu"))
     # recompute and ZeRO-3 make the allocator's pattern irregular (GMLake): twice the sd
     assert unc.fragmentation_sigma_bytes(lay(), 1000) == 50
     assert unc.fragmentation_sigma_bytes(lay(recompute="full"), 1000) == 100

@@ -9,6 +9,7 @@ import pytest
 
 from autotune.config.model import MODEL_PRESETS, ModelConfig
 from autotune.errors import SpecError
+from autotune.hardware import get_device
 from autotune.layout import Layout
 from autotune.models import cost
 from autotune.models import memory as mem
@@ -86,7 +87,7 @@ def test_cost_layer_time_adds_one_gemm_and_the_gating_traffic() -> None:
     m = ModelConfig(n_layer=8, hidden=1024, n_head=16, seq_len=1024, ffn_hidden=2816,
                     mlp="swiglu")
     layout = Layout(tp=2, pp=1, dp=4, micro_batch=2, grad_accum=1)
-    perf, peak = cost.device_perf("a100-80gb"), 312e12
+    perf, peak = get_device("a100-80gb"), 312e12
     tokens, h, f, t = 2 * 1024, 1024, 2816, 2
 
     def fwd(model: ModelConfig) -> float:

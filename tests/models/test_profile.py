@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autotune.candidates import rank_candidates
+from autotune.candidates import Candidate, rank_candidates
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
+from autotune.feasibility import Constraints
 from autotune.landscape import LandscapeGroup, load_landscape
 from autotune.layout import Layout
 from autotune.models import cost
@@ -34,7 +35,7 @@ from autotune.models.profile_fit import (
     landscape_samples,
     layer_slots,
 )
-from autotune.spec import parse_study
+from autotune.spec import StudySpec, parse_study
 from tests.test_landscape import SHARED
 
 M = ModelConfig(n_layer=9, hidden=1024, n_head=16, seq_len=1024, vocab_size=51200)
@@ -238,18 +239,24 @@ def test_non_positive_slopes_and_bad_samples_are_dropped() -> None:
 
 # -- the cost model ---------------------------------------------------------------------------
 
-def with_profile(entries: dict[LayerShape, float]) -> ClusterConfig:
-    return replace(A100, profile=LayerProfile(tuple(ProfileEntry(s, t)
-                                                    for s, t in entries.items())))
+def ranked(spec: StudySpec) -> list[Candidate]:
+    """The study's candidates, ranked with its own profile (as the planner ranks them)."""
+    constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
+                                           spec.trial)
+    return rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
+                           constraints, profile=spec.profile)
+
+
+def profile_of(entries: dict[LayerShape, float]) -> LayerProfile:
+    return LayerProfile(tuple(ProfileEntry(s, t) for s, t in entries.items()))
 
 
 def logits_s(layout: Layout) -> float:
     """Output layer and loss, forward and backward, for one micro-batch (the last stage)."""
     spec = A100.device_spec()
-    perf = cost.device_perf(spec.name)
     peak = spec.peak_tflops("bf16")
     assert peak is not None
-    return 3.0 * cost.logits_forward_time_s(M, layout, peak * 1e12, perf)
+    return 3.0 * cost.logits_forward_time_s(M, layout, peak * 1e12, spec)
 
 
 def analytic_layer_s(est: cost.StepEstimate, layout: Layout) -> float:
@@ -268,7 +275,7 @@ def test_pp1_step_moves_by_m_times_l_times_the_layer_time_difference(recompute: 
     assert not a.profiled and a.tp_comm_s > 0 and a.host_s >= 0
     t_a = analytic_layer_s(a, lay)
     t = 0.6 * t_a
-    p = cost.estimate_step(M, lay, with_profile({shape(lay): t}))
+    p = cost.estimate_step(M, lay, A100, profile=profile_of({shape(lay): t}))
     m, n = lay.grad_accum, M.n_layer
     assert p.profiled and p.tp_comm_s == 0.0 and p.host_s == 0.0
     assert math.isclose(p.compute_s, m * (n * t + logits_s(lay)), rel_tol=1e-12)
@@ -284,7 +291,7 @@ def test_pp2_step_is_the_1f1b_composition_of_measured_stages() -> None:
     lay = Layout(tp=2, pp=2, dp=2, micro_batch=2, grad_accum=4)
     a = cost.estimate_step(M, lay, A100)
     t = 2.5e-3
-    p = cost.estimate_step(M, lay, with_profile({shape(lay): t}))
+    p = cost.estimate_step(M, lay, A100, profile=profile_of({shape(lay): t}))
     m, per_stage = lay.grad_accum, math.ceil(M.n_layer / 2)
     p2p = a.pp_p2p_s / m  # unchanged by a profile: from the analytic breakdown
     first = per_stage * t + p2p
@@ -306,9 +313,10 @@ def test_pp2_step_is_the_1f1b_composition_of_measured_stages() -> None:
 def test_a_profile_of_another_layer_or_device_changes_nothing(change: dict[str, Any]) -> None:
     for lay in (TP2, Layout(tp=2, pp=2, dp=2, micro_batch=2, grad_accum=4)):
         analytic = cost.estimate_step(M, lay, A100)
-        other = cost.estimate_step(M, lay, with_profile({shape(lay, **change): 1e-6}))
+        prof = profile_of({shape(lay, **change): 1e-6})
+        other = cost.estimate_step(M, lay, A100, profile=prof)
         assert other == analytic and not other.profiled
-        assert cost.profile_scale(M, with_profile({shape(lay, **change): 1e-6}), "bf16") == 1
+        assert cost.profile_scale(M, A100, "bf16", prof) == 1
 
 
 @pytest.mark.parametrize("change", [{"tp": 4}, {"micro_batch": 1}, {"recompute": "full"}],
@@ -321,22 +329,23 @@ def test_other_shapes_of_the_layer_set_the_level_of_the_unmeasured(
     for lay in (TP2, Layout(tp=2, pp=2, dp=2, micro_batch=2, grad_accum=4)):
         other = replace(lay, **change)
         o = cost.layer_terms(M, other, A100, "bf16")
-        cluster = with_profile({shape(other): 1.5 * (o.compute_s + o.host_s) + o.tp_comm_s})
-        assert cost.profile_scale(M, cluster, "bf16") == pytest.approx(1.5, rel=1e-12)
+        prof = profile_of({shape(other): 1.5 * (o.compute_s + o.host_s) + o.tp_comm_s})
+        assert cost.profile_scale(M, A100, "bf16", prof) == pytest.approx(1.5, rel=1e-12)
         a = cost.layer_terms(M, lay, A100, "bf16")
-        scaled = cost.layer_terms(M, lay, cluster, "bf16")
+        scaled = cost.layer_terms(M, lay, A100, "bf16", profile=prof)
         assert not scaled.measured
         assert scaled.compute_s == pytest.approx(1.5 * a.compute_s, rel=1e-12)
         assert scaled.host_s == pytest.approx(1.5 * a.host_s, rel=1e-12)
         assert scaled.tp_comm_s == a.tp_comm_s
-        est_a, est = cost.estimate_step(M, lay, A100), cost.estimate_step(M, lay, cluster)
+        est_a, est = cost.estimate_step(M, lay, A100), cost.estimate_step(M, lay, A100,
+                                                                           profile=prof)
         assert not est.profiled
         assert est.optimizer_s == est_a.optimizer_s and est.pp_p2p_s == est_a.pp_p2p_s
         assert est.step_time_s > est_a.step_time_s
 
 
 def test_a_profile_in_the_study_reorders_the_planner(tmp_path: Path) -> None:
-    """The profile reaches the ranking through the study's ``cluster``: one shape measured
+    """The profile reaches the ranking from the study's ``cluster.profile``: one shape measured
     10x faster than the analytic model says puts a layout of that shape first."""
     study: dict[str, Any] = {
         "name": "prof",
@@ -346,7 +355,7 @@ def test_a_profile_in_the_study_reorders_the_planner(tmp_path: Path) -> None:
         "training": {"global_batch": 16, "dtype": "bf16"},
         "search": {"tp": [1, 2, 4, 8], "pp": [1, 2], "micro_batch": [1, 2], "zero_stage": [0],
                    "recompute": ["none"]}}
-    analytic = rank_candidates(parse_study(study))
+    analytic = ranked(parse_study(study))
     winner = shape(analytic[0].layout)
     # the best-ranked layout of another shape (another tp or micro-batch)
     second = next(c.layout for c in analytic if shape(c.layout) != winner)
@@ -355,17 +364,17 @@ def test_a_profile_in_the_study_reorders_the_planner(tmp_path: Path) -> None:
     path = tmp_path / "prof.json"
     LayerProfile((ProfileEntry(shape(second), t / 10),)).save(path)
     spec = parse_study({**study, "cluster": {**study["cluster"], "profile": str(path)}})
-    ranked = rank_candidates(spec)
-    assert shape(ranked[0].layout) == shape(second) != winner, ranked[0].layout.key()
-    assert cost.estimate_step(spec.model, ranked[0].layout, spec.cluster).profiled
+    best = ranked(spec)[0].layout
+    assert shape(best) == shape(second) != winner, best.key()
+    assert cost.estimate_step(spec.model, best, spec.cluster, profile=spec.profile).profiled
 
 
 # -- the published table, held out ------------------------------------------------------------
 
-def _best_in_predicted_top3(group: LandscapeGroup, cluster: ClusterConfig) -> bool:
+def _best_in_predicted_top3(group: LandscapeGroup, profile: LayerProfile | None) -> bool:
     ok = group.ok()
-    predicted = [cost.estimate_step(group.model, m.layout, cluster, dtype=group.dtype)
-                 .model_tflops_per_device for m in ok]
+    predicted = [cost.estimate_step(group.model, m.layout, group.cluster, dtype=group.dtype,
+                                    profile=profile).model_tflops_per_device for m in ok]
     best = int(np.argmax([m.model_tflops_per_device or 0.0 for m in ok]))
     return best in sorted(range(len(ok)), key=lambda i: -predicted[i])[:3]
 
@@ -382,11 +391,9 @@ def test_a_profile_fitted_on_other_depths_closes_the_24_layer_misses() -> None:
     held = [g for g in groups if g.model.n_layer == 24 and len(g.ok()) >= 8]
     assert len(held) >= 10
     for g in held:  # every held-out layout's shape was measured at another depth
-        cluster = replace(g.cluster, profile=prof)
-        assert all(cost.estimate_step(g.model, m.layout, cluster, dtype=g.dtype).profiled
-                   for m in g.ok()), g.name
-    misses_analytic = [g.name for g in held if not _best_in_predicted_top3(g, g.cluster)]
-    misses_profiled = [g.name for g in held
-                       if not _best_in_predicted_top3(g, replace(g.cluster, profile=prof))]
+        assert all(cost.estimate_step(g.model, m.layout, g.cluster, dtype=g.dtype,
+                                      profile=prof).profiled for m in g.ok()), g.name
+    misses_analytic = [g.name for g in held if not _best_in_predicted_top3(g, None)]
+    misses_profiled = [g.name for g in held if not _best_in_predicted_top3(g, prof)]
     assert misses_profiled == []
     assert misses_analytic, "the analytic model alone already gets every group"

@@ -16,6 +16,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from autotune.config.study import StorageConfig
+from autotune.hardware import GiB
 from autotune.layout import Layout
 from autotune.outcome import Outcome
 from autotune.records import TrialFacts, measurement_row, user_attrs
@@ -24,7 +25,6 @@ from autotune.storage import Storage, open_storage
 from autotune.study import open_study
 from autotune.trial import TrialResult
 
-GiB = 2**30
 WORLD, GLOBAL_BATCH = 8, 32
 
 # (tp, pp, micro_batch, zero, outcome, TFLOPS/device or None, predicted memory GiB)

@@ -87,7 +87,7 @@ def test_status_and_the_final_summary_show_the_reason(tmp_path: Path,
     path.write_text(yaml.safe_dump(_doc(tmp_path, CERTAIN)))
     # `autotune run` itself, with its launchers replaced by the replay of the table.
     monkeypatch.setattr("autotune.launchers.make_launchers",
-                        lambda _spec: [ReplayLauncher(synthetic_group())])
+                        lambda *_configs, **_source: [ReplayLauncher(synthetic_group())])
     assert cli.main(["run", str(path)]) == cli.EXIT_OK
     out = capsys.readouterr()
     assert "[autotune] search stopped: expected improvement" in out.err

@@ -8,12 +8,18 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.launchers import make_launchers
+from autotune.launchers import Launcher, make_launchers
 from autotune.launchers.local import LocalLauncher
 from autotune.spec import load_study
 from autotune.storage import open_storage
 from autotune.study import run_study
 from tests.helpers import write_study
+
+
+def _launchers(path: Path) -> list[Launcher]:
+    spec = load_study(path)
+    return make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,
+                          source=spec.source)
 
 
 def test_an_allocation_of_twice_the_study_nodes_gives_two_disjoint_launchers(
@@ -23,10 +29,10 @@ def test_an_allocation_of_twice_the_study_nodes_gives_two_disjoint_launchers(
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[01-04]")
     path = write_study(tmp_path / "s.yaml", launcher={"kind": "slurm"},
                        cluster={"nodes": 2, "devices_per_node": 2, "device": "cpu"})
-    launchers = make_launchers(load_study(path))
+    launchers = _launchers(path)
     assert [lz.nodelist for lz in launchers] == [["node01", "node02"], ["node03", "node04"]]
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[01-03]")
-    assert len(make_launchers(load_study(path))) == 1  # 3 nodes hold one 2-node trial
+    assert len(_launchers(path)) == 1  # 3 nodes hold one 2-node trial
 
 
 @pytest.mark.slow
