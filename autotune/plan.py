@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.candidates import partition_space, rank_candidates
+from autotune.candidates import partition_space, rank_layouts
 from autotune.errors import SpecError
 from autotune.feasibility import REASON_CODES, Constraints
 from autotune.layout import Layout
@@ -82,7 +82,7 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
                                            spec.trial)
     feasible, excluded = partition_space(spec, constraints)
-    ranked = rank_candidates(spec, constraints)
+    ranked = rank_layouts(spec, feasible)  # rank_candidates would check the space again
     dtype, device = spec.training.dtype, spec.cluster.device
     rows = tuple(
         PlanRow(i + 1, c.layout,
