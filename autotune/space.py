@@ -5,6 +5,11 @@ is chosen by (tp, pp, micro_batch, zero_stage, recompute). :func:`enumerate_layo
 lists every such combination with integral dp and grad_accum; the feasibility check then
 decides which can run. The search, the planner and the replay launcher all draw from it.
 
+A space may hold at most :data:`MAX_LAYOUTS` combinations (:func:`check_space_size`, run
+when a study file is loaded and before every enumeration): each costs a feasibility check
+and a cost-model estimate, so the bound is what keeps ``autotune plan`` within seconds
+whatever a study file says (issue #17: ``devices_per_node: 10**20`` with ``auto`` axes hung).
+
 >>> from autotune.config.study import SearchConfig
 >>> lays = enumerate_layouts(SearchConfig(zero_stage=(1,), recompute=("none",)),
 ...                          world_size=4, global_batch=8)
@@ -14,14 +19,26 @@ decides which can run. The search, the planner and the replay launcher all draw 
 
 from __future__ import annotations
 
+from math import isqrt
+
 from autotune.config.study import SearchConfig
+from autotune.errors import SpecError
 from autotune.layout import Layout
 
-__all__ = ["axis_choices", "enumerate_layouts"]
+__all__ = ["axis_choices", "enumerate_layouts", "space_size", "check_space_size",
+           "MAX_LAYOUTS"]
+
+MAX_LAYOUTS = 100_000
+"""Most layout combinations a study's space may have (counted as (tp, pp) pairs that divide
+the world size x micro-batch sizes x ZeRO stages x recompute choices). The largest shipped
+study (GPT-175B on 1,024 devices, every axis ``auto``) has 2,904; ``autotune plan`` checks
+and estimates some 50,000 layouts a second (2 s at the limit on one core)."""
 
 
 def _divisors(n: int) -> tuple[int, ...]:
-    return tuple(d for d in range(1, n + 1) if n % d == 0)
+    """Every divisor of ``n``, ascending, in O(sqrt n) steps (a world size may be 10**8)."""
+    small = [d for d in range(1, isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted({*small, *(n // d for d in small)}))
 
 
 def axis_choices(search: SearchConfig, world_size: int, global_batch: int) -> dict[str, tuple]:
@@ -36,8 +53,34 @@ def axis_choices(search: SearchConfig, world_size: int, global_batch: int) -> di
             "zero_stage": tuple(search.zero_stage), "recompute": tuple(search.recompute)}
 
 
+def space_size(search: SearchConfig, world_size: int, global_batch: int) -> tuple[int, str]:
+    """How many combinations :func:`enumerate_layouts` would go through (an upper bound of
+    its layouts), and how that number is made up (for messages)."""
+    axes = axis_choices(search, world_size, global_batch)
+    tps = [tp for tp in axes["tp"] if world_size % tp == 0]
+    pairs = sum(1 for tp in tps for pp in axes["pp"] if (world_size // tp) % pp == 0)
+    rest = {k: len(axes[k]) for k in ("micro_batch", "zero_stage", "recompute")}
+    n = pairs * rest["micro_batch"] * rest["zero_stage"] * rest["recompute"]
+    how = (f"{pairs} (tp, pp) pairs dividing the world size {world_size} (of "
+           f"{len(axes['tp'])} tp x {len(axes['pp'])} pp values) x "
+           + " x ".join(f"{v} {k}" for k, v in rest.items()))
+    return n, how
+
+
+def check_space_size(search: SearchConfig, world_size: int, global_batch: int) -> int:
+    """The space's size (:func:`space_size`); a :class:`SpecError` above :data:`MAX_LAYOUTS`."""
+    n, how = space_size(search, world_size, global_batch)
+    if n > MAX_LAYOUTS:
+        raise SpecError("search", n, f"layouts in the space: {how}; allowed: at most "
+                        f"{MAX_LAYOUTS} (list fewer search.tp, search.pp or "
+                        "search.micro_batch values instead of 'auto', or fewer zero_stage/"
+                        "recompute choices)")
+    return n
+
+
 def enumerate_layouts(search: SearchConfig, world_size: int, global_batch: int) -> list[Layout]:
     """All layouts of the space with integral dp and grad_accum, in a stable order."""
+    check_space_size(search, world_size, global_batch)
     axes = axis_choices(search, world_size, global_batch)
     out: list[Layout] = []
     for tp in axes["tp"]:

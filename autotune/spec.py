@@ -4,6 +4,14 @@ A study file has the sections ``name``, ``model``, ``cluster``, ``training``, ``
 ``trial``, ``storage`` and ``launcher`` (``docs/study-files.md``). :func:`load_study`
 turns it into a :class:`StudySpec` of typed, validated configs, or raises
 :class:`~autotune.errors.SpecError` naming the field, the value and what is allowed.
+
+Study files come from users, so reading one is bounded (issue #17): :func:`read_yaml`
+(also used for campaign and site files) refuses a file over :data:`MAX_FILE_BYTES` and
+parses with :class:`StudyLoader`, which refuses duplicate keys, nesting deeper than
+:data:`MAX_DEPTH`, a list or mapping of more than :data:`MAX_ITEMS` entries, more than
+:data:`MAX_NODES` values in all (an alias counts as every value it repeats: no
+"billion laughs") and numbers longer than :data:`MAX_NUMBER_CHARS` characters. Aliases
+are allowed (``yaml.safe_dump`` writes them for shared objects) but cannot expand a file.
 """
 
 from __future__ import annotations
@@ -23,13 +31,160 @@ from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, StorageConfig, TrainingConfig, TrialConfig
 from autotune.errors import SpecError
 from autotune.models.profile import LayerProfile, load_cluster_profile
+from autotune.space import check_space_size
 from autotune.trial import RunConfig
 
-__all__ = ["StudySpec", "load_study", "parse_study", "STUDY_NAME_RE"]
+__all__ = ["StudySpec", "load_study", "parse_study", "read_yaml", "StudyLoader",
+           "STUDY_NAME_RE", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_ITEMS", "MAX_NODES",
+           "MAX_NUMBER_CHARS"]
 
 SECTIONS = ("name", "model", "cluster", "training", "search", "trial", "storage", "launcher")
 STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-"""Study names travel into directory names, job names and SQL: keep them plain."""
+"""Study names travel into directory names, job names and SQL: keep them plain (matched
+whole: ``match`` with ``$`` would accept a trailing newline)."""
+
+MAX_FILE_BYTES = 1 << 20
+"""Largest study, campaign or site file read (1 MiB; the shipped ones are 0.5-2 KiB)."""
+MAX_DEPTH = 32
+"""Most lists and mappings nested in one another (a study file nests 3 deep)."""
+MAX_ITEMS = 1_000
+"""Most entries of one list or mapping (a search axis lists a few values)."""
+MAX_NODES = 10_000
+"""Most values (scalars, lists, mappings) in one file, an alias counting as all the values
+it repeats (the shipped files have 30-100)."""
+MAX_NUMBER_CHARS = 100
+"""Longest integer or float literal (Python's ``int()`` refuses 4,300 digits and a
+sexagesimal literal costs quadratic time; every bound of a field is far below 10**100)."""
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
+class _LimitError(yaml.YAMLError):
+    """A document over one of the loader's limits; ``path`` is where (``search.tp[3]``)."""
+
+    def __init__(self, problem: str, allowed: str, mark: Any, path: str) -> None:
+        super().__init__(problem)
+        self.problem, self.allowed, self.mark, self.path = problem, allowed, mark, path
+
+
+class StudyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with the limits of this module, checked while composing, so a
+    hostile document is refused after at most :data:`MAX_NODES` values, never expanded
+    or recursed into (PyYAML composes recursively and would hit a ``RecursionError``)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._at: list[str] = []  # path elements of the collections being composed
+        self._nodes = 0
+        self._sized: dict[int, tuple[int, int]] = {}  # id(node): (values, nesting height)
+
+    def _path(self) -> str:
+        path = "".join(p if p.startswith("[") or i == 0 else "." + p
+                       for i, p in enumerate(self._at)) or "the top level"
+        return path if len(path) <= 120 else path[:120] + "..."
+
+    def _refuse(self, problem: str, allowed: str, mark: Any) -> _LimitError:
+        return _LimitError(problem, allowed, mark, self._path())
+
+    def _count(self, n: int, mark: Any) -> None:
+        self._nodes += n
+        if self._nodes > MAX_NODES:
+            raise self._refuse(f"more than {MAX_NODES} values", f"at most {MAX_NODES} values,"
+                               " an alias counting as every value it repeats", mark)
+
+    def _too_deep(self, mark: Any, how: str = "") -> _LimitError:
+        return self._refuse(f"lists and mappings nested deeper than {MAX_DEPTH} levels{how}",
+                            f"at most {MAX_DEPTH} levels", mark)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.get_event()
+            node = self.anchors.get(event.anchor)
+            if node is None:
+                raise yaml.composer.ComposerError(None, None, f"found undefined alias "
+                                                  f"{event.anchor[:40]!r}", event.start_mark)
+            if id(node) not in self._sized:  # still being composed: it contains itself
+                raise self._refuse(f"alias *{event.anchor[:40]} inside its own anchor",
+                                   "aliases of values complete before them (no recursive "
+                                   "structures)", event.start_mark)
+            values, height = self._sized[id(node)]
+            self._count(values, event.start_mark)
+            if len(self._at) + height > MAX_DEPTH:
+                raise self._too_deep(event.start_mark, f" (through alias *{event.anchor[:40]})")
+            return node
+        return super().compose_node(parent, index)
+
+    def compose_scalar_node(self, anchor: Any) -> Any:
+        self._count(1, self.peek_event().start_mark)
+        node = super().compose_scalar_node(anchor)
+        if node.tag in _NUMBER_TAGS and len(node.value) > MAX_NUMBER_CHARS:
+            raise self._refuse(f"a number of {len(node.value)} characters",
+                               f"at most {MAX_NUMBER_CHARS} characters (no field takes a "
+                               "larger number)", node.start_mark)
+        self._sized[id(node)] = (1, 0)
+        return node
+
+    def _collection(self, anchor: Any, node_class: Any, end_event: Any) -> Any:
+        start = self.get_event()
+        if len(self._at) >= MAX_DEPTH:
+            raise self._too_deep(start.start_mark)
+        before = self._nodes
+        self._count(1, start.start_mark)
+        tag = start.tag
+        if tag is None or tag == "!":
+            tag = self.resolve(node_class, None, start.implicit)
+        node = node_class(tag, [], start.start_mark, None, flow_style=start.flow_style)
+        if anchor is not None:
+            self.anchors[anchor] = node
+        seen: dict[Any, int] = {}
+        while not self.check_event(end_event):
+            if len(node.value) >= MAX_ITEMS:
+                raise self._refuse(f"a list or mapping of more than {MAX_ITEMS} entries",
+                                   f"at most {MAX_ITEMS} entries", self.peek_event().start_mark)
+            if node_class is yaml.SequenceNode:
+                index = len(node.value)
+                self._at.append(f"[{index}]")
+                node.value.append(self.compose_node(node, index))
+            else:
+                self._at.append("?")  # a key may be a collection too: it nests as deep
+                key = self.compose_node(node, None)
+                self._at[-1] = self._key_text(key)
+                self._check_unique(key, seen)
+                node.value.append((key, self.compose_node(node, key)))
+            self._at.pop()
+        node.end_mark = self.get_event().end_mark
+        children = [n for item in node.value
+                    for n in (item if isinstance(item, tuple) else (item,))]
+        height = 1 + max((self._sized[id(c)][1] for c in children), default=0)
+        self._sized[id(node)] = (self._nodes - before, height)
+        return node
+
+    def compose_sequence_node(self, anchor: Any) -> Any:
+        return self._collection(anchor, yaml.SequenceNode, yaml.SequenceEndEvent)
+
+    def compose_mapping_node(self, anchor: Any) -> Any:
+        return self._collection(anchor, yaml.MappingNode, yaml.MappingEndEvent)
+
+    @staticmethod
+    def _key_text(key: Any) -> str:
+        if isinstance(key, yaml.ScalarNode):
+            return key.value if len(key.value) <= 40 else key.value[:40] + "..."
+        return "?"
+
+    def _check_unique(self, key: Any, seen: dict[Any, int]) -> None:
+        """Keys that load equal (``1`` and ``0x1`` too) are one key twice: YAML would keep
+        the last silently. ``<<`` (merge) keys are not keys of the mapping."""
+        if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE_TAG:
+            return
+        value = self.construct_object(key)
+        try:
+            if value in seen:
+                raise self._refuse(f"a duplicate key (the first is at line {seen[value] + 1})",
+                                   "each key once (YAML would keep the last one silently)",
+                                   key.start_mark)
+            seen[value] = key.start_mark.line
+        except TypeError:  # unhashable: the constructor refuses it with its own message
+            return
 
 
 @dataclass(frozen=True)
@@ -79,7 +234,7 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             if required not in data:
                 raise SpecError(required, None, "required section is missing")
         name = data.get("name", default_name)
-        if not isinstance(name, str) or not STUDY_NAME_RE.match(name):
+        if not isinstance(name, str) or not STUDY_NAME_RE.fullmatch(name):
             raise SpecError("name", name, "allowed: 1-100 characters of letters, digits, "
                             "'_', '.', '-', starting with a letter or digit")
         spec = StudySpec(
@@ -97,6 +252,8 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             # Read once, here: a bad file fails the load, before any database or launcher.
             spec = replace(spec, profile=load_cluster_profile(spec.cluster, spec.model,
                                                               spec.training.dtype))
+        # Refused here, before any command works with the study: a space too large to plan.
+        check_space_size(spec.search, spec.world_size, spec.training.global_batch)
         if spec.model.dropout > 0 and spec.launcher.kind != "replay":
             # Local and SLURM trials run the built-in trainer, which has no dropout: a
             # study must not tune (and predict memory for) a model it will not run.
@@ -107,24 +264,45 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
     except SpecError as err:
         raise SpecError(err.field, err.value, err.allowed, source=source) from None
     except TypeError as err:  # a dataclass got a wrong-shaped value past the checks
-        raise SpecError("study", None, f"malformed ({err})", source=source) from None
+        raise SpecError("study", None, f"malformed ({str(err)[:200]})", source=source) from None
+
+
+def read_yaml(path: str | os.PathLike[str], *, field: str = "STUDY") -> Any:
+    """The document of the YAML file ``path``, read within this module's limits; a
+    :class:`SpecError` on ``field`` (the file) or on the key path that broke a limit."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:  # a FIFO or device has no honest size: read one byte more
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError(field, str(p), "no such file") from None
+    except OSError as err:
+        raise SpecError(field, str(p), f"cannot read it ({err.__class__.__name__}: "
+                        f"{err.strerror})") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpecError(field, str(p), f"more than {MAX_FILE_BYTES} bytes; allowed: at most "
+                        f"{MAX_FILE_BYTES} bytes (1 MiB; a study file is a few KiB)")
+    try:
+        # Decoded here: PyYAML's reader re-slices a bytes buffer per chunk (quadratic).
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise SpecError(field, str(p), f"not UTF-8 text (byte {err.start})") from None
+    try:
+        return yaml.load(text, Loader=StudyLoader)
+    except _LimitError as err:
+        where = f" at line {err.mark.line + 1}, column {err.mark.column + 1}" if err.mark else ""
+        raise SpecError(field, str(p), f"{err.problem}{where} (in {err.path}); allowed: "
+                        f"{err.allowed}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(field, str(p), f"not valid YAML{where}") from None
 
 
 def load_study(path: str | os.PathLike[str], *, read_profile: bool = True) -> StudySpec:
     """Read and validate a YAML study file (``read_profile``: see :func:`parse_study`)."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise SpecError("STUDY", str(p), "no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
-        raise SpecError("STUDY", str(p), f"cannot read it ({err.__class__.__name__})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError("STUDY", str(p), f"not valid YAML{where}") from None
+    data = read_yaml(p)
     if data is None:
         raise SpecError("STUDY", str(p), "the file is empty; see studies/cpu_demo.yaml")
     return parse_study(data, default_name=re.sub(r"[^A-Za-z0-9_.-]", "-", p.stem) or "study",

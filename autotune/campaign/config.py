@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from sqlalchemy.engine import make_url
 
 from autotune.config._fields import check_int, check_keys
@@ -48,7 +47,7 @@ from autotune.sites import (
     load_site,
     name_list,
 )
-from autotune.spec import StudySpec, parse_study
+from autotune.spec import StudySpec, parse_study, read_yaml
 from autotune.storage.urls import backend_of, mask_url
 
 __all__ = ["CampaignSpec", "CampaignStudy", "CampaignSlurm", "load_campaign",
@@ -188,10 +187,7 @@ def _expand_study(i: int, entry: Any, base_dir: Path) -> list[tuple[str, dict[st
     if "file" not in entry or not isinstance(entry["file"], str):
         raise SpecError(f"{where}.file", entry.get("file"), "required: a study file path")
     path = base_dir / entry["file"]
-    try:
-        base = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise SpecError(f"{where}.file", str(path), f"cannot read it ({err})") from None
+    base = read_yaml(path, field=f"{where}.file")
     if not isinstance(base, dict):
         raise SpecError(f"{where}.file", str(path), "expected a study mapping")
     doc = _merge(base, entry.get("overrides") or {})
@@ -231,12 +227,7 @@ def _absolute_profile(doc: dict[str, Any], base_dir: Path) -> None:
 def load_campaign(path: str | Path) -> CampaignSpec:
     """Read and validate a campaign file (and every study it lists)."""
     src = Path(path).resolve()
-    try:
-        data = yaml.safe_load(src.read_text())
-    except FileNotFoundError:
-        raise SpecError("CAMPAIGN", str(path), "no such file") from None
-    except yaml.YAMLError as err:
-        raise SpecError("CAMPAIGN", str(path), f"not valid YAML ({err})") from None
+    data = read_yaml(path, field="CAMPAIGN")
     try:
         return _parse(data, src)
     except SpecError as err:

@@ -2,32 +2,64 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from autotune.errors import SpecError
 
+MAX_LIST_ITEMS = 1_000
+"""Most entries of a list field (a search axis): enumerating the space multiplies them."""
 
-def check_int(field: str, value: Any, *, minimum: int = 1) -> int:
-    """An integer ``>= minimum`` (bools are refused: YAML's ``yes`` is not 1)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(field, value, f"allowed: an integer >= {minimum}")
+
+def _range(minimum: float, maximum: float | None, strict: bool = False) -> str:
+    text = f"{'>' if strict else '>='} {minimum}"
+    return text if maximum is None else f"{text} and <= {maximum}"
+
+
+def check_int(field: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """An integer ``>= minimum`` and ``<= maximum`` (bools are refused: YAML's ``yes`` is
+    not 1). The maxima the configs give are generous for real machines and models, and
+    keep every product the planner forms (world size, layouts, FLOPs) small and finite."""
+    if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+            or (maximum is not None and value > maximum)):
+        raise SpecError(field, value, f"allowed: an integer {_range(minimum, maximum)}")
     return value
 
 
 def check_float(field: str, value: Any, *, minimum: float = 0.0, maximum: float | None = None,
                 strict: bool = False) -> float:
-    """A real number within ``[minimum, maximum]`` (``(minimum, ...`` when ``strict``)."""
+    """A finite real number within ``[minimum, maximum]`` (``(minimum, ...`` when
+    ``strict``): ``.inf`` and ``.nan`` are refused (``timeout_s: .inf`` reached the SLURM
+    launcher as an ``OverflowError``, issue #17), and so is an integer too big for a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(field, value, "allowed: a number")
-    low_ok = value > minimum if strict else value >= minimum
-    high_ok = maximum is None or value <= maximum
-    if not (low_ok and high_ok):
-        rng = f"{'>' if strict else '>='} {minimum}"
-        if maximum is not None:
-            rng += f" and <= {maximum}"
-        raise SpecError(field, value, f"allowed: a number {rng}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    low_ok = number > minimum if strict else number >= minimum
+    high_ok = maximum is None or number <= maximum
+    if not (math.isfinite(number) and low_ok and high_ok):
+        raise SpecError(field, value,
+                        f"allowed: a finite number {_range(minimum, maximum, strict)}")
+    return number
+
+
+def check_list(field: str, value: Any, *, maximum: int = MAX_LIST_ITEMS) -> list[Any]:
+    """A non-empty list of at most ``maximum`` entries."""
+    if not isinstance(value, list) or not value or len(value) > maximum:
+        raise SpecError(field, value, f"allowed: a non-empty list of at most {maximum} entries")
+    return value
+
+
+def check_text(field: str, value: Any, *, max_chars: int = 4096) -> str:
+    """One line of printable text of at most ``max_chars`` characters (a path, a URL, a
+    label): a newline or NUL would reach file names, job scripts or ``exec`` (issue #17)."""
+    if not isinstance(value, str) or len(value) > max_chars or not value.isprintable():
+        raise SpecError(field, value, f"allowed: one line of printable text of at most "
+                        f"{max_chars} characters")
+    return value
 
 
 def check_choice(field: str, value: Any, choices: Iterable[Any]) -> Any:

@@ -11,13 +11,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.config._fields import check_float, check_int, check_keys
+from autotune.config._fields import check_float, check_int, check_keys, check_text
 from autotune.errors import SpecError
 from autotune.hardware import DeviceSpec, GiB, LinkSpec, get_device
 
 __all__ = ["ClusterConfig", "LinkConfig", "profile_path"]
 
 _LEVELS = ("intra_card", "intra_node", "inter_node")
+MAX_NODES = 100_000
+"""Most nodes of one trial (the largest machines have ~10,000; issue #17: bounds keep the
+planner's enumeration and arithmetic small)."""
+MAX_DEVICES_PER_NODE = 1_024
+"""Most devices per node (8-12 on today's nodes)."""
+MAX_MEMORY_GB = 1e6
+"""Largest ``memory_gb`` override (GiB per device; today's devices have 16-192)."""
+MAX_PEAK_TFLOPS = 1e6
+"""Largest ``peak_tflops`` override (today's devices have at most a few thousand)."""
+MAX_LINK_GBPS = 1e6
+MAX_LINK_LATENCY_US = 1e6
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,10 @@ class LinkConfig:
     def from_dict(cls, data: Any) -> LinkConfig:
         allowed = [f"{lvl}_{unit}" for lvl in _LEVELS for unit in ("gbps", "latency_us")]
         data = check_keys("cluster.links", data, allowed)
-        values = {k: check_float(f"cluster.links.{k}", v, strict=True) for k, v in data.items()}
+        values = {k: check_float(f"cluster.links.{k}", v, strict=True,
+                                 maximum=MAX_LINK_GBPS if k.endswith("gbps")
+                                 else MAX_LINK_LATENCY_US)
+                  for k, v in data.items()}
         return cls(**values)
 
 
@@ -65,8 +79,9 @@ class ClusterConfig:
     the study loader reads it (``StudySpec.profile``)."""
 
     def __post_init__(self) -> None:
-        check_int("cluster.nodes", self.nodes)
-        check_int("cluster.devices_per_node", self.devices_per_node)
+        check_int("cluster.nodes", self.nodes, maximum=MAX_NODES)
+        check_int("cluster.devices_per_node", self.devices_per_node,
+                  maximum=MAX_DEVICES_PER_NODE)
         spec = get_device(self.device)
         if self.devices_per_node % spec.devices_per_card and self.devices_per_node > 1:
             raise SpecError("cluster.devices_per_node", self.devices_per_node,
@@ -107,9 +122,9 @@ class ClusterConfig:
             data["profile_path"] = profile_path(data.pop("profile"), base_dir)
         if "links" in data:
             data["links"] = LinkConfig.from_dict(data["links"])
-        for key in ("memory_gb", "peak_tflops"):
+        for key, top in (("memory_gb", MAX_MEMORY_GB), ("peak_tflops", MAX_PEAK_TFLOPS)):
             if data.get(key) is not None:
-                data[key] = check_float(f"cluster.{key}", data[key], strict=True)
+                data[key] = check_float(f"cluster.{key}", data[key], strict=True, maximum=top)
         if "device" in data and not isinstance(data["device"], str):
             raise SpecError("cluster.device", data["device"], "allowed: a device name string")
         return cls(**data)
@@ -121,8 +136,12 @@ def profile_path(value: Any, base_dir: str | Path | None) -> Path:
     if not isinstance(value, str) or not value:
         raise SpecError("cluster.profile", value, "allowed: the path of a layer-profile "
                         "JSON file (written by autotune profile)")
-    path = Path(value).expanduser()
-    if not path.is_absolute() and not path.exists() and base_dir is not None:
-        path = Path(base_dir) / path
+    path = Path(check_text("cluster.profile", value)).expanduser()
+    try:
+        if not path.is_absolute() and not path.exists() and base_dir is not None:
+            path = Path(base_dir) / path
+    except (OSError, ValueError):  # a name the file system refuses (too long, say)
+        raise SpecError("cluster.profile", value, "allowed: the path of a layer-profile "
+                        "JSON file (written by autotune profile)") from None
     return path
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.config._fields import check_choice, check_int, check_keys
+from autotune.config._fields import check_choice, check_int, check_keys, check_text
 from autotune.errors import SpecError
 
 __all__ = ["LauncherConfig", "LocalOptions", "SlurmOptions", "ReplayOptions", "LAUNCHER_KINDS"]
@@ -20,7 +20,10 @@ def _str_map(section: str, data: Any) -> dict[str, str]:
     for k, v in data.items():
         if not isinstance(k, str) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
             raise SpecError(f"{section}.{k}", v, "allowed: a string (or number) value")
-        out[k] = str(v)
+        if isinstance(v, int) and abs(v).bit_length() > 256:  # str() of it is quadratic
+            raise SpecError(f"{section}.{k}", v, "allowed: a string (or number) value")
+        check_text(f"{section} key", k, max_chars=256)
+        out[k] = check_text(f"{section}.{k}", str(v), max_chars=65_536)
     return out
 
 
@@ -38,6 +41,8 @@ class LocalOptions:
         data = dict(check_keys("launcher.local", data, ("env", "python")))
         if "env" in data:
             data["env"] = _str_map("launcher.local.env", data["env"])
+        if data.get("python") is not None:
+            check_text("launcher.local.python", data["python"])
         return cls(**data)
 
 
@@ -61,12 +66,16 @@ class SlurmOptions:
         if "env" in data:
             data["env"] = _str_map("launcher.slurm.env", data["env"])
         if "cpus_per_task" in data:
-            check_int("launcher.slurm.cpus_per_task", data["cpus_per_task"])
+            check_int("launcher.slurm.cpus_per_task", data["cpus_per_task"], maximum=100_000)
+        for key in ("site", "gpus_per_node"):
+            if data.get(key) is not None:
+                check_text(f"launcher.slurm.{key}", data[key])
         if "extra_args" in data:
             args = data["extra_args"]
             if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
                 raise SpecError("launcher.slurm.extra_args", args, "allowed: a list of strings")
-            data["extra_args"] = tuple(args)
+            data["extra_args"] = tuple(check_text(f"launcher.slurm.extra_args[{i}]", a)
+                                       for i, a in enumerate(args))
         return cls(**data)
 
 
@@ -86,8 +95,9 @@ class ReplayOptions:
         if not data.get("landscape"):
             raise SpecError("launcher.replay.landscape", data.get("landscape"),
                             "required: path of a measured-landscape CSV")
+        check_text("launcher.replay.landscape", data["landscape"])
         if data.get("group") is not None:
-            check_int("launcher.replay.group", data["group"], minimum=0)
+            check_int("launcher.replay.group", data["group"], minimum=0, maximum=1_000_000)
         return cls(**data)
 
 
@@ -117,4 +127,6 @@ class LauncherConfig:
             data["replay"] = ReplayOptions.from_dict(data["replay"])
         if "run_dir" in data and not isinstance(data["run_dir"], str):
             raise SpecError("launcher.run_dir", data["run_dir"], "allowed: a directory path")
+        if "run_dir" in data:
+            check_text("launcher.run_dir", data["run_dir"])
         return cls(**data)

@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from autotune.config._fields import check_choice, check_float, check_int, check_keys
+from autotune.config._fields import (
+    check_choice,
+    check_float,
+    check_int,
+    check_keys,
+    check_text,
+)
 from autotune.errors import SpecError
 
 __all__ = ["ModelConfig", "MODEL_PRESETS", "MLP_KINDS", "ATTENTION_KINDS"]
@@ -19,6 +25,11 @@ MLP_KINDS = ("gelu", "swiglu")
 ATTENTION_KINDS = ("flash", "explicit")
 """How attention is computed: fused (the ``s x s`` scores never reach device memory) or
 explicit (the scores are written, soft-maxed and kept for the backward pass)."""
+MAX_DIMENSIONS: dict[str, int] = {
+    "n_layer": 10_000, "hidden": 1_000_000, "n_head": 100_000, "seq_len": 100_000_000,
+    "vocab_size": 10_000_000, "ffn_hidden": 10_000_000, "n_kv_head": 100_000}
+"""Upper bounds of the dimensions: far above any model trained (GPT-3 175B: 96 layers,
+hidden 12,288, 96 heads), low enough that FLOPs and bytes stay finite floats (issue #17)."""
 
 
 @dataclass(frozen=True)
@@ -63,14 +74,15 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "hidden", "n_head", "seq_len", "vocab_size"):
-            check_int(f"model.{name}", getattr(self, name))
+            check_int(f"model.{name}", getattr(self, name), maximum=MAX_DIMENSIONS[name])
         if self.ffn_hidden is not None:
-            check_int("model.ffn_hidden", self.ffn_hidden)
+            check_int("model.ffn_hidden", self.ffn_hidden, maximum=MAX_DIMENSIONS["ffn_hidden"])
         if self.n_kv_head is not None:
-            check_int("model.n_kv_head", self.n_kv_head)
+            check_int("model.n_kv_head", self.n_kv_head, maximum=MAX_DIMENSIONS["n_kv_head"])
             if self.n_head % self.n_kv_head:
                 raise SpecError("model.n_kv_head", self.n_kv_head,
                                 f"allowed: a divisor of n_head={self.n_head}")
+        check_text("model.name", self.name, max_chars=100)
         check_choice("model.mlp", self.mlp, MLP_KINDS)
         check_choice("model.attention", self.attention, ATTENTION_KINDS)
         check_float("model.dropout", self.dropout)
@@ -128,7 +140,7 @@ class ModelConfig:
         preset = data.pop("preset", None)
         try:
             if preset is not None:
-                if preset not in MODEL_PRESETS:
+                if not isinstance(preset, str) or preset not in MODEL_PRESETS:
                     raise SpecError(f"{section}.preset", preset,
                                     f"allowed: one of {', '.join(sorted(MODEL_PRESETS))}")
                 return replace(MODEL_PRESETS[preset], **data)

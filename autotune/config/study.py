@@ -6,10 +6,18 @@ study file is an error, not a silently ignored setting.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config._fields import check_choice, check_float, check_int, check_keys
+from autotune.config._fields import (
+    check_choice,
+    check_float,
+    check_int,
+    check_keys,
+    check_list,
+)
+from autotune.config.cluster import MAX_DEVICES_PER_NODE, MAX_NODES
 from autotune.errors import SpecError
 from autotune.layout import RECOMPUTE_CHOICES, ZERO_STAGES
 
@@ -19,8 +27,26 @@ __all__ = ["TrainingConfig", "SearchConfig", "TrialConfig", "StorageConfig",
 AUTO = "auto"
 STRATEGIES: tuple[str, ...] = ("default", "cost-model-only", "tpe", "gp", "random", "grid")
 
+# Upper bounds (issue #17): generous for real use, and low enough that no value makes the
+# planner enumerate for long, a float overflow or a timer refuse its timeout.
+MAX_GLOBAL_BATCH = 10_000_000
+"""Most sequences per step (GPT-3: 1,536; Llama 3 405B: 16M tokens = 2,048 sequences)."""
+MAX_DEGREE = MAX_NODES * MAX_DEVICES_PER_NODE
+"""Largest tp/pp value listed: the largest world size."""
+MAX_N_TRIALS = 1_000_000
+MAX_SEED = 2**32 - 1
+"""NumPy's (and so Optuna's samplers') largest seed."""
+MAX_RUN_TIMEOUT_S = 366 * 86_400
+"""Longest ``search.timeout_s``: a year."""
+MAX_TRIAL_TIMEOUT_S = 30 * 86_400
+"""Longest ``trial.timeout_s`` and ``trial.collective_timeout_s``: 30 days."""
+MAX_STEPS = 100_000
+"""Most warm-up or measured steps of one trial."""
+MAX_HEARTBEAT_S = 86_400
+MAX_GRACE_S = 30 * 86_400
 
-def _int_list(field_name: str, value: Any, *, minimum: int = 1,
+
+def _int_list(field_name: str, value: Any, *, minimum: int = 1, maximum: int | None = None,
               allow_auto: bool = True) -> tuple[int, ...] | str:
     if allow_auto and value == AUTO:
         return AUTO
@@ -29,7 +55,8 @@ def _int_list(field_name: str, value: Any, *, minimum: int = 1,
     if not isinstance(value, list) or not value:
         allowed = "'auto' or " if allow_auto else ""
         raise SpecError(field_name, value, f"allowed: {allowed}a non-empty list of integers")
-    return tuple(sorted({check_int(f"{field_name}[{i}]", v, minimum=minimum)
+    check_list(field_name, value)
+    return tuple(sorted({check_int(f"{field_name}[{i}]", v, minimum=minimum, maximum=maximum)
                          for i, v in enumerate(value)}))
 
 
@@ -57,7 +84,7 @@ class TrainingConfig:
     """``bf16`` on accelerators; ``fp32`` for CPU studies (bf16 is 3-4x slower there)."""
 
     def __post_init__(self) -> None:
-        check_int("training.global_batch", self.global_batch)
+        check_int("training.global_batch", self.global_batch, maximum=MAX_GLOBAL_BATCH)
         check_choice("training.dtype", self.dtype, ("bf16", "fp32"))
 
     @classmethod
@@ -112,12 +139,13 @@ class SearchConfig:
         for i, r in enumerate(self.recompute):
             check_choice(f"search.recompute[{i}]", r, RECOMPUTE_CHOICES)
         check_choice("search.strategy", self.strategy, STRATEGIES)
-        check_int("search.n_trials", self.n_trials)
+        check_int("search.n_trials", self.n_trials, maximum=MAX_N_TRIALS)
         if self.min_improvement is not None:
             check_min_improvement(self.min_improvement, self.strategy)
-        check_int("search.seed", self.seed, minimum=0)
+        check_int("search.seed", self.seed, minimum=0, maximum=MAX_SEED)
         if self.timeout_s is not None:
-            check_float("search.timeout_s", self.timeout_s, strict=True)
+            check_float("search.timeout_s", self.timeout_s, strict=True,
+                        maximum=MAX_RUN_TIMEOUT_S)
         for name in ("tp_across_nodes", "tp_across_cards"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"search.{name}", getattr(self, name), "allowed: true or false")
@@ -125,9 +153,10 @@ class SearchConfig:
     @classmethod
     def from_dict(cls, data: Any) -> SearchConfig:
         data = dict(check_keys("search", data, cls.__dataclass_fields__))
-        for axis in ("tp", "pp", "micro_batch"):
+        for axis, top in (("tp", MAX_DEGREE), ("pp", MAX_DEGREE),
+                          ("micro_batch", MAX_GLOBAL_BATCH)):
             if axis in data:
-                data[axis] = _int_list(f"search.{axis}", data[axis])
+                data[axis] = _int_list(f"search.{axis}", data[axis], maximum=top)
         if "zero_stage" in data:
             data["zero_stage"] = _int_list("search.zero_stage", data["zero_stage"], minimum=0,
                                            allow_auto=False)
@@ -136,6 +165,8 @@ class SearchConfig:
             rec = [rec] if isinstance(rec, str) else rec
             if not isinstance(rec, list) or not rec:
                 raise SpecError("search.recompute", rec, "allowed: a list of 'none'/'full'")
+            for i, r in enumerate(check_list("search.recompute", rec)):
+                check_choice(f"search.recompute[{i}]", r, RECOMPUTE_CHOICES)
             data["recompute"] = tuple(dict.fromkeys(rec))
         return cls(**data)
 
@@ -167,14 +198,15 @@ class TrialConfig:
     """Trainer device: ``auto``, ``cpu``, ``cuda``, ``xpu``."""
 
     def __post_init__(self) -> None:
-        check_int("trial.warmup_steps", self.warmup_steps, minimum=0)
-        check_int("trial.measure_steps", self.measure_steps)
-        check_float("trial.timeout_s", self.timeout_s, strict=True)
+        check_int("trial.warmup_steps", self.warmup_steps, minimum=0, maximum=MAX_STEPS)
+        check_int("trial.measure_steps", self.measure_steps, maximum=MAX_STEPS)
+        check_float("trial.timeout_s", self.timeout_s, strict=True, maximum=MAX_TRIAL_TIMEOUT_S)
         check_float("trial.memory_margin", self.memory_margin, maximum=0.9)
         if check_float("trial.memory_min_p_fit", self.memory_min_p_fit) >= 0.5:
             raise SpecError("trial.memory_min_p_fit", self.memory_min_p_fit,
                             "allowed: a probability >= 0 and < 0.5 (0.025 = 2.5%)")
-        check_int("trial.collective_timeout_s", self.collective_timeout_s)
+        check_int("trial.collective_timeout_s", self.collective_timeout_s,
+                  maximum=MAX_TRIAL_TIMEOUT_S)
         check_choice("trial.device", self.device, ("auto", "cpu", "cuda", "xpu"))
 
     @classmethod
@@ -194,11 +226,15 @@ class StorageConfig:
     """A running trial silent this long is stale: failed and retried."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or "://" not in self.url:
-            raise SpecError("storage.url", self.url,
-                            "allowed: a SQLAlchemy URL such as sqlite:///autotune.db")
-        check_int("storage.heartbeat_interval_s", self.heartbeat_interval_s)
-        check_int("storage.grace_period_s", self.grace_period_s)
+        if not isinstance(self.url, str) or "://" not in self.url or len(self.url) > 4096 \
+                or not self.url.isprintable():
+            shown = re.sub(r"(?s)://.*@", "://***@", self.url) if isinstance(self.url, str) \
+                else self.url  # never a password in a message
+            raise SpecError("storage.url", shown, "allowed: a SQLAlchemy URL (one line, at "
+                            "most 4096 characters) such as sqlite:///autotune.db")
+        check_int("storage.heartbeat_interval_s", self.heartbeat_interval_s,
+                  maximum=MAX_HEARTBEAT_S)
+        check_int("storage.grace_period_s", self.grace_period_s, maximum=MAX_GRACE_S)
         if self.grace_period_s <= self.heartbeat_interval_s:
             raise SpecError("storage.grace_period_s", self.grace_period_s,
                             f"allowed: more than heartbeat_interval_s={self.heartbeat_interval_s}")

@@ -39,7 +39,7 @@ from autotune.atomic import write_json_atomic
 from autotune.config._fields import check_choice, check_float, check_int, check_keys
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS, MLP_KINDS, ModelConfig
-from autotune.errors import SpecError
+from autotune.errors import SpecError, short_repr
 from autotune.hardware import HARDWARE
 from autotune.layout import RECOMPUTE_CHOICES, Layout, Recompute
 
@@ -273,7 +273,8 @@ def load_cluster_profile(cluster: ClusterConfig, model: ModelConfig,
             raise SpecError("cluster.profile", err.value, err.allowed) from None
         # Something inside the file: name the file and the entry's field.
         raise SpecError("cluster.profile", str(path),
-                        f"in the file, {err.field}: got {err.value!r}; {err.allowed}") from None
+                        f"in the file, {err.field}: got {short_repr(err.value)}; "
+                        f"{err.allowed}") from None
     if not profile.covers(model, device=cluster.device, dtype=dtype):
         raise SpecError("cluster.profile", profile.label,
                         f"allowed: a profile with entries for this model's layer "

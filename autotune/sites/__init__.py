@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotune.config._fields import check_choice, check_int, check_keys
 from autotune.errors import SpecError
 from autotune.hardware import get_device
+from autotune.spec import read_yaml
 
 __all__ = ["SiteProfile", "SiteSlurm", "load_site", "list_sites", "check_name", "check_text",
            "name_list", "env_map", "SRUN_ARG_RE",
@@ -171,8 +170,5 @@ def load_site(name_or_path: str, *, base_dir: str | Path | None = None) -> SiteP
         if not path.is_file():
             raise SpecError("site", name_or_path,
                             f"allowed: one of {', '.join(list_sites())} or a YAML file path")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SpecError("site", str(path), f"not valid YAML ({err})") from None
+    data = read_yaml(path, field="site")
     return SiteProfile.from_dict(data, source=str(path))

@@ -7,6 +7,8 @@ A password never appears in output or logs: everything user-facing goes through
 
 >>> mask_url("postgresql+psycopg://tuner:s3cret@db:5432/tuning")
 'postgresql+psycopg://tuner:***@db:5432/tuning'
+>>> mask_url("postgresql+psycopg://tuner:se@cret@db:5432/tuning")  # an unencoded '@'
+'postgresql+psycopg://tuner:***@db:5432/tuning'
 >>> backend_of("sqlite:///autotune.db")
 'sqlite'
 """
@@ -22,7 +24,7 @@ from sqlalchemy.exc import ArgumentError
 
 from autotune.errors import SpecError
 
-__all__ = ["mask_url", "resolve_url", "backend_of", "SUPPORTED"]
+__all__ = ["mask_url", "resolve_url", "backend_of", "parse_url", "SUPPORTED"]
 
 SUPPORTED = {
     "sqlite": ("sqlite",),
@@ -32,23 +34,60 @@ SUPPORTED = {
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+def _mask_raw(url: str) -> str:
+    """Everything between ``://`` and the last ``@`` hidden but a plain user name: for a
+    URL SQLAlchemy cannot parse, or parses with part of the password in the host (an
+    unencoded ``@`` in it). Hides too much rather than any of the password."""
+    head, sep, rest = url.partition("://")
+    if not sep or "@" not in rest or head.startswith("sqlite"):  # no credentials
+        return url
+    creds, _, host = rest.rpartition("@")
+    user, colon, _ = creds.partition(":")
+    if not colon and "@" not in creds:
+        return url  # a user, no password
+    shown = f"{user}:" if colon and "@" not in user else ""
+    return f"{head}://{shown}***@{host}"
+
+
 def mask_url(url: str | URL) -> str:
-    """The URL with its password replaced by ``***`` (safe to print)."""
+    """The URL with its password replaced by ``***`` (safe to print, whatever the URL)."""
+    if not isinstance(url, str):
+        url = url.render_as_string(hide_password=False)
     try:
-        parsed = make_url(url) if isinstance(url, str) else url
-    except ArgumentError:
-        return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", str(url))
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
+        return _mask_raw(url)
+    if "@" in (parsed.host or "") or "@" in (parsed.username or ""):
+        return _mask_raw(url)
     return parsed.render_as_string(hide_password=True)
+
+
+def parse_url(url: str, field: str = "storage.url") -> URL:
+    """``url`` parsed, or a :class:`SpecError` (exit 2) that shows it masked: a URL that is
+    not one, a port that is not a number in 1-65535, an unencoded ``@`` in the password
+    (SQLAlchemy would take the rest of the password for the host, and print it)."""
+    example = "e.g. sqlite:///autotune.db or postgresql+psycopg://user@host:5432/db"
+    if not isinstance(url, str):
+        raise SpecError(field, type(url).__name__, f"allowed: a database URL string; {example}")
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise SpecError(field, mask_url(url), f"not a database URL; {example}") from None
+    except ValueError:
+        raise SpecError(field, mask_url(url), "a port that is not a number; allowed: "
+                        "host:PORT with PORT 1-65535, e.g. db.example.org:5432") from None
+    if "@" in (parsed.host or "") or "@" in (parsed.username or ""):
+        raise SpecError(field, mask_url(url), "an unencoded '@' in the user name or password; "
+                        "allowed: '@' written as %40 (urllib.parse.quote), or no password in "
+                        "the URL and AUTOTUNE_DB_PASSWORD or AUTOTUNE_DB_PASSWORD_FILE set")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise SpecError(field, mask_url(url), f"port {parsed.port}; allowed: a port 1-65535")
+    return parsed
 
 
 def backend_of(url: str) -> str:
     """``sqlite``, ``postgresql`` or ``mysql``; a clear error for anything else."""
-    try:
-        driver = make_url(url).drivername
-    except ArgumentError:
-        raise SpecError("storage.url", mask_url(url),
-                        "not a database URL; e.g. sqlite:///autotune.db or "
-                        "postgresql+psycopg://user@host:5432/db") from None
+    driver = parse_url(url).drivername
     for backend, drivers in SUPPORTED.items():
         if driver in drivers:
             return backend
@@ -69,7 +108,7 @@ def resolve_url(url: str) -> str:
     backend = backend_of(url)
     if backend == "sqlite":
         return url
-    parsed = make_url(url)
+    parsed = parse_url(url)
     if parsed.username and parsed.password is None:
         password = os.environ.get("AUTOTUNE_DB_PASSWORD")
         pw_file = os.environ.get("AUTOTUNE_DB_PASSWORD_FILE")
