@@ -55,7 +55,7 @@ from autotune.records import (
 from autotune.results import best_trial
 from autotune.search import Observation, dominated_by_oom, make_strategy
 from autotune.spec import StudySpec
-from autotune.storage.db import Storage
+from autotune.storage.db import ClaimResult, Storage
 from autotune.trial import TrialSpec
 
 __all__ = ["RunSummary", "run_study", "open_study", "layout_of", "AXES"]
@@ -328,11 +328,11 @@ class _Worker:
             _tell_infeasible(self.study, trial, layout, infeasible(reasons), self.name)
             self.summary.infeasible += 1
             return None
-        claimed = self.storage.claim(self.spec.name, key, trial._trial_id, self.name,
-                                     may_take_over=lambda owner: _retryable(self.study, owner))
-        if claimed == "other-worker":
+        claim = self.storage.claim(self.spec.name, key, trial._trial_id, self.name,
+                                   may_take_over=lambda owner: _retryable(self.study, owner))
+        if claim is ClaimResult.OTHER_WORKER:
             return None  # the same trial was handed to another worker, which runs it
-        if not claimed:
+        if claim is ClaimResult.TAKEN:
             _tell_skipped(self.study, trial, layout, "another trial owns this layout")
             return None
         rank = self.storage.claim_rank(self.spec.name, key)
