@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.config.cluster import ClusterConfig
@@ -293,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
                     "Aurora flash)")
     add_profile_cv_argument(ap)
     args = ap.parse_args(argv)
+    # The TPE/GP strategies create an in-memory Optuna study per replay: without this,
+    # Optuna logs a line for each of them and for each of their trials.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         schemes = parse_profile_cv(args.profile_cv)
     except ValueError as err:

@@ -80,7 +80,6 @@ class OptunaSamplerStrategy(Strategy):
         self._dists: dict[str, BaseDistribution] = {}
 
     def _reset(self, candidates: Sequence[Layout]) -> None:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._study = optuna.create_study(direction="maximize",
                                           sampler=self._make_sampler(self.seed))
         self._told = []
