@@ -58,10 +58,8 @@ from autotune.spec import StudySpec
 from autotune.storage.db import ClaimResult, Storage
 from autotune.trial import TrialSpec
 
-__all__ = ["RunSummary", "run_study", "open_study", "layout_of", "AXES"]
+__all__ = ["RunSummary", "run_study", "open_study"]
 
-AXES = ("tp", "pp", "micro_batch", "zero_stage", "recompute")
-"""The per-axis Optuna parameters of a trial; dp and grad_accum follow from them."""
 _MAX_IDLE_PROPOSALS = 200
 
 
@@ -82,16 +80,6 @@ class RunSummary:
 
 def _utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def layout_of(params: dict[str, Any], spec: StudySpec) -> Layout:
-    """The layout a trial's per-axis parameters describe (dp, grad_accum derived)."""
-    tp, pp, mb = int(params["tp"]), int(params["pp"]), int(params["micro_batch"])
-    dp = max(spec.world_size // (tp * pp), 1)
-    ga = max(spec.training.global_batch // (dp * mb), 1)
-    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga,
-                  zero_stage=int(params["zero_stage"]),
-                  recompute="full" if params["recompute"] == "full" else "none")
 
 
 def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> optuna.Study:
@@ -311,7 +299,7 @@ class _Worker:
         if self.study.user_attrs.get(SEARCH_STOP_ATTR) is not None:
             # An earlier stop no longer holds (another threshold, or new measurements).
             self.study.set_user_attr(SEARCH_STOP_ATTR, None)
-        self.study.enqueue_trial({a: getattr(proposal, a) for a in AXES})
+        self.study.enqueue_trial(proposal.params())
         return None
 
     def _admit(self, trial: optuna.Trial) -> Layout | str | None:
@@ -366,7 +354,7 @@ class _Worker:
             global_batch=spec.training.global_batch, dtype=spec.training.dtype))
         _tell_outcome(self.study, trial, layout, facts)
         if outcome.retry:
-            self.study.enqueue_trial({a: getattr(layout, a) for a in AXES},
+            self.study.enqueue_trial(layout.params(),
                                      user_attrs={"retry_of": trial.number})
         self.summary.measured += 1
         self.progress.trial_finished(trial.number, layout, outcome, best_trial(self.study))
@@ -381,7 +369,7 @@ def _suggest(trial: optuna.Trial, spec: StudySpec) -> Layout:
               "micro_batch": trial.suggest_int("micro_batch", 1, gb),
               "zero_stage": trial.suggest_int("zero_stage", 0, 3),
               "recompute": trial.suggest_categorical("recompute", ["none", "full"])}
-    return layout_of(params, spec)
+    return Layout.from_params(params, world_size=ws, global_batch=gb)
 
 
 def _retryable(study: optuna.Study, owner_trial_id: int) -> bool:

@@ -58,7 +58,6 @@ from autotune.landscape import LandscapeGroup, load_landscape
 from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
 from autotune.search import (
-    PARAM_AXES,
     STRATEGIES,
     Observation,
     Predictor,
@@ -209,10 +208,9 @@ def perturbed(predict: Predictor, layouts: list[Layout], sd: float, seed: str) -
     """``predict`` times ``exp(N(0, sd^2))`` per axis value (tp=4, recompute=full, ...):
     a cost model that is wrong about whole axes, as real ones are (docs/models.md)."""
     rng = random.Random(seed)  # a str seed hashes the same in every process
-    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in PARAM_AXES
+    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in Layout.SEARCH_AXES
               for v in sorted({getattr(lay, a) for lay in layouts}, key=str)}
-    return lambda lay: predict(lay) * math.prod(factor[a, getattr(lay, a)]
-                                                 for a in PARAM_AXES)
+    return lambda lay: predict(lay) * math.prod(factor[a, v] for a, v in lay.params().items())
 
 
 def with_error(predict: Predictor, group: LandscapeGroup, sd: float, draw: int) -> Predictor:

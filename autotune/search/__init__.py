@@ -29,20 +29,18 @@ from autotune.search._base import (
     untried,
 )
 from autotune.search._optuna import (
-    PARAM_AXES,
     STARTUP_TRIALS,
     OptunaSamplerStrategy,
     axis_distributions,
     layout_from_params,
-    layout_params,
 )
 from autotune.search._residual import ResidualStrategy
 from autotune.search._seeding import cost_model_predictor
 from autotune.search._simple import CostModelOnlyStrategy, GridStrategy, RandomStrategy
 
-__all__ = ["STRATEGIES", "PARAM_AXES", "Observation", "Predictor", "Stop", "Strategy",
+__all__ = ["STRATEGIES", "Observation", "Predictor", "Stop", "Strategy",
            "make_strategy", "dominated_by_oom", "needs_no_less_memory", "untried",
-           "axis_distributions", "layout_params", "layout_from_params", "cost_model_predictor",
+           "axis_distributions", "layout_from_params", "cost_model_predictor",
            "ResidualStrategy", "CostModelOnlyStrategy", "GridStrategy", "RandomStrategy",
            "OptunaSamplerStrategy"]
 
