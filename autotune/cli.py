@@ -69,10 +69,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from autotune.launchers import make_launchers
-    from autotune.progress import Progress
+    from autotune.runner.progress import Progress
+    from autotune.runner.study import run_study
     from autotune.spec import load_study
     from autotune.storage import open_storage
-    from autotune.study import run_study
 
     spec = load_study(args.study)
     if args.storage:

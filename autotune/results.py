@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UsageError
 from autotune.layout import Layout
-from autotune.records import SEARCH_STOP_ATTR, search_stop_line
+from autotune.runner.records import SEARCH_STOP_ATTR, search_stop_line
 from autotune.storage.db import Storage
 
 __all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "best_layout",

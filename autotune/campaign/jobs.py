@@ -25,7 +25,7 @@ from autotune.campaign.config import SQLITE_WARNING, CampaignSpec, CampaignStudy
 from autotune.campaign.render import CampaignPaths, Commands, write_script, write_study
 from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, LaunchError, StorageError
-from autotune.records import SEARCH_STOP_ATTR
+from autotune.runner.records import SEARCH_STOP_ATTR
 
 __all__ = ["SlurmCli", "StudyProgress", "StudyStatus", "submit", "status", "study_progress",
            "budget_met", "load_state", "format_status"]
@@ -122,7 +122,7 @@ class StudyProgress:
     best_params: dict[str, Any] = field(default_factory=dict)
     exists: bool = False
     search_stop: dict[str, Any] | None = None
-    """The study's recorded early stop (:data:`autotune.records.SEARCH_STOP_ATTR`)."""
+    """The study's recorded early stop (:data:`autotune.runner.records.SEARCH_STOP_ATTR`)."""
 
     def done(self, n_trials: int, min_improvement: float | None) -> bool:
         """The runner's own stop rules: ``n_trials`` layouts claimed and none waiting

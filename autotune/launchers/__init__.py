@@ -31,7 +31,7 @@ def make_launcher(spec: StudySpec) -> Launcher:
 def make_launchers(spec: StudySpec) -> list[Launcher]:
     """The launchers one worker drives: one, or, for SLURM inside an allocation that holds
     the study's node count several times over, one per disjoint node group, so that
-    independent trials run side by side (``autotune.study.run_study`` gives each its own
+    independent trials run side by side (``autotune.runner.study.run_study`` gives each its own
     thread)."""
     if spec.launcher.kind == "slurm":
         from autotune.launchers.slurm import SlurmLauncher, node_groups

@@ -26,7 +26,8 @@ OUTCOME_LABELS: dict[str, str] = {
     "error": "failed", "timeout": "timed out", "interrupted": "interrupted",
     "fail": "failed (runner died)", "running": "running", "skipped": "skipped",
 }
-"""Readable names of the outcome kinds (:mod:`autotune.outcome`) and of trials without one."""
+"""Readable names of the outcome kinds (:mod:`autotune.runner.outcome`) and of trials
+without one."""
 
 _LAYOUT_COLS = ["tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage", "recompute"]
 

@@ -2,7 +2,7 @@
 
 A :class:`Strategy` gets the candidate layouts (the feasible space, in plan order) and the
 history of what was measured, and returns the next layout or ``None`` (nothing left, or
-an early :class:`Stop` in ``strategy.stop``). The study runner (:mod:`autotune.study`)
+an early :class:`Stop` in ``strategy.stop``). The study runner (:mod:`autotune.runner.study`)
 enqueues what it proposes into the real Optuna study; the benchmark
 (``benchmarks/search_efficiency.py``) drives the very same objects. See ``docs/search.md``.
 

@@ -12,7 +12,7 @@ measured OOM (strategies that use the rule), or ``None`` when nothing is left. A
 may also decide to stop while candidates are left (the default strategy when the expected
 improvement is small: issue #5); it then returns ``None`` too and says why in
 :attr:`Strategy.stop`, so callers that only need "is there a next layout" stay unchanged.
-The same objects drive the real Optuna study (:mod:`autotune.study`) and the
+The same objects drive the real Optuna study (:mod:`autotune.runner.study`) and the
 benchmark (``benchmarks/search_efficiency.py``), so what is benchmarked is what ships.
 """
 

@@ -17,7 +17,7 @@ ties), so the strategy always proposes an untried candidate and stays near the s
 choice (GP's acquisition often peaks on a measured point: asking it again is slow and
 returns the same point).
 
-The real study is driven by :mod:`autotune.study`, which asks a strategy for the next
+The real study is driven by :mod:`autotune.runner.study`, which asks a strategy for the next
 layout, enqueues its five axis parameters and reads the outcome back from its trials.
 """
 

@@ -47,7 +47,7 @@ def test_two_workers_skipping_the_same_trial_both_end_cleanly(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # SQLite can hand one waiting trial to two workers; when both find its layout owned
     # by a third trial, both tell it PRUNED. The second tell must not fail its worker.
-    import autotune.study as runner
+    import autotune.runner.study as runner
 
     study = optuna.create_study()
     first = study.ask()

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from autotune.layout import Layout
-from autotune.outcome import Outcome
+from autotune.runner.outcome import Outcome
 from autotune.trial import TrialResult
 
 __all__ = ["TrialFacts", "measurement_row", "user_attrs", "SEARCH_STOP_ATTR",

@@ -42,17 +42,17 @@ from autotune.errors import UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.layout import Layout
-from autotune.lifecycle import StopSignals, heartbeat
-from autotune.outcome import Outcome, classify, infeasible
-from autotune.progress import Progress
-from autotune.records import (
+from autotune.results import best_trial
+from autotune.runner.lifecycle import StopSignals, heartbeat
+from autotune.runner.outcome import Outcome, classify, infeasible
+from autotune.runner.progress import Progress
+from autotune.runner.records import (
     SEARCH_STOP_ATTR,
     TrialFacts,
     measurement_row,
     search_stop_record,
     user_attrs,
 )
-from autotune.results import best_trial
 from autotune.search import Observation, dominated_by_oom, make_strategy
 from autotune.spec import StudySpec
 from autotune.storage.db import ClaimResult, Storage

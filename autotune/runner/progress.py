@@ -14,7 +14,7 @@ from typing import TextIO
 from optuna.trial import FrozenTrial
 
 from autotune.layout import Layout
-from autotune.outcome import Outcome
+from autotune.runner.outcome import Outcome
 
 __all__ = ["Progress", "format_duration"]
 
