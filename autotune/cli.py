@@ -70,6 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from autotune.launchers import make_launchers
     from autotune.runner.progress import Progress
+    from autotune.runner.records import trial_layout_key
     from autotune.runner.study import run_study
     from autotune.spec import load_study
     from autotune.storage import open_storage
@@ -100,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress.message(stop_msg[summary.stopped_by])
     if summary.best is not None:
         b = summary.best
-        print(f"best layout: {b.user_attrs.get('layout')}  "
+        print(f"best layout: {trial_layout_key(b)}  "
               f"{b.value:.4g} model TFLOPS/device (trial #{b.number})")
     if summary.stopped_by == "interrupt":
         return EXIT_INTERRUPT
@@ -114,15 +115,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _print_trials(trials) -> None:
     from optuna.trial import TrialState
 
+    from autotune.runner.records import (
+        SKIPPED,
+        TrialAttr,
+        trial_layout_key,
+        trial_outcome,
+        trial_reason,
+    )
     from autotune.tables import format_table
 
-    measured = [t for t in trials if t.user_attrs.get("outcome") not in (None, "skipped")
+    measured = [t for t in trials if trial_outcome(t) not in (None, SKIPPED)
                 and t.state != TrialState.WAITING]
     measured.sort(key=lambda t: (t.value is None, -(t.value or 0.0), t.number))
-    rows = [[t.number, t.user_attrs.get("layout"), t.user_attrs.get("outcome"), t.value,
-             t.user_attrs.get("step_time_s"), t.user_attrs.get("peak_memory_gib"),
-             (t.user_attrs.get("reason") or "").splitlines()[0][:60]
-             if t.user_attrs.get("outcome") != "complete" else ""] for t in measured]
+    rows = [[t.number, trial_layout_key(t), trial_outcome(t), t.value,
+             t.user_attrs.get(TrialAttr.STEP_TIME_S), t.user_attrs.get(TrialAttr.PEAK_MEMORY_GIB),
+             trial_reason(t).splitlines()[0][:60]
+             if trial_outcome(t) != "complete" else ""] for t in measured]
     if rows:
         print(format_table(["trial", "layout", "outcome", "TFLOPS/dev", "step_s",
                             "mem_GiB", "reason"], rows))
@@ -132,6 +140,7 @@ def _print_trials(trials) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from autotune.results import list_studies, load_existing_study, study_status
+    from autotune.runner.records import trial_layout_key
     from autotune.tables import format_table
 
     storage, name = _open(args.storage, args.study)
@@ -147,8 +156,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                      st.by_outcome.get("infeasible", 0),
                      sum(st.by_outcome.get(k, 0) for k in ("error", "timeout", "fail")),
                      st.by_outcome.get("interrupted", 0), len(st.running),
-                     st.by_state.get("WAITING", 0),
-                     best.user_attrs.get("layout") if best else None,
+                     st.waiting,
+                     trial_layout_key(best) if best else None,
                      best.value if best else None])
     print(format_table(["study", "complete", "oom", "infeasible", "failed", "interrupted",
                         "running", "waiting", "best layout", "best TFLOPS/dev"], rows))

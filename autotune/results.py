@@ -1,7 +1,9 @@
 """Reading a study back: counts by outcome, the best layout, the measured trials.
 
-Used by ``autotune status``, ``autotune best`` and the reports; works from the database
-alone (the study file is not needed once trials exist).
+Used by ``autotune status``, ``autotune best``, the reports and the campaign's progress;
+works from the database alone (the study file is not needed once trials exist). Whether a
+study is done is :func:`autotune.runner.budget.study_done`'s to say, on the counts
+:class:`StudyStatus` holds.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UsageError
 from autotune.layout import Layout
-from autotune.runner.records import SEARCH_STOP_ATTR, search_stop_line
+from autotune.runner.records import (
+    search_stop_line,
+    search_stop_of,
+    study_fingerprint,
+    trial_layout,
+    trial_outcome,
+)
 from autotune.storage.db import Storage
 
 __all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "best_layout",
@@ -33,6 +41,14 @@ class StudyStatus:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     search_stop: str | None = None
     """Why the search strategy stopped before the budget, if it last did (issue #5)."""
+    search_stop_record: dict[str, Any] | None = None
+    """The same as recorded (:func:`autotune.runner.records.search_stop_record`): what
+    :func:`autotune.runner.budget.study_done` decides on."""
+
+    @property
+    def waiting(self) -> int:
+        """Trials enqueued and not started (retries, or the next proposal)."""
+        return self.by_state.get(TrialState.WAITING.name, 0)
 
 
 def list_studies(storage: Storage) -> list[str]:
@@ -59,18 +75,26 @@ def best_layout(study: optuna.Study) -> tuple[Layout, FrozenTrial]:
     trial = best_trial(study)
     if trial is None:
         raise UsageError(f"study {study.study_name!r} has no completed trial yet")
-    return Layout.from_dict(trial.user_attrs["layout_dict"]), trial
+    layout = trial_layout(trial)
+    if layout is None:  # every trial the runner completes has one
+        raise UsageError(f"trial #{trial.number} of study {study.study_name!r} records no "
+                         "layout: not a study autotune ran")
+    return layout, trial
 
 
 def study_status(study: optuna.Study) -> StudyStatus:
     trials = study.get_trials(deepcopy=False)
+    record = search_stop_of(study)
     return StudyStatus(
         name=study.study_name, n_trials=len(trials),
         by_state=dict(Counter(t.state.name for t in trials)),
-        by_outcome=dict(Counter(t.user_attrs.get("outcome", t.state.name.lower())
+        # A trial nobody judged (its runner died: failed stale) counts by its state.
+        by_outcome=dict(Counter(trial_outcome(t) or t.state.name.lower()
                                 for t in trials if t.state != TrialState.WAITING)),
         best=best_trial(study),
         running=[t for t in trials if t.state == TrialState.RUNNING],
-        fingerprint=study.user_attrs.get("fingerprint", {}),
-        search_stop=search_stop_line(study.user_attrs.get(SEARCH_STOP_ATTR)),
+        fingerprint=study_fingerprint(study),
+        search_stop=search_stop_line(record),
+        search_stop_record=record,
     )
+

@@ -15,6 +15,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.layout import Layout
 from autotune.runner.outcome import Outcome
+from autotune.runner.records import trial_layout_key
 
 __all__ = ["Progress", "format_duration"]
 
@@ -74,7 +75,7 @@ class Progress:
         else:
             first = outcome.reason.strip().splitlines()[0] if outcome.reason else ""
             what = f"{outcome.kind.upper()} {first[:120]}"
-        best_txt = (f"best {best.value:.4g} (#{best.number} {best.user_attrs.get('layout')})"
+        best_txt = (f"best {best.value:.4g} (#{best.number} {trial_layout_key(best)})"
                     if best is not None and best.value is not None else "no best yet")
         self._print(f"[{self.done}/{self.total}] trial #{number} {layout.key()}: {what} "
                     f"in {took}; {best_txt}; {self._clock()}")

@@ -17,9 +17,9 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 
 from autotune.config.study import StorageConfig
 from autotune.layout import Layout
+from autotune.runner.optuna_io import open_study
 from autotune.runner.outcome import Outcome
 from autotune.runner.records import TrialFacts, measurement_row, user_attrs
-from autotune.runner.study import open_study
 from autotune.spec import StudySpec, parse_study
 from autotune.storage import Storage, open_storage
 from autotune.trial import TrialResult
@@ -73,7 +73,7 @@ def spec(db: Path, name: str = "synthetic", nodes: int = 2) -> StudySpec:
 
 
 def _distributions() -> dict[str, Any]:
-    # As autotune.runner.study._suggest: fixed by the study's world size and global batch.
+    # As autotune.runner.optuna_io.suggest: fixed by the study's world size and global batch.
     return {"tp": IntDistribution(1, WORLD), "pp": IntDistribution(1, WORLD),
             "micro_batch": IntDistribution(1, GLOBAL_BATCH),
             "zero_stage": IntDistribution(0, 3),

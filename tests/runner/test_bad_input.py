@@ -93,7 +93,7 @@ def test_unreachable_database_exits_1_and_masks_the_password(tmp_path: Path) -> 
 def test_a_different_model_under_an_existing_study_name_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "x.db"
     path = write_study(tmp_path / "a.yaml", name="same", db=db)
-    from autotune.runner.study import open_study
+    from autotune.runner.optuna_io import open_study
     from autotune.spec import load_study
     from autotune.storage import open_storage
 
@@ -110,7 +110,7 @@ def test_a_study_from_before_mlp_and_attention_reopens_unchanged(tmp_path: Path)
     from dataclasses import replace
 
     from autotune.errors import UsageError
-    from autotune.runner.study import open_study
+    from autotune.runner.optuna_io import open_study
     from autotune.spec import load_study
     from autotune.storage import open_storage
 
