@@ -22,12 +22,14 @@ from autotune.runner.records import (
     search_stop_of,
     study_fingerprint,
     trial_layout,
+    trial_layout_key,
     trial_outcome,
 )
 from autotune.storage.db import Storage
+from autotune.tables import format_table
 
 __all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "best_layout",
-           "list_studies"]
+           "list_studies", "format_statuses"]
 
 
 @dataclass
@@ -98,3 +100,20 @@ def study_status(study: optuna.Study) -> StudyStatus:
         search_stop_record=record,
     )
 
+
+def format_statuses(statuses: list[StudyStatus]) -> str:
+    """``autotune status``: one row per study, then each recorded search stop."""
+    rows = []
+    for st in statuses:
+        best, out = st.best, st.by_outcome
+        rows.append([st.name, out.get("complete", 0), out.get("oom", 0),
+                     out.get("infeasible", 0),
+                     sum(out.get(k, 0) for k in ("error", "timeout", "fail")),
+                     out.get("interrupted", 0), len(st.running), st.waiting,
+                     trial_layout_key(best) if best else None,
+                     best.value if best else None])
+    lines = [format_table(["study", "complete", "oom", "infeasible", "failed", "interrupted",
+                           "running", "waiting", "best layout", "best TFLOPS/dev"], rows)]
+    lines += [f"{st.name}: search stopped: {st.search_stop}" for st in statuses
+              if st.search_stop]
+    return "\n".join(lines)

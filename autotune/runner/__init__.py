@@ -12,7 +12,7 @@ module                    owns
 ``records.py``            every key stored on trials and studies, its writers and readers;
                           the ``measurements`` row
 ``lifecycle.py``          heartbeats while a trial runs; SIGINT/SIGTERM
-``progress.py``           progress lines with the best so far and an ETA
+``progress.py``           progress lines, the trial table and the stop messages
 ========================  ==============================================================
 
 Nothing is imported here, on purpose: readers of what the runner stored
