@@ -64,6 +64,7 @@ from autotune.search import (
     Strategy,
     cost_model_predictor,
     make_strategy,
+    plan_order,
 )
 from benchmarks.cost_model_accuracy import (
     add_profile_cv_argument,
@@ -78,10 +79,8 @@ USES_COST_MODEL = {"default", "cost-model-only"}
 
 
 def candidates_of(group: LandscapeGroup) -> list[Layout]:
-    """The group's layouts in plan order (the order :func:`autotune.space.enumerate_layouts`
-    lists them: tp, pp, micro-batch, ZeRO stage, recompute)."""
-    return sorted(group.layouts(), key=lambda lay: (lay.tp, lay.pp, lay.micro_batch,
-                                                    lay.zero_stage, lay.recompute))
+    """The group's layouts in plan order, as the study runner hands them to a strategy."""
+    return plan_order(group.layouts())
 
 
 def threshold_of(group: LandscapeGroup, tolerance: float) -> float:

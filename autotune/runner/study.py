@@ -9,7 +9,8 @@ trial here is an external process whose interruption must be handled precisely:
 
 * every proposal comes from the search strategy (:mod:`autotune.search`) and is enqueued
   with per-axis parameters, so optuna-dashboard shows (tp, pp, micro_batch, ...);
-* an infeasible proposal is told as PRUNED with a violated constraint, never launched;
+* an infeasible proposal (or one needing no less memory than a measured OOM) is told as
+  PRUNED with a violated constraint, never launched;
 * a heartbeat thread marks the running trial alive; a runner killed with SIGKILL leaves
   a trial that the next run's :func:`optuna.storages.fail_stale_trials` fails, and
   :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` re-enqueues its layout;
@@ -20,8 +21,10 @@ trial here is an external process whose interruption must be handled precisely:
   shows it) and cleared when a later proposal is made. The decision is a function of the
   history alone, so a resumed run reaches it again at once.
 
-How each step reads and writes the Optuna study is :mod:`autotune.runner.optuna_io`;
-when a study is done, :mod:`autotune.runner.budget`.
+Strategies get the candidates in plan order (:func:`autotune.search.plan_order`), the
+order the benchmark replays them in, whatever the cost model predicts of them. How each
+step reads and writes the Optuna study is :mod:`autotune.runner.optuna_io`; when a study
+is done, :mod:`autotune.runner.budget`.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from autotune.runner.optuna_io import (
 from autotune.runner.outcome import classify, infeasible
 from autotune.runner.progress import Progress
 from autotune.runner.records import TrialFacts, measurement_row, search_stop_of, search_stop_record
-from autotune.search import dominated_by_oom, make_strategy
+from autotune.search import dominated_by_oom, make_strategy, plan_order
 from autotune.spec import StudySpec
 from autotune.storage.db import ClaimResult, Storage
 from autotune.trial import TrialSpec
@@ -183,7 +186,8 @@ class _Worker:
                  launcher: Launcher, candidates: list[Candidate], constraints: Constraints,
                  n_trials: int, progress: Progress, *, name_suffix: str = "") -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
-        self.candidates, self.constraints = candidates, constraints
+        self.constraints = constraints
+        self.plan = plan_order(c.layout for c in candidates)
         self.n_trials, self.progress = n_trials, progress
         self.by_key: dict[str, Candidate] = {c.layout.key(): c for c in candidates}
         self.study = study
@@ -243,8 +247,7 @@ class _Worker:
             return None
         if budget_reached(len(claimed), self.n_trials):
             return "budget"
-        proposal = self.strategy.propose([c.layout for c in self.candidates],
-                                         history(self.study, claimed))
+        proposal = self.strategy.propose(self.plan, history(self.study, claimed))
         stop = self.strategy.stop
         if proposal is None and stop is not None:
             self.summary.stop_reason = stop.reason
