@@ -32,7 +32,7 @@ from autotune.runner.records import (
     verdict_attrs,
 )
 from autotune.runner.records import is_retry as _records_is_retry
-from autotune.search import Observation
+from autotune.search import Observation, dominated_by_oom
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
 
@@ -89,13 +89,25 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
 
 def history(study: optuna.Study, claimed: dict[str, int]) -> list[Observation]:
     """What the strategy needs to know: measured layouts with their values, and layouts
-    claimed by running trials (``pending``: never proposed twice)."""
+    claimed by running trials (``pending``: never proposed twice).
+
+    A proposal refused because it needs no less memory than a measured OOM is, to the
+    strategy, an OOM too: what measuring it would have found (the benchmark measures it
+    and finds that), and what keeps a strategy that does not skip such layouts itself
+    (``grid``, ``random``, ``tpe``, ``gp``) from proposing it again and again.
+    """
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
                                                       TrialState.FAIL))
+    ooms = [obs for obs in (_observed(t) for t in trials) if obs and obs.status == "oom"]
     out: list[Observation] = []
     seen: set[str] = set()
     for t in trials:
         obs = _observed(t)
+        if obs is None and trial_outcome(t) == "infeasible":
+            layout = trial_layout(t)
+            if (layout is not None and layout.key() not in seen
+                    and dominated_by_oom(layout, ooms) is not None):
+                obs = Observation(layout, "oom")
         if obs is None:
             continue
         seen.add(obs.layout.key())

@@ -49,7 +49,7 @@ def _study_proposals(group: LandscapeGroup, strategy: str, seed: int, n_trials: 
     return [lay for lay in layouts if lay is not None]
 
 
-@pytest.mark.parametrize("oom_mb", [None], ids=["all-ok"])
+@pytest.mark.parametrize("oom_mb", [None, 2], ids=["all-ok", "with-ooms"])
 @pytest.mark.parametrize("strategy, seed", [("grid", 0), ("random", 7)])
 def test_a_study_proposes_what_the_benchmark_replays(bench, tmp_path: Path, strategy: str,
                                                      seed: int, oom_mb: int | None) -> None:
