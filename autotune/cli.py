@@ -8,17 +8,12 @@ interrupted by Ctrl-C (the running trial is killed and left to be retried).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.errors import AutotuneError, UsageError
-
-if TYPE_CHECKING:
-    from autotune.models.profile import LayerProfile
-    from autotune.spec import StudySpec
 
 __all__ = ["main", "build_parser"]
 
@@ -69,10 +64,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from autotune.launchers import make_launchers
-    from autotune.progress import Progress
+    from autotune.runner.progress import Progress, best_line, stop_message, trials_table
+    from autotune.runner.study import run_study
     from autotune.spec import load_study
     from autotune.storage import open_storage
-    from autotune.study import run_study
 
     spec = load_study(args.study)
     if args.storage:
@@ -92,18 +87,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress.message(f"{len(launchers)} trials side by side on disjoint node groups")
     summary = run_study(spec, storage, launchers, n_trials=n, timeout_s=args.timeout,
                         progress=progress)
-    _print_trials(summary.trials)
-    stop_msg = {"budget": f"budget of {n} trials reached",
-                "exhausted": "every promising layout was measured",
-                "strategy": f"search stopped: {summary.stop_reason}",
-                "timeout": "wall-time budget reached (run again to continue)",
-                "interrupt": "interrupted: the running trial was killed and will be retried",
-                "sigterm": "stopped by SIGTERM: the running trial will be retried"}
-    progress.message(stop_msg[summary.stopped_by])
+    table = trials_table(summary.trials)
+    if table is not None:
+        print(table)
+    progress.message(stop_message(summary.stopped_by, n_trials=n, reason=summary.stop_reason))
     if summary.best is not None:
-        b = summary.best
-        print(f"best layout: {b.user_attrs.get('layout')}  "
-              f"{b.value:.4g} model TFLOPS/device (trial #{b.number})")
+        print(best_line(summary.best))
     if summary.stopped_by == "interrupt":
         return EXIT_INTERRUPT
     if summary.best is None and summary.stopped_by != "sigterm":
@@ -113,50 +102,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_trials(trials) -> None:
-    from optuna.trial import TrialState
-
-    from autotune.tables import format_table
-
-    measured = [t for t in trials if t.user_attrs.get("outcome") not in (None, "skipped")
-                and t.state != TrialState.WAITING]
-    measured.sort(key=lambda t: (t.value is None, -(t.value or 0.0), t.number))
-    rows = [[t.number, t.user_attrs.get("layout"), t.user_attrs.get("outcome"), t.value,
-             t.user_attrs.get("step_time_s"), t.user_attrs.get("peak_memory_gib"),
-             (t.user_attrs.get("reason") or "").splitlines()[0][:60]
-             if t.user_attrs.get("outcome") != "complete" else ""] for t in measured]
-    if rows:
-        print(format_table(["trial", "layout", "outcome", "TFLOPS/dev", "step_s",
-                            "mem_GiB", "reason"], rows))
-
-
 # -- status / best --------------------------------------------------------------------------
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from autotune.results import list_studies, load_existing_study, study_status
-    from autotune.tables import format_table
+    from autotune.results import format_statuses, list_studies, load_existing_study, study_status
 
     storage, name = _open(args.storage, args.study)
     names = [name] if name else list_studies(storage)
     if not names:
         print(f"no studies in {storage.masked_url}")
         return EXIT_OK
-    rows = []
-    statuses = [study_status(load_existing_study(storage, n)) for n in names]
-    for st in statuses:
-        best = st.best
-        rows.append([st.name, st.by_outcome.get("complete", 0), st.by_outcome.get("oom", 0),
-                     st.by_outcome.get("infeasible", 0),
-                     sum(st.by_outcome.get(k, 0) for k in ("error", "timeout", "fail")),
-                     st.by_outcome.get("interrupted", 0), len(st.running),
-                     st.by_state.get("WAITING", 0),
-                     best.user_attrs.get("layout") if best else None,
-                     best.value if best else None])
-    print(format_table(["study", "complete", "oom", "infeasible", "failed", "interrupted",
-                        "running", "waiting", "best layout", "best TFLOPS/dev"], rows))
-    for st in statuses:
-        if st.search_stop:
-            print(f"{st.name}: search stopped: {st.search_stop}")
+    print(format_statuses([study_status(load_existing_study(storage, n)) for n in names]))
     return EXIT_OK
 
 
@@ -171,10 +127,11 @@ def cmd_best(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _log(quiet: bool) -> Callable[[str], None]:
+def _log(quiet: bool, prefix: str = "autotune") -> Callable[[str], None]:
+    """Progress lines on stderr (none with ``--quiet``)."""
     def log(text: str) -> None:
         if not quiet:
-            print(f"[autotune] {text}", file=sys.stderr, flush=True)
+            print(f"[{prefix}] {text}", file=sys.stderr, flush=True)
     return log
 
 
@@ -243,6 +200,7 @@ def _layer_counts(text: str) -> tuple[int, ...]:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from autotune.errors import SpecError
+    from autotune.profile_command import profile_landscape, profile_study
 
     if (args.study is None) == (args.from_landscape is None):
         raise SpecError("STUDY / --from-landscape", args.study or args.from_landscape,
@@ -253,36 +211,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
             name, value = next(iter(table.items()))
             raise SpecError(f"--{name.replace('_', '-')}", value,
                             "allowed only with --from-landscape (a study file says it itself)")
-        return _profile_study(args)
+        run = profile_study(args.study, out=Path(args.out) if args.out else None,
+                            top=args.top, layers=args.layers, log=_log(args.quiet, "profile"))
+        return EXIT_INTERRUPT if run.interrupted else EXIT_OK
     if args.out is None:
         raise SpecError("--out", None, "required with --from-landscape")
     if args.top or args.layers:
         raise SpecError("--top / --layers", args.top or args.layers,
                         "allowed only when measuring a study (they choose the runs)")
-    return _profile_landscape(args)
-
-
-def _profile_landscape(args: argparse.Namespace) -> int:
-    from autotune.errors import SpecError
-    from autotune.landscape import load_landscape
-    from autotune.models.profile_fit import fit_layer_profile, landscape_samples
-
-    out = Path(args.out)
-    previous = _writable_profile(out)
-    try:
-        groups = load_landscape(args.from_landscape, **_table_options(args))
-    except SpecError as err:
-        if err.field != "--landscape":
-            raise
-        raise SpecError("--from-landscape", err.value, err.allowed) from None
-    profile = fit_layer_profile(landscape_samples(groups),
-                                source=f"landscape {args.from_landscape}")
-    if not len(profile):
-        print(f"autotune: error: {args.from_landscape}: no series of layouts measured at "
-              "two or more layer counts; nothing to fit", file=sys.stderr)
-        return EXIT_FAIL
-    written = _merge_into(out, previous, profile)
-    print(f"wrote {out}: {len(profile)} layer shape(s) fitted, {len(written)} in the file")
+    profile_landscape(args.from_landscape, Path(args.out), **_table_options(args))
     return EXIT_OK
 
 
@@ -291,104 +228,6 @@ def _table_options(args: argparse.Namespace) -> dict[str, Any]:
     others keep its defaults)."""
     return {k: getattr(args, k) for k in ("hardware", "devices_per_node", "vocab_size",
                                           "attention") if getattr(args, k) is not None}
-
-
-def _writable_profile(out: Path) -> LayerProfile | None:
-    """What ``out`` holds already (``None``: nothing yet), checked before any work: a file
-    that cannot be extended or written must neither cost runs nor be replaced."""
-    from autotune.errors import SpecError
-
-    if out.is_dir():
-        raise SpecError("--out", str(out), "allowed: a file path (this is a directory)")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise SpecError("--out", str(out), f"cannot create its folder ({err.strerror})"
-                        ) from None
-    if not os.access(out.parent, os.W_OK):
-        raise SpecError("--out", str(out), "allowed: a path in a writable folder")
-    if not out.exists():
-        return None
-    from autotune.models.profile import load_profile
-
-    try:
-        return load_profile(out)
-    except SpecError as err:
-        raise SpecError("--out", str(out), f"holds no profile to extend: {err}") from None
-
-
-def _merge_into(out: Path, previous: LayerProfile | None, new: LayerProfile) -> LayerProfile:
-    """Write ``new`` over ``previous``'s entries (atomically; new entries win); return
-    what was written."""
-    merged = new if previous is None else previous.merged(new)
-    merged.save(out)
-    return merged
-
-
-def _profile_study(args: argparse.Namespace) -> int:
-    from autotune.launchers import make_launcher
-    from autotune.profiling import (
-        DEFAULT_ACCUMS,
-        DEFAULT_LAYERS,
-        check_profilable,
-        compare_rows,
-        profile_cells,
-        render_comparison,
-        run_profile,
-    )
-    from autotune.spec import load_study
-
-    # The study's own profile file is what this writes: it may not exist or fit yet.
-    spec = load_study(args.study, read_profile=False)
-    check_profilable(spec)
-    out = Path(args.out) if args.out else (spec.cluster.profile_path
-                                           or Path("profiles") / f"{spec.name}.json")
-    previous = _writable_profile(out)
-    launcher = make_launcher(spec.launcher, spec.model, spec.cluster, spec.training,
-                             source=spec.source)
-    cells, skipped = profile_cells(spec, top=args.top)
-    layers = args.layers or DEFAULT_LAYERS
-    say = (lambda line: None) if args.quiet else (
-        lambda line: print(f"[profile] {line}", file=sys.stderr, flush=True))
-    for cell, why in skipped:
-        say(f"skipping {cell.label()}: {why}")
-    if not cells:
-        what = ("every shape's TP group spans nodes" if skipped
-                else "the study has no feasible layout (see autotune plan)")
-        print(f"autotune: error: nothing to profile: {what}", file=sys.stderr)
-        return EXIT_FAIL
-    say(f"{len(cells)} layer shape(s) of {spec.name}: {', '.join(c.label() for c in cells)}; "
-        f"{len(cells) * len(layers) * len(DEFAULT_ACCUMS)} runs; writing {out}")
-    result = run_profile(spec, launcher, cells, layers=layers, log=say,
-                         checkpoint=lambda prof: _merge_into(out, previous, prof))
-    rows = compare_rows(spec, result.profile, cells)
-    if rows:
-        # The last checkpoint wrote exactly this.
-        in_file = len(result.profile if previous is None else previous.merged(result.profile))
-        print(f"wrote {out}: {len(rows)} layer shape(s) measured, {in_file} in the file")
-        print(render_comparison(rows))
-        noisy = [c.label() for c, e, _ in rows if e.noisy]
-        if noisy:
-            print(f"noisy (error over 10%): {', '.join(noisy)}; more trial.measure_steps or "
-                  "a wider --layers gap would tighten them")
-        if spec.cluster.profile_path != out:
-            print(f"use it: in {args.study}, cluster:  profile: {_relative_to_study(out, spec)}")
-    for cell, why in sorted(result.failed.items()):
-        print(f"not measured: {cell.label()}: {why}", file=sys.stderr)
-    if result.interrupted:
-        return EXIT_INTERRUPT
-    if not rows:
-        print("autotune: error: no layer shape could be measured", file=sys.stderr)
-        return EXIT_FAIL
-    return EXIT_OK
-
-
-def _relative_to_study(path: Path, spec: StudySpec) -> str:
-    """``path`` as the study file should name it: relative to its folder when it can be
-    (the loader looks there), else absolute."""
-    if spec.source is None:
-        return str(path.resolve())
-    return os.path.relpath(path.resolve(), Path(spec.source).resolve().parent)
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:

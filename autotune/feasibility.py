@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
+from autotune.hardware import GiB
 from autotune.layout import Layout
 
 if TYPE_CHECKING:  # the models stay out of the trainer's import path (see check_layout)
@@ -184,10 +185,10 @@ def check_layout(
 
 
 def _memory_message(fit: MemoryVerdict, memory: MemoryBudget) -> str:
-    return (f"predicted peak {fit.corrected_bytes / 2**30:.1f} +- "
-            f"{fit.sigma_bytes / 2**30:.1f} GiB per device > "
-            f"{memory.usable_bytes / 2**30:.1f} GiB usable "
-            f"({memory.capacity_bytes / 2**30:.1f} GiB less {memory.margin:.0%} margin): "
+    return (f"predicted peak {fit.corrected_bytes / GiB:.1f} +- "
+            f"{fit.sigma_bytes / GiB:.1f} GiB per device > "
+            f"{memory.usable_bytes / GiB:.1f} GiB usable "
+            f"({memory.capacity_bytes / GiB:.1f} GiB less {memory.margin:.0%} margin): "
             f"P(fit) {_percent(fit.p_fit)} < {_percent(memory.min_p_fit)}")
 
 

@@ -19,12 +19,22 @@ bandwidth is (Narayanan et al. 2021, section 3.3: tensor parallelism within a no
 True
 >>> Layout.from_key(lay.key()) == lay
 True
+
+A search chooses five of the seven axes; :meth:`Layout.params` are those, and
+:meth:`Layout.from_params` derives ``dp`` and ``grad_accum`` back from the study's world
+size and global batch:
+
+>>> lay.params()
+{'tp': 2, 'pp': 2, 'micro_batch': 1, 'zero_stage': 0, 'recompute': 'none'}
+>>> Layout.from_params(lay.params(), world_size=8, global_batch=8) == lay
+True
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from autotune.errors import SpecError
 
@@ -53,6 +63,11 @@ class Layout:
     """ZeRO stage 0-3 (Rajbhandari et al. 2020)."""
     recompute: Recompute = "none"
     """Activation recomputation: ``"none"`` or ``"full"`` (every transformer layer)."""
+
+    SEARCH_AXES: ClassVar[tuple[str, ...]] = ("tp", "pp", "micro_batch", "zero_stage",
+                                              "recompute")
+    """The axes a search chooses (the Optuna parameters of a trial). ``dp`` and
+    ``grad_accum`` are not among them: the world size and the global batch fix them."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "micro_batch", "grad_accum"):
@@ -97,6 +112,32 @@ class Layout:
         except ValueError:
             raise SpecError("layout key", key,
                             "expected the form tpT-ppP-dpD-mbM-gaG-zZ-none|full") from None
+
+    def params(self) -> dict[str, Any]:
+        """The values of :attr:`SEARCH_AXES`: what a study enqueues and the dashboard shows.
+
+        >>> Layout(tp=4, pp=1, dp=2, micro_batch=2, grad_accum=1, recompute="full").params()
+        {'tp': 4, 'pp': 1, 'micro_batch': 2, 'zero_stage': 0, 'recompute': 'full'}
+        """
+        return {axis: getattr(self, axis) for axis in self.SEARCH_AXES}
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], *, world_size: int,
+                    global_batch: int) -> Layout:
+        """Inverse of :meth:`params` for a study of ``world_size`` devices and
+        ``global_batch`` sequences per step: ``dp = world_size / (tp * pp)`` and
+        ``grad_accum = global_batch / (dp * micro_batch)``, each at least 1.
+
+        >>> Layout.from_params({"tp": 2, "pp": 1, "micro_batch": 4, "zero_stage": 1,
+        ...                     "recompute": "none"}, world_size=8, global_batch=32).key()
+        'tp2-pp1-dp4-mb4-ga2-z1-none'
+        """
+        tp, pp, mb = int(params["tp"]), int(params["pp"]), int(params["micro_batch"])
+        dp = max(world_size // (tp * pp), 1)
+        return cls(tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                   grad_accum=max(global_batch // (dp * mb), 1),
+                   zero_stage=int(params["zero_stage"]),
+                   recompute="full" if params["recompute"] == "full" else "none")
 
     def to_dict(self) -> dict[str, Any]:
         """The ``layout`` object of a trial spec (``shared/CONTRACTS.md``)."""

@@ -35,8 +35,8 @@ from autotune.layout import Layout, Recompute
 from autotune.models.cost import analytic_layer, tp_link
 from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
 from autotune.models.profile_fit import LayerSample, fit_layer_profile, median_standard_error
-from autotune.outcome import classify
-from autotune.progress import format_duration
+from autotune.runner.outcome import classify
+from autotune.runner.progress import format_duration
 from autotune.spec import StudySpec
 from autotune.tables import format_table
 from autotune.trial import TrialSpec

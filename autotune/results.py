@@ -1,7 +1,9 @@
 """Reading a study back: counts by outcome, the best layout, the measured trials.
 
-Used by ``autotune status``, ``autotune best`` and the reports; works from the database
-alone (the study file is not needed once trials exist).
+Used by ``autotune status``, ``autotune best``, the reports and the campaign's progress;
+works from the database alone (the study file is not needed once trials exist). Whether a
+study is done is :func:`autotune.runner.budget.study_done`'s to say, on the counts
+:class:`StudyStatus` holds.
 """
 
 from __future__ import annotations
@@ -15,11 +17,19 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UsageError
 from autotune.layout import Layout
-from autotune.records import SEARCH_STOP_ATTR, search_stop_line
+from autotune.runner.records import (
+    search_stop_line,
+    search_stop_of,
+    study_fingerprint,
+    trial_layout,
+    trial_layout_key,
+    trial_outcome,
+)
 from autotune.storage.db import Storage
+from autotune.tables import format_table
 
 __all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "best_layout",
-           "list_studies"]
+           "list_studies", "format_statuses"]
 
 
 @dataclass
@@ -33,6 +43,14 @@ class StudyStatus:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     search_stop: str | None = None
     """Why the search strategy stopped before the budget, if it last did (issue #5)."""
+    search_stop_record: dict[str, Any] | None = None
+    """The same as recorded (:func:`autotune.runner.records.search_stop_record`): what
+    :func:`autotune.runner.budget.study_done` decides on."""
+
+    @property
+    def waiting(self) -> int:
+        """Trials enqueued and not started (retries, or the next proposal)."""
+        return self.by_state.get(TrialState.WAITING.name, 0)
 
 
 def list_studies(storage: Storage) -> list[str]:
@@ -59,18 +77,43 @@ def best_layout(study: optuna.Study) -> tuple[Layout, FrozenTrial]:
     trial = best_trial(study)
     if trial is None:
         raise UsageError(f"study {study.study_name!r} has no completed trial yet")
-    return Layout.from_dict(trial.user_attrs["layout_dict"]), trial
+    layout = trial_layout(trial)
+    if layout is None:  # every trial the runner completes has one
+        raise UsageError(f"trial #{trial.number} of study {study.study_name!r} records no "
+                         "layout: not a study autotune ran")
+    return layout, trial
 
 
 def study_status(study: optuna.Study) -> StudyStatus:
     trials = study.get_trials(deepcopy=False)
+    record = search_stop_of(study)
     return StudyStatus(
         name=study.study_name, n_trials=len(trials),
         by_state=dict(Counter(t.state.name for t in trials)),
-        by_outcome=dict(Counter(t.user_attrs.get("outcome", t.state.name.lower())
+        # A trial nobody judged (its runner died: failed stale) counts by its state.
+        by_outcome=dict(Counter(trial_outcome(t) or t.state.name.lower()
                                 for t in trials if t.state != TrialState.WAITING)),
         best=best_trial(study),
         running=[t for t in trials if t.state == TrialState.RUNNING],
-        fingerprint=study.user_attrs.get("fingerprint", {}),
-        search_stop=search_stop_line(study.user_attrs.get(SEARCH_STOP_ATTR)),
+        fingerprint=study_fingerprint(study),
+        search_stop=search_stop_line(record),
+        search_stop_record=record,
     )
+
+
+def format_statuses(statuses: list[StudyStatus]) -> str:
+    """``autotune status``: one row per study, then each recorded search stop."""
+    rows = []
+    for st in statuses:
+        best, out = st.best, st.by_outcome
+        rows.append([st.name, out.get("complete", 0), out.get("oom", 0),
+                     out.get("infeasible", 0),
+                     sum(out.get(k, 0) for k in ("error", "timeout", "fail")),
+                     out.get("interrupted", 0), len(st.running), st.waiting,
+                     trial_layout_key(best) if best else None,
+                     best.value if best else None])
+    lines = [format_table(["study", "complete", "oom", "infeasible", "failed", "interrupted",
+                           "running", "waiting", "best layout", "best TFLOPS/dev"], rows)]
+    lines += [f"{st.name}: search stopped: {st.search_stop}" for st in statuses
+              if st.search_stop]
+    return "\n".join(lines)

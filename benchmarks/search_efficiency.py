@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.config.model import ATTENTION_KINDS
@@ -56,13 +58,13 @@ from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
 from autotune.models.profile import LayerProfile
 from autotune.search import (
-    PARAM_AXES,
     STRATEGIES,
     Observation,
     Predictor,
     Strategy,
     cost_model_predictor,
     make_strategy,
+    plan_order,
 )
 from benchmarks.cost_model_accuracy import (
     add_profile_cv_argument,
@@ -77,10 +79,8 @@ USES_COST_MODEL = {"default", "cost-model-only"}
 
 
 def candidates_of(group: LandscapeGroup) -> list[Layout]:
-    """The group's layouts in plan order (the order :func:`autotune.space.enumerate_layouts`
-    lists them: tp, pp, micro-batch, ZeRO stage, recompute)."""
-    return sorted(group.layouts(), key=lambda lay: (lay.tp, lay.pp, lay.micro_batch,
-                                                    lay.zero_stage, lay.recompute))
+    """The group's layouts in plan order, as the study runner hands them to a strategy."""
+    return plan_order(group.layouts())
 
 
 def threshold_of(group: LandscapeGroup, tolerance: float) -> float:
@@ -207,10 +207,9 @@ def perturbed(predict: Predictor, layouts: list[Layout], sd: float, seed: str) -
     """``predict`` times ``exp(N(0, sd^2))`` per axis value (tp=4, recompute=full, ...):
     a cost model that is wrong about whole axes, as real ones are (docs/models.md)."""
     rng = random.Random(seed)  # a str seed hashes the same in every process
-    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in PARAM_AXES
+    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in Layout.SEARCH_AXES
               for v in sorted({getattr(lay, a) for lay in layouts}, key=str)}
-    return lambda lay: predict(lay) * math.prod(factor[a, getattr(lay, a)]
-                                                 for a in PARAM_AXES)
+    return lambda lay: predict(lay) * math.prod(factor[a, v] for a, v in lay.params().items())
 
 
 def with_error(predict: Predictor, group: LandscapeGroup, sd: float, draw: int) -> Predictor:
@@ -293,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                     "Aurora flash)")
     add_profile_cv_argument(ap)
     args = ap.parse_args(argv)
+    # The TPE/GP strategies create an in-memory Optuna study per replay: without this,
+    # Optuna logs a line for each of them and for each of their trials.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         schemes = parse_profile_cv(args.profile_cv)
     except ValueError as err:

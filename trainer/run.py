@@ -1,7 +1,10 @@
 """One trial (or several in one launch): validate, build, warm up, measure, write the result.
 
-The outcome of a trial becomes a status in exactly one place, :func:`classify`:
-``ok``, ``oom`` (out of memory on *any* rank) or ``error``. Ranks agree on it through an
+Each rank's status comes from :func:`result_status_of_exception`: ``ok``, ``oom`` (out of
+memory) or ``error``; the result file gets the worst over ranks (an ``oom`` on *any* rank
+makes the trial ``oom`` unless another failed otherwise). That file is the trainer's
+verdict only: the runner turns it and what the launcher saw into the trial's outcome
+(:func:`autotune.runner.outcome.classify`). Ranks agree on the status through an
 all-reduce (MAX of a status code) in a dedicated gloo group whose timeout is longer than
 the process-group timeout, so that a rank that failed early still meets the ranks that
 are stuck in a step collective until ``run.collective_timeout_s`` expires. Each failing
@@ -33,7 +36,8 @@ from autotune.feasibility import check_layout
 from autotune.trial import TrialResult, TrialSpec
 from trainer.distributed import LaunchEnv, launch_env_from
 
-__all__ = ["run_trials", "classify", "is_out_of_memory", "STATUS_CODES"]
+__all__ = ["run_trials", "result_status_of_exception", "is_out_of_memory",
+           "STATUS_CODES"]
 
 STATUS_CODES = {"ok": 0, "oom": 1, "error": 2}
 _PROCESS_START = time.perf_counter()
@@ -55,8 +59,9 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and any(m in str(err).lower() for m in _OOM_MARKERS)
 
 
-def classify(err: BaseException | None) -> str:
-    """The status of a trial that ended with ``err`` (``None``: it finished)."""
+def result_status_of_exception(err: BaseException | None) -> str:
+    """The result-file status (:data:`STATUS_CODES`) of a rank whose trial ended with
+    ``err`` (``None``: it finished): ``oom`` for an allocator failure, else ``error``."""
     if err is None:
         return "ok"
     return "oom" if is_out_of_memory(err) else "error"
@@ -106,7 +111,7 @@ def run_trials(pairs: list[tuple[str, str]], env: dict[str, str] | None = None) 
     try:
         ctx = _Context.start(launch, valid[0].spec)  # type: ignore[arg-type]
     except Exception as err:  # rendezvous/device failure: nothing ran
-        status = classify(err)
+        status = result_status_of_exception(err)
         if launch.rank == 0:
             for job in valid:
                 _write(job.result_path, TrialResult(status=status, error=_tail(err),
@@ -219,8 +224,9 @@ def _run_one(job: _Job, ctx: _Context) -> str:
             raise
         error = err
         write_json_atomic(err_path, {"rank": launch.rank, "host": socket.gethostname(),
-                                     "status": classify(err), "error": _tail(err)})
-    status = _agree(classify(error), ctx)
+                                     "status": result_status_of_exception(err),
+                                     "error": _tail(err)})
+    status = _agree(result_status_of_exception(error), ctx)
     # A peer that exits now makes torchrun SIGTERM this rank; the result must still be
     # written (torchrun's SIGKILL follows only after its grace period).
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -25,9 +25,9 @@ from autotune.campaign.config import SQLITE_WARNING, CampaignSpec, CampaignStudy
 from autotune.campaign.render import CampaignPaths, Commands, write_script, write_study
 from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, LaunchError, StorageError
-from autotune.records import SEARCH_STOP_ATTR
+from autotune.runner.budget import study_done
 
-__all__ = ["SlurmCli", "StudyProgress", "StudyStatus", "submit", "status", "study_progress",
+__all__ = ["SlurmCli", "StudyProgress", "CampaignRow", "submit", "status", "study_progress",
            "budget_met", "load_state", "format_status"]
 
 _LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -122,25 +122,21 @@ class StudyProgress:
     best_params: dict[str, Any] = field(default_factory=dict)
     exists: bool = False
     search_stop: dict[str, Any] | None = None
-    """The study's recorded early stop (:data:`autotune.records.SEARCH_STOP_ATTR`)."""
+    """The study's recorded early stop (:func:`autotune.runner.records.search_stop_record`)."""
 
     def done(self, n_trials: int, min_improvement: float | None) -> bool:
-        """The runner's own stop rules: ``n_trials`` layouts claimed and none waiting
-        (retry), or a strategy stop that still holds: recorded at a threshold no higher
-        than the study's current ``search.min_improvement`` (EI below it is below this
-        one too), with nothing running or waiting that could change the history."""
-        if self.claimed >= n_trials and self.waiting == 0:
-            return True
-        recorded = (self.search_stop or {}).get("min_improvement")
-        return (min_improvement is not None and isinstance(recorded, (int, float))
-                and recorded <= min_improvement and self.running == 0 and self.waiting == 0)
+        """Whether the study is done: the runner's rule,
+        :func:`autotune.runner.budget.study_done`."""
+        return study_done(claimed=self.claimed, running=self.running, waiting=self.waiting,
+                          search_stop=self.search_stop, n_trials=n_trials,
+                          min_improvement=min_improvement)
 
 
 def study_progress(url: str, study: str) -> StudyProgress:
     """Counts and the best trial of one study, from the shared database."""
     import optuna
-    from optuna.trial import TrialState
 
+    from autotune.results import study_status
     from autotune.storage.db import Storage
 
     storage = Storage(StorageConfig(url=url))
@@ -150,17 +146,13 @@ def study_progress(url: str, study: str) -> StudyProgress:
             s = optuna.load_study(study_name=study, storage=storage.optuna)
         except KeyError:
             return prog
+        st = study_status(s)
         prog.exists = True
-        stop = s.user_attrs.get(SEARCH_STOP_ATTR)
-        prog.search_stop = stop if isinstance(stop, dict) else None
-        trials = s.get_trials(deepcopy=False)
-        prog.complete = sum(t.state == TrialState.COMPLETE for t in trials)
-        prog.running = sum(t.state == TrialState.RUNNING for t in trials)
-        prog.waiting = sum(t.state == TrialState.WAITING for t in trials)
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-        if done:
-            best = max(done, key=lambda t: t.value)  # type: ignore[arg-type, return-value]
-            prog.best_value, prog.best_params = best.value, dict(best.params)
+        prog.search_stop = st.search_stop_record
+        prog.complete = st.by_state.get("COMPLETE", 0)
+        prog.running, prog.waiting = len(st.running), st.waiting
+        if st.best is not None:
+            prog.best_value, prog.best_params = st.best.value, dict(st.best.params)
         return prog
     finally:
         storage.close()
@@ -175,7 +167,9 @@ def budget_met(url: str, study: str, n_trials: int,
 # -- submit and status --------------------------------------------------------------------
 
 @dataclass
-class StudyStatus:
+class CampaignRow:
+    """One study of a campaign: its budget, progress and jobs, and what ``submit`` did."""
+
     study: str
     target: int
     progress: StudyProgress | None
@@ -200,7 +194,7 @@ def _live(states: dict[str, list[str]]) -> list[str]:
 
 def submit(campaign: CampaignSpec, *, slurm: SlurmCli | None = None,
            commands: Commands | None = None, dry_run: bool = False,
-           check_budget: bool = True) -> list[StudyStatus]:
+           check_budget: bool = True) -> list[CampaignRow]:
     """Render every study and submit what is not done or running (see module docstring)."""
     slurm = slurm or SlurmCli()
     commands = commands or Commands.here()
@@ -208,13 +202,13 @@ def submit(campaign: CampaignSpec, *, slurm: SlurmCli | None = None,
     if campaign.backend == "sqlite":
         warnings.warn(SQLITE_WARNING, UserWarning, stacklevel=2)
     state = load_state(paths)
-    out: list[StudyStatus] = []
+    out: list[CampaignRow] = []
     for study in campaign.studies:
         write_study(campaign, study)
         script = write_script(campaign, study, commands)
         recorded = [j["job_id"] for j in state["studies"].get(study.name, {}).get("jobs", [])]
         live = _live(slurm.job_states(recorded)) if recorded else []
-        st = StudyStatus(study.name, study.n_trials, None, {j: ["live"] for j in live})
+        st = CampaignRow(study.name, study.n_trials, None, {j: ["live"] for j in live})
         if live:
             st.action = f"skipped: jobs live ({', '.join(live)})"
         elif check_budget and _met(campaign, study, st):
@@ -234,7 +228,7 @@ def submit(campaign: CampaignSpec, *, slurm: SlurmCli | None = None,
     return out
 
 
-def _met(campaign: CampaignSpec, study: CampaignStudy, st: StudyStatus) -> bool:
+def _met(campaign: CampaignSpec, study: CampaignStudy, st: CampaignRow) -> bool:
     try:
         st.progress = study_progress(campaign.storage_url, study.name)
     except (StorageError, AutotuneError) as err:
@@ -243,7 +237,7 @@ def _met(campaign: CampaignSpec, study: CampaignStudy, st: StudyStatus) -> bool:
     return st.progress.done(study.n_trials, study.spec.search.min_improvement)
 
 
-def status(campaign: CampaignSpec, *, slurm: SlurmCli | None = None) -> list[StudyStatus]:
+def status(campaign: CampaignSpec, *, slurm: SlurmCli | None = None) -> list[CampaignRow]:
     """Per study: trials claimed/complete vs the budget, best so far, and its jobs' states."""
     slurm = slurm or SlurmCli()
     state = load_state(CampaignPaths.of(campaign))
@@ -256,7 +250,7 @@ def status(campaign: CampaignSpec, *, slurm: SlurmCli | None = None) -> list[Stu
             live = {}
         done = slurm.finished_states([j for j in jobs if not live.get(j)])
         states = {j: live.get(j) or done.get(j) or ["unknown"] for j in jobs}
-        st = StudyStatus(study.name, study.n_trials, None, states)
+        st = CampaignRow(study.name, study.n_trials, None, states)
         try:
             st.progress = study_progress(campaign.storage_url, study.name)
         except (StorageError, AutotuneError) as err:
@@ -265,7 +259,7 @@ def status(campaign: CampaignSpec, *, slurm: SlurmCli | None = None) -> list[Stu
     return out
 
 
-def format_status(rows: list[StudyStatus]) -> str:
+def format_status(rows: list[CampaignRow]) -> str:
     """A table for humans: study, claimed/target, complete, best, job states."""
     lines = [f"{'study':<32} {'trials':>9} {'complete':>8} {'best TFLOPS/dev':>15}  jobs"]
     for r in rows:

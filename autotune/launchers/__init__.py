@@ -39,7 +39,7 @@ def make_launchers(launcher: LauncherConfig, model: ModelConfig, cluster: Cluste
                    training: TrainingConfig, *, source: str | None = None) -> list[Launcher]:
     """The launchers one worker drives: one, or, for SLURM inside an allocation that holds
     the study's node count several times over, one per disjoint node group, so that
-    independent trials run side by side (``autotune.study.run_study`` gives each its own
+    independent trials run side by side (``autotune.runner.study.run_study`` gives each its own
     thread)."""
     if launcher.kind == "slurm":
         from autotune.launchers.slurm import SlurmLauncher, node_groups

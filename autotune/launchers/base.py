@@ -20,7 +20,7 @@ Contract, checked for every backend by ``tests/launchers/test_contract.py``:
 3. :meth:`Launcher.cancel` (from another thread or a signal handler) makes ``run`` kill
    the trial and return promptly with ``interrupted`` set.
 4. The result is whatever the trainer wrote atomically to ``paths.result`` (or ``None``):
-   outcomes are decided from that file and the report by :func:`autotune.outcome.classify`,
+   outcomes are decided from that file and the report by :func:`autotune.runner.outcome.classify`,
    never by reading logs. ``stderr_tail`` is only for humans.
 """
 
@@ -139,7 +139,7 @@ class Launcher(ABC):
         """The only layouts this launcher can measure, or ``None`` for any.
 
         A replayed table answers for its own rows only: the study then searches exactly
-        those (:func:`autotune.study.run_study`) instead of the study file's space.
+        those (:func:`autotune.runner.study.run_study`) instead of the study file's space.
         """
         return None
 

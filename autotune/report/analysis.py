@@ -15,7 +15,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from autotune.hardware import GiB, get_device
-from autotune.study import AXES
+from autotune.layout import Layout
 
 __all__ = ["OUTCOME_LABELS", "Importance", "best_layouts", "tp_pp_grid", "bubble_fraction",
            "microbatch_frame", "outcome_counts", "failures", "tuning_cost",
@@ -26,7 +26,8 @@ OUTCOME_LABELS: dict[str, str] = {
     "error": "failed", "timeout": "timed out", "interrupted": "interrupted",
     "fail": "failed (runner died)", "running": "running", "skipped": "skipped",
 }
-"""Readable names of the outcome kinds (:mod:`autotune.outcome`) and of trials without one."""
+"""Readable names of the outcome kinds (:mod:`autotune.runner.outcome`) and of trials
+without one."""
 
 _LAYOUT_COLS = ["tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage", "recompute"]
 
@@ -150,7 +151,7 @@ def param_importance(study: optuna.Study) -> Importance:
     that takes two values among them; otherwise says which of these is missing.
     """
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if all(a in t.params for a in AXES)]
+            if all(a in t.params for a in Layout.SEARCH_AXES)]
     if len(done) < 2:
         return Importance(None, f"not computed: {len(done)} complete trial(s); "
                                 "at least 2 are needed")
@@ -158,7 +159,7 @@ def param_importance(study: optuna.Study) -> Importance:
     if max(values) == min(values):  # type: ignore[type-var]
         return Importance(None, f"not computed: all {len(done)} complete trials measured "
                                 "the same value, there is no variance to explain")
-    varying = [a for a in AXES if len({t.params[a] for t in done}) > 1]
+    varying = [a for a in Layout.SEARCH_AXES if len({t.params[a] for t in done}) > 1]
     if not varying:
         return Importance(None, "not computed: the complete trials differ in no layout axis")
     try:
@@ -170,7 +171,7 @@ def param_importance(study: optuna.Study) -> Importance:
     if not imp or not all(math.isfinite(v) for v in imp.values()) or sum(imp.values()) <= 0:
         return Importance(None, f"not computed: {len(done)} complete trials are too few for "
                                 "the evaluator to tell the axes apart")
-    fixed = [a for a in AXES if a not in varying]
+    fixed = [a for a in Layout.SEARCH_AXES if a not in varying]
     note = (f"PED-ANOVA over {len(done)} complete trials; axes varied: {', '.join(varying)}"
             + (f"; constant (importance 0): {', '.join(fixed)}" if fixed else ""))
     if len(done) < 10:

@@ -24,6 +24,7 @@ from autotune.report.export import megatron_deepspeed_args
 from autotune.report.files import ReportPaths, write_text_atomic
 from autotune.report.frames import measurements_frame, trials_frame, write_exports
 from autotune.report.render import Code, Image, Report, Section, Table, Text, render
+from autotune.runner.records import StudyAttr, study_device_memory_gib, study_fingerprint
 from autotune.storage.db import Storage
 
 __all__ = ["study_report"]
@@ -49,9 +50,9 @@ def study_report(storage: Storage, study: optuna.Study, out_dir: Path, *, fmt: s
     meas = measurements_frame(storage.engine, study_name=study.study_name)
     log(f"read {len(trials)} trials and {len(meas)} measurement rows")
     device = (str(meas["device_type"].iloc[0]) if len(meas)
-              else study.user_attrs.get("fingerprint", {}).get("device"))
-    if memory_gib is None and isinstance(study.user_attrs.get("device_memory_gib"), (int, float)):
-        memory_gib = float(study.user_attrs["device_memory_gib"])
+              else study_fingerprint(study).get("device"))
+    if memory_gib is None:
+        memory_gib = study_device_memory_gib(study)
     ctx = _Context(paths, log)
     report = Report(
         title=f"autotune report: {study.study_name}",
@@ -96,11 +97,11 @@ class _Context:
 
 def _meta(study: optuna.Study, storage: Storage, trials: pd.DataFrame,
           device: str | None) -> list[str]:
-    fp = study.user_attrs.get("fingerprint", {})
-    model = study.user_attrs.get("model") or fp.get("model", {}).get("name", "?")
-    lines = [f"model: {model}; cluster: {study.user_attrs.get('cluster', device or '?')}; "
+    fp, attrs = study_fingerprint(study), study.user_attrs
+    model = attrs.get(StudyAttr.MODEL) or fp.get("model", {}).get("name", "?")
+    lines = [f"model: {model}; cluster: {attrs.get(StudyAttr.CLUSTER, device or '?')}; "
              f"global batch {fp.get('global_batch', '?')}; dtype {fp.get('dtype', '?')}",
-             f"objective: {study.user_attrs.get('objective', 'model TFLOPS per device')}",
+             f"objective: {attrs.get(StudyAttr.OBJECTIVE, 'model TFLOPS per device')}",
              f"storage: {storage.masked_url}",
              f"trials: {len(trials)} ("
              + ", ".join(f"{n} {o}" for o, n in an.outcome_counts(trials).itertuples(index=False))
@@ -127,7 +128,7 @@ def _best(study: optuna.Study, trials: pd.DataFrame) -> Section:
         "predicted TFLOPS/device", "step_time_s": "step (s)", "peak_memory_gib":
         "peak memory (GiB)", "predicted_memory_gib": "predicted memory (GiB)"}),
         "layout key: tp-pp-dp-micro batch-grad accum-ZeRO stage-recompute"))
-    fp = study.user_attrs.get("fingerprint", {})
+    fp = study_fingerprint(study)
     lay = Layout.from_key(b["layout"])
     args = megatron_deepspeed_args(lay, dtype=fp.get("dtype", "bf16"), model=fp.get("model"))
     s.blocks += [Text("Megatron-DeepSpeed arguments for the best layout (also: autotune best "

@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial
 from autotune.atomic import write_json_atomic
 from autotune.dsconfig import deepspeed_config
 from autotune.layout import Layout
+from autotune.runner.records import TrialAttr, study_fingerprint
 
 __all__ = ["emit_best", "megatron_deepspeed_args", "best_json"]
 
@@ -59,8 +60,9 @@ def megatron_deepspeed_args(layout: Layout, *, dtype: str,
 
 
 def best_json(study: optuna.Study, layout: Layout, trial: FrozenTrial) -> dict[str, Any]:
-    keys = ("model_tflops_per_device", "hardware_tflops_per_device", "mfu", "step_time_s",
-            "tokens_per_s", "peak_memory_gib", "device_name")
+    keys = (TrialAttr.MODEL_TFLOPS, TrialAttr.HARDWARE_TFLOPS, TrialAttr.MFU,
+            TrialAttr.STEP_TIME_S, TrialAttr.TOKENS_PER_S, TrialAttr.PEAK_MEMORY_GIB,
+            TrialAttr.DEVICE_NAME)
     return {"study": study.study_name, "trial": trial.number, "layout": layout.to_dict(),
             "world_size": layout.world_size, "global_batch": layout.global_batch,
             **{k: trial.user_attrs[k] for k in keys if k in trial.user_attrs}}
@@ -70,7 +72,7 @@ def emit_best(study: optuna.Study, layout: Layout, trial: FrozenTrial, *, fmt: s
               out_dir: Path) -> str:
     """Text to print for ``autotune best --emit FMT``; ``deepspeed`` also writes
     ``OUT_DIR/ds_config.json`` (atomically)."""
-    fp = study.user_attrs.get("fingerprint", {})
+    fp = study_fingerprint(study)
     dtype = fp.get("dtype", "bf16")
     summary = best_json(study, layout, trial)
     if fmt == "json":

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 from autotune.errors import UsageError
 from autotune.layout import Layout
 from autotune.report.files import atomic_path
+from autotune.runner.records import TrialAttr, study_fingerprint
 from autotune.storage.schema import Measurement
 
 __all__ = ["TRIAL_COLUMNS", "MEASUREMENT_COLUMNS", "trials_frame", "measurements_frame",
@@ -47,9 +48,11 @@ TRIAL_COLUMNS: dict[str, str] = {
 }
 """Columns of the trials frame and their dtypes (``str`` columns may hold missing values)."""
 
-_FLOAT_ATTRS = ("model_tflops_per_device", "hardware_tflops_per_device", "mfu", "step_time_s",
-                "step_time_iqr_s", "tokens_per_s", "peak_memory_gib", "predicted_memory_gib",
-                "predicted_tflops_per_device", "elapsed_s", "retry_of")
+_FLOAT_ATTRS = (TrialAttr.MODEL_TFLOPS, TrialAttr.HARDWARE_TFLOPS, TrialAttr.MFU,
+                TrialAttr.STEP_TIME_S, TrialAttr.STEP_TIME_IQR_S, TrialAttr.TOKENS_PER_S,
+                TrialAttr.PEAK_MEMORY_GIB, TrialAttr.PREDICTED_MEMORY_GIB,
+                TrialAttr.PREDICTED_TFLOPS, TrialAttr.ELAPSED_S, TrialAttr.RETRY_OF)
+"""Trial attributes that are frame columns of the same name, as floats."""
 
 
 def _sql_dtype(column: Any) -> str:
@@ -77,27 +80,29 @@ def _text(value: Any) -> str | None:
 
 def _trial_row(t: FrozenTrial, world_size: int, global_batch: int) -> dict[str, Any] | None:
     attrs = t.user_attrs
-    lay = attrs.get("layout_dict")
+    lay = attrs.get(TrialAttr.LAYOUT_DICT)
     if lay is None:
         p = t.params
         if not {"tp", "pp", "micro_batch"} <= set(p):
             return None  # a waiting trial: nothing proposed yet
         tp, pp, mb = int(p["tp"]), int(p["pp"]), int(p["micro_batch"])
-        dp = int(attrs.get("dp") or max(world_size // (tp * pp), 1))
+        dp = int(attrs.get(TrialAttr.DP) or max(world_size // (tp * pp), 1))
         lay = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": mb,
-               "grad_accum": int(attrs.get("grad_accum") or max(global_batch // (dp * mb), 1)),
+               "grad_accum": int(attrs.get(TrialAttr.GRAD_ACCUM)
+                                 or max(global_batch // (dp * mb), 1)),
                "zero_stage": int(p.get("zero_stage", 0)),
                "recompute": str(p.get("recompute", "none"))}
     row: dict[str, Any] = {
         "number": t.number, "trial_id": t._trial_id, "state": t.state.name,
         # A trial the runner never judged (it died: failed stale) has no outcome attr.
-        "outcome": attrs.get("outcome", t.state.name.lower()),
+        "outcome": attrs.get(TrialAttr.OUTCOME, t.state.name.lower()),
         "value": t.value if t.state == TrialState.COMPLETE else None,
-        "layout": attrs.get("layout"), **lay,
+        "layout": attrs.get(TrialAttr.LAYOUT), **lay,
         "world_size": lay["tp"] * lay["pp"] * lay["dp"],
-        "reason": _text(attrs.get("reason")), "device_name": _text(attrs.get("device_name")),
-        "launcher": _text(attrs.get("launcher")), "worker": _text(attrs.get("worker")),
-        "hosts": _text(attrs.get("hosts")),
+        "reason": _text(attrs.get(TrialAttr.REASON)),
+        "device_name": _text(attrs.get(TrialAttr.DEVICE_NAME)),
+        "launcher": _text(attrs.get(TrialAttr.LAUNCHER)),
+        "worker": _text(attrs.get(TrialAttr.WORKER)), "hosts": _text(attrs.get(TrialAttr.HOSTS)),
         "datetime_start": t.datetime_start, "datetime_complete": t.datetime_complete,
     }
     if row["layout"] is None:
@@ -115,7 +120,7 @@ def _typed(rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per trial that has a layout, ordered by trial number."""
-    fp = study.user_attrs.get("fingerprint", {})
+    fp = study_fingerprint(study)
     ws, gb = int(fp.get("world_size", 1)), int(fp.get("global_batch", 1))
     rows = [r for t in study.get_trials(deepcopy=False)
             if (r := _trial_row(t, ws, gb)) is not None]

@@ -1,10 +1,11 @@
 """Search strategies: which layout to measure next.
 
-A :class:`Strategy` gets the candidate layouts (the feasible space, in plan order) and the
-history of what was measured, and returns the next layout or ``None`` (nothing left, or
-an early :class:`Stop` in ``strategy.stop``). The study runner (:mod:`autotune.study`)
-enqueues what it proposes into the real Optuna study; the benchmark
-(``benchmarks/search_efficiency.py``) drives the very same objects. See ``docs/search.md``.
+A :class:`Strategy` gets the candidate layouts (the feasible space, in plan order:
+:func:`plan_order`) and the history of what was measured, and returns the next layout or
+``None`` (nothing left, or an early :class:`Stop` in ``strategy.stop``). The study runner
+(:mod:`autotune.runner.study`) enqueues what it proposes into the real Optuna study; the
+benchmark (``benchmarks/search_efficiency.py``) drives the very same objects. See
+``docs/search.md``.
 
 >>> from autotune.layout import Layout
 >>> cands = [Layout(tp=t, pp=1, dp=4 // t, micro_batch=1, grad_accum=t) for t in (1, 2, 4)]
@@ -26,23 +27,22 @@ from autotune.search._base import (
     Strategy,
     dominated_by_oom,
     needs_no_less_memory,
+    plan_order,
     untried,
 )
 from autotune.search._optuna import (
-    PARAM_AXES,
     STARTUP_TRIALS,
     OptunaSamplerStrategy,
     axis_distributions,
     layout_from_params,
-    layout_params,
 )
 from autotune.search._residual import ResidualStrategy
 from autotune.search._seeding import cost_model_predictor
 from autotune.search._simple import CostModelOnlyStrategy, GridStrategy, RandomStrategy
 
-__all__ = ["STRATEGIES", "PARAM_AXES", "Observation", "Predictor", "Stop", "Strategy",
-           "make_strategy", "dominated_by_oom", "needs_no_less_memory", "untried",
-           "axis_distributions", "layout_params", "layout_from_params", "cost_model_predictor",
+__all__ = ["STRATEGIES", "Observation", "Predictor", "Stop", "Strategy",
+           "make_strategy", "dominated_by_oom", "needs_no_less_memory", "untried", "plan_order",
+           "axis_distributions", "layout_from_params", "cost_model_predictor",
            "ResidualStrategy", "CostModelOnlyStrategy", "GridStrategy", "RandomStrategy",
            "OptunaSamplerStrategy"]
 

@@ -2,8 +2,8 @@
 
 A strategy never launches anything and never sees a launcher or a study. It is given
 
-* ``candidates``: the feasible layouts of the space, in plan order (every layout it may
-  propose), and
+* ``candidates``: the feasible layouts of the space, in plan order (:func:`plan_order`;
+  every layout it may propose), and
 * ``history``: what was measured so far, one :class:`Observation` per layout tried (or
   pending: launched and not yet finished),
 
@@ -12,8 +12,17 @@ measured OOM (strategies that use the rule), or ``None`` when nothing is left. A
 may also decide to stop while candidates are left (the default strategy when the expected
 improvement is small: issue #5); it then returns ``None`` too and says why in
 :attr:`Strategy.stop`, so callers that only need "is there a next layout" stay unchanged.
-The same objects drive the real Optuna study (:mod:`autotune.study`) and the
+The same objects drive the real Optuna study (:mod:`autotune.runner.study`) and the
 benchmark (``benchmarks/search_efficiency.py``), so what is benchmarked is what ships.
+
+**Plan order** is the layouts' own order (:class:`~autotune.layout.Layout` compares field
+by field): tp, then pp, micro-batch, ZeRO stage and recompute, ascending (``"full"``
+before ``"none"``); within one study dp and grad_accum follow from those. It does not
+depend on how the study file lists its axes, on how a replayed table orders its rows, or
+on what the cost model predicts: strategies that rank by prediction (``cost-model-only``,
+``default``) rank themselves and keep plan order among ties, ``grid`` proposes in it,
+and the random ones draw from it. A canonical order is what lets the benchmark, which has
+no study file, replay exactly the proposals a study makes.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from dataclasses import dataclass
 from autotune.layout import Layout
 
 __all__ = ["Observation", "Stop", "Strategy", "Predictor", "OBSERVATION_STATUSES",
-           "dominated_by_oom", "untried"]
+           "dominated_by_oom", "untried", "plan_order"]
 
 Predictor = Callable[[Layout], float]
 """Predicted throughput of a layout (model TFLOPS per device; any positive scale)."""
@@ -57,6 +66,18 @@ class Stop:
     """One line for people, e.g. ``expected improvement 0.31% < 1% after 6 trials``."""
     judged: int
     """Finished trials (ok, oom, error; not pending) the decision was based on."""
+
+
+def plan_order(layouts: Iterable[Layout]) -> list[Layout]:
+    """``layouts`` in plan order (module docstring), the order every strategy is given.
+
+    >>> lays = [Layout(tp=2, pp=1, dp=1, micro_batch=1, grad_accum=2),
+    ...         Layout(tp=1, pp=1, dp=2, micro_batch=1, grad_accum=1, recompute="none"),
+    ...         Layout(tp=1, pp=1, dp=2, micro_batch=1, grad_accum=1, recompute="full")]
+    >>> [lay.key() for lay in plan_order(lays)]
+    ['tp1-pp1-dp2-mb1-ga1-z0-full', 'tp1-pp1-dp2-mb1-ga1-z0-none', 'tp2-pp1-dp1-mb1-ga2-z0-none']
+    """
+    return sorted(layouts)
 
 
 # Memory order of activation recomputation: "none" keeps every activation (more memory).
@@ -118,7 +139,11 @@ class Strategy(ABC):
     def propose(self, candidates: Sequence[Layout],
                 history: Sequence[Observation]) -> Layout | None:
         """The next layout to measure, or ``None`` when every candidate is used up or the
-        strategy stops early (then :attr:`stop` says why)."""
+        strategy stops early (then :attr:`stop` says why).
+
+        ``candidates`` must be in plan order (:func:`plan_order`): the runner and the
+        benchmark both pass them so, and a strategy's proposals for the same candidates and
+        history must not depend on who asks (``tests/search/test_plan_order.py``)."""
         self.stop = None
         free = untried(candidates, history, skip_oom_dominated=self.skip_oom_dominated)
         if not free:

@@ -17,7 +17,7 @@ ties), so the strategy always proposes an untried candidate and stays near the s
 choice (GP's acquisition often peaks on a measured point: asking it again is slow and
 returns the same point).
 
-The real study is driven by :mod:`autotune.study`, which asks a strategy for the next
+The real study is driven by :mod:`autotune.runner.study`, which asks a strategy for the next
 layout, enqueues its five axis parameters and reads the outcome back from its trials.
 """
 
@@ -34,10 +34,9 @@ from optuna.trial import TrialState
 from autotune.layout import Layout
 from autotune.search._base import Observation, Strategy
 
-__all__ = ["PARAM_AXES", "MAX_ASKS", "STARTUP_TRIALS", "axis_distributions", "layout_params",
-           "layout_from_params", "OptunaSamplerStrategy"]
+__all__ = ["MAX_ASKS", "STARTUP_TRIALS", "axis_distributions", "layout_from_params",
+           "OptunaSamplerStrategy"]
 
-PARAM_AXES: tuple[str, ...] = ("tp", "pp", "micro_batch", "zero_stage", "recompute")
 MAX_ASKS = 4
 STARTUP_TRIALS = 3
 """Random trials before TPE/GP model anything: Optuna's default of 10 would make both
@@ -48,18 +47,14 @@ def axis_distributions(candidates: Sequence[Layout]) -> dict[str, BaseDistributi
     """One categorical distribution per axis, over the values among the candidates."""
     return {axis: CategoricalDistribution(sorted({getattr(c, axis) for c in candidates},
                                                  key=lambda v: (str(type(v)), v)))
-            for axis in PARAM_AXES}
-
-
-def layout_params(layout: Layout) -> dict[str, Any]:
-    """The per-axis parameters of a layout (what is enqueued and what the dashboard shows)."""
-    return {axis: getattr(layout, axis) for axis in PARAM_AXES}
+            for axis in Layout.SEARCH_AXES}
 
 
 def layout_from_params(params: dict[str, Any], candidates: Sequence[Layout]) -> Layout | None:
     """The candidate with these axis values, ``None`` if there is none (infeasible)."""
+    wanted = {axis: params.get(axis) for axis in Layout.SEARCH_AXES}
     for lay in candidates:
-        if all(getattr(lay, axis) == params.get(axis) for axis in PARAM_AXES):
+        if lay.params() == wanted:
             return lay
     return None
 
@@ -80,7 +75,6 @@ class OptunaSamplerStrategy(Strategy):
         self._dists: dict[str, BaseDistribution] = {}
 
     def _reset(self, candidates: Sequence[Layout]) -> None:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._study = optuna.create_study(direction="maximize",
                                           sampler=self._make_sampler(self.seed))
         self._told = []
@@ -95,7 +89,7 @@ class OptunaSamplerStrategy(Strategy):
         for obs in history[len(self._told):]:
             if obs.status == "pending":
                 break  # told once it has finished
-            self._study.enqueue_trial(layout_params(obs.layout))
+            self._study.enqueue_trial(obs.layout.params())
             trial = self._study.ask(self._dists)
             if obs.status == "ok":
                 self._study.tell(trial, obs.value)
@@ -126,7 +120,7 @@ class OptunaSamplerStrategy(Strategy):
 
     def _nearest(self, params: dict[str, Any], free: list[Layout]) -> Layout:
         def distance(lay: Layout) -> int:
-            return sum(getattr(lay, axis) != params.get(axis) for axis in PARAM_AXES)
+            return sum(value != params.get(axis) for axis, value in lay.params().items())
 
         best = min(distance(lay) for lay in free)
         return self._rng.choice([lay for lay in free if distance(lay) == best])

@@ -29,7 +29,7 @@ class RandomStrategy(Strategy):
 
 
 class GridStrategy(Strategy):
-    """Candidates in plan order (the order the space enumerates them)."""
+    """Candidates in plan order (:func:`autotune.search.plan_order`), first untried first."""
 
     name = "grid"
     skip_oom_dominated = False

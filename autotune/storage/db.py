@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from enum import Enum
 from typing import Any
 
 import optuna
@@ -28,7 +29,7 @@ from autotune.errors import AutotuneError, StorageError
 from autotune.storage.schema import SCHEMA_VERSION, Base, LayoutClaim, Measurement, SchemaVersion
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
-__all__ = ["Storage", "open_storage", "engine_kwargs"]
+__all__ = ["Storage", "ClaimResult", "open_storage", "engine_kwargs"]
 
 _SCHEMA_ATTEMPTS = 8
 
@@ -45,6 +46,18 @@ def engine_kwargs(url: str) -> dict[str, Any]:
 
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class ClaimResult(Enum):
+    """What :meth:`Storage.claim` found."""
+
+    CLAIMED = "claimed"
+    """The trial owns the layout now (or already did): it may measure it."""
+    TAKEN = "taken"
+    """Another trial owns the layout (and may still measure it)."""
+    OTHER_WORKER = "other-worker"
+    """This very trial is claimed by another worker: SQLite can hand one waiting trial to
+    two workers, and the other one runs it."""
 
 
 class Storage:
@@ -129,20 +142,19 @@ class Storage:
     # -- layout claims: each layout measured once per study, across workers ---------------
 
     def claim(self, study: str, key: str, trial_id: int, worker: str,
-              *, may_take_over: Callable[[int], bool]) -> bool | str:
+              *, may_take_over: Callable[[int], bool]) -> ClaimResult:
         """Make ``trial_id`` (run by ``worker``) the owner of layout ``key``.
 
-        ``True``: claimed. ``False``: another trial owns the layout. ``"other-worker"``:
-        this very trial is claimed by another worker (SQLite can hand one waiting trial to
-        two workers), which will run it. A claim held by a trial that can no longer
-        measure (``may_take_over(owner)``: it failed stale or was interrupted) is taken
-        over atomically: that is how a layout whose runner was killed is retried once.
+        A claim held by a trial that can no longer measure (``may_take_over(owner)``: it
+        failed stale or was interrupted) is taken over atomically: that is how a layout
+        whose runner was killed is retried once. The loser of a race for the claim (or for
+        its take-over) gets :attr:`ClaimResult.TAKEN`.
         """
         try:
             with self.session() as s:
                 s.add(LayoutClaim(study_name=study, layout_key=key, trial_id=trial_id,
                                   worker=worker, created_at=_now()))
-            return True
+            return ClaimResult.CLAIMED
         except StorageError as err:
             if not _is_unique_violation(err):
                 raise
@@ -150,17 +162,20 @@ class Storage:
             row = s.execute(select(LayoutClaim.trial_id, LayoutClaim.worker).where(
                 LayoutClaim.study_name == study, LayoutClaim.layout_key == key)).first()
             if row is None:
-                return False
+                # Its owner released it after our insert failed (over the budget): the
+                # layout was not free when this trial asked, so it is not this trial's.
+                return ClaimResult.TAKEN
             owner, owner_worker = row
             if owner == trial_id:
-                return True if owner_worker == worker else "other-worker"
+                return ClaimResult.CLAIMED if owner_worker == worker else ClaimResult.OTHER_WORKER
             if not may_take_over(owner):
-                return False
+                return ClaimResult.TAKEN
             done = s.execute(update(LayoutClaim).where(
                 LayoutClaim.study_name == study, LayoutClaim.layout_key == key,
                 LayoutClaim.trial_id == owner).values(trial_id=trial_id, worker=worker))
             # Exactly one row changed: this worker won the take-over race.
-            return bool(getattr(done, "rowcount", 0) == 1)
+            won = getattr(done, "rowcount", 0) == 1
+            return ClaimResult.CLAIMED if won else ClaimResult.TAKEN
 
     def release(self, study: str, key: str, trial_id: int) -> None:
         with self.session() as s:
@@ -183,11 +198,6 @@ class Storage:
             rows = s.execute(select(LayoutClaim.layout_key, LayoutClaim.trial_id).where(
                 LayoutClaim.study_name == study)).all()
         return {k: t for k, t in rows}
-
-    def delete_study_rows(self, study: str) -> None:
-        with self.session() as s:
-            s.execute(delete(LayoutClaim).where(LayoutClaim.study_name == study))
-            s.execute(delete(Measurement).where(Measurement.study_name == study))
 
     def close(self) -> None:
         self.engine.dispose()

@@ -11,9 +11,9 @@ import sys
 from typing import Any
 
 from autotune.launchers.base import Launcher, TrialPaths
+from autotune.runner.study import run_study
 from autotune.spec import load_study
 from autotune.storage import open_storage
-from autotune.study import run_study
 from autotune.trial import TrialResult, TrialSpec
 
 

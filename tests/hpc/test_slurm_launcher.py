@@ -15,7 +15,7 @@ from autotune.errors import LaunchError
 from autotune.launchers.base import TrialPaths
 from autotune.launchers.slurm import SlurmLauncher, allocation_job_id, step_name
 from autotune.layout import Layout
-from autotune.outcome import classify
+from autotune.runner.outcome import classify
 from autotune.sites import load_site
 from tests.helpers import processes_mentioning, tiny_spec
 from tests.launchers.contract import LauncherContract

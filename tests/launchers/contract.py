@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.launchers.base import Launcher, TrialPaths
-from autotune.outcome import classify
+from autotune.runner.outcome import classify
 from autotune.trial import TrialSpec
 from tests.helpers import processes_mentioning, tiny_spec
 

@@ -1,7 +1,7 @@
 """A finished study with every outcome, stored the way the runner stores one.
 
 Trials go in through Optuna's ``add_trial`` and rows through ``Storage.add_measurement``,
-with user attributes and rows built by the runner's own :mod:`autotune.records` from
+with user attributes and rows built by the runner's own :mod:`autotune.runner.records` from
 realistic results (an H100 node pair, a 1.3B GPT): complete, out-of-memory, infeasible
 (never launched, no row), failed and timed-out trials. Seconds instead of GPU hours.
 """
@@ -18,11 +18,11 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from autotune.config.study import StorageConfig
 from autotune.hardware import GiB
 from autotune.layout import Layout
-from autotune.outcome import Outcome
-from autotune.records import TrialFacts, measurement_row, user_attrs
+from autotune.runner.optuna_io import open_study
+from autotune.runner.outcome import Outcome
+from autotune.runner.records import TrialFacts, measurement_row, user_attrs
 from autotune.spec import StudySpec, parse_study
 from autotune.storage import Storage, open_storage
-from autotune.study import open_study
 from autotune.trial import TrialResult
 
 WORLD, GLOBAL_BATCH = 8, 32
@@ -73,7 +73,7 @@ def spec(db: Path, name: str = "synthetic", nodes: int = 2) -> StudySpec:
 
 
 def _distributions() -> dict[str, Any]:
-    # As autotune.study._suggest: fixed by the study's world size and global batch.
+    # As autotune.runner.optuna_io.suggest: fixed by the study's world size and global batch.
     return {"tp": IntDistribution(1, WORLD), "pp": IntDistribution(1, WORLD),
             "micro_batch": IntDistribution(1, GLOBAL_BATCH),
             "zero_stage": IntDistribution(0, 3),

@@ -93,9 +93,9 @@ def test_unreachable_database_exits_1_and_masks_the_password(tmp_path: Path) -> 
 def test_a_different_model_under_an_existing_study_name_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "x.db"
     path = write_study(tmp_path / "a.yaml", name="same", db=db)
+    from autotune.runner.optuna_io import open_study
     from autotune.spec import load_study
     from autotune.storage import open_storage
-    from autotune.study import open_study
 
     spec = load_study(path)
     open_study(spec, open_storage(spec.storage))
@@ -110,9 +110,9 @@ def test_a_study_from_before_mlp_and_attention_reopens_unchanged(tmp_path: Path)
     from dataclasses import replace
 
     from autotune.errors import UsageError
+    from autotune.runner.optuna_io import open_study
     from autotune.spec import load_study
     from autotune.storage import open_storage
-    from autotune.study import open_study
 
     spec = load_study(write_study(tmp_path / "a.yaml", name="old", db=tmp_path / "x.db"))
     storage = open_storage(spec.storage)

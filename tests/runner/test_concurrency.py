@@ -47,14 +47,14 @@ def test_two_workers_skipping_the_same_trial_both_end_cleanly(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # SQLite can hand one waiting trial to two workers; when both find its layout owned
     # by a third trial, both tell it PRUNED. The second tell must not fail its worker.
-    import autotune.study as runner
+    from autotune.runner import optuna_io
 
     study = optuna.create_study()
     first = study.ask()
     twin = optuna.Trial(study, first._trial_id)  # the other worker's handle on it
     lay = Layout(tp=1, pp=1, dp=2, micro_batch=1, grad_accum=2)
-    runner._tell_skipped(study, first, lay, "another trial owns this layout")
+    optuna_io.tell_skipped(study, first, lay, "another trial owns this layout")
     # The twin wrote its attributes before the first tell (the interleaving CI hit):
-    monkeypatch.setattr(runner, "_set_attrs", lambda trial, attrs: None)
-    runner._tell_skipped(study, twin, lay, "another trial owns this layout")
+    monkeypatch.setattr(optuna_io, "set_user_attrs", lambda trial, attrs: None)
+    optuna_io.tell_skipped(study, twin, lay, "another trial owns this layout")
     assert study.trials[0].state == TrialState.PRUNED

@@ -14,11 +14,11 @@ from optuna.trial import TrialState
 
 from autotune import cli
 from autotune.launchers.replay import ReplayLauncher
-from autotune.records import SEARCH_STOP_ATTR
+from autotune.runner.records import StudyAttr
+from autotune.runner.study import run_study
 from autotune.search._residual import SEED_TRIALS
 from autotune.spec import StudySpec, parse_study
 from autotune.storage import open_storage
-from autotune.study import run_study
 from tests.search.conftest import synthetic_group
 
 # 50% is above any expected improvement once the seeds are measured: the stop is certain
@@ -59,7 +59,7 @@ def test_the_run_ends_early_records_why_and_a_resume_decides_the_same(tmp_path: 
     assert summary.stop_reason is not None
     assert summary.stop_reason.startswith("expected improvement ")
     assert f"< 50% after {SEED_TRIALS} trials" in summary.stop_reason
-    record: dict[str, Any] = _study(spec).user_attrs[SEARCH_STOP_ATTR]
+    record: dict[str, Any] = _study(spec).user_attrs[StudyAttr.SEARCH_STOP]
     assert record["reason"] == summary.stop_reason and record["judged"] == SEED_TRIALS
     assert record["min_improvement"] == CERTAIN and record["strategy"] == "default"
     trials = _study(spec).get_trials()
@@ -75,7 +75,7 @@ def test_the_run_ends_early_records_why_and_a_resume_decides_the_same(tmp_path: 
     off = run_study(_spec(tmp_path, None, n_trials=SEED_TRIALS + 2), storage,
                     ReplayLauncher(synthetic_group()))
     assert off.stopped_by == "budget" and off.measured == 2 and off.stop_reason is None
-    assert _study(spec).user_attrs[SEARCH_STOP_ATTR] is None
+    assert _study(spec).user_attrs[StudyAttr.SEARCH_STOP] is None
     assert len({t.user_attrs["layout"] for t in _complete(spec)}) == SEED_TRIALS + 2
 
 
@@ -109,4 +109,4 @@ def test_side_by_side_workers_each_stop(tmp_path: Path) -> None:
     assert SEED_TRIALS <= summary.measured <= SEED_TRIALS + 1
     trials = _study(spec).get_trials()
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    assert _study(spec).user_attrs[SEARCH_STOP_ATTR]["reason"]
+    assert _study(spec).user_attrs[StudyAttr.SEARCH_STOP]["reason"]

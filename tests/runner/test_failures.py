@@ -27,9 +27,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from autotune.launchers.base import LaunchReport, TrialPaths
 from autotune.launchers.local import LocalLauncher
 from autotune.layout import Layout
+from autotune.runner.study import run_study
 from autotune.spec import load_study
 from autotune.storage import open_storage
-from autotune.study import run_study
 from autotune.trial import TrialSpec
 from tests.helpers import processes_mentioning, write_study
 

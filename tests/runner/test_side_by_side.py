@@ -10,9 +10,9 @@ from optuna.trial import TrialState
 
 from autotune.launchers import Launcher, make_launchers
 from autotune.launchers.local import LocalLauncher
+from autotune.runner.study import run_study
 from autotune.spec import load_study
 from autotune.storage import open_storage
-from autotune.study import run_study
 from tests.helpers import write_study
 
 

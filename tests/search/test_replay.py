@@ -9,7 +9,7 @@ from autotune.errors import LaunchError, SpecError
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.launchers.replay import ReplayLauncher, group_from_frame
 from autotune.layout import Layout
-from autotune.outcome import classify
+from autotune.runner.outcome import classify
 from autotune.trial import RunConfig, TrialSpec
 from tests.search.conftest import synthetic_group
 

@@ -11,7 +11,7 @@ from autotune.config.model import ModelConfig
 from trainer.data import MemmapTokens, SyntheticTokens, micro_batches
 from trainer.measure import flops_rates, summarize_step_times
 from trainer.model import GPT, LossFn
-from trainer.run import classify
+from trainer.run import result_status_of_exception
 from trainer.tensor_parallel import TPContext, vocab_parallel_cross_entropy
 
 TINY = ModelConfig(n_layer=2, hidden=32, n_head=4, seq_len=16, vocab_size=64)
@@ -123,5 +123,5 @@ def test_median_and_iqr_never_best_step() -> None:
     (RuntimeError("Timed out waiting 20000ms for recv"), "error"),
     (ValueError("bad"), "error"),
 ])
-def test_classify(err: BaseException | None, status: str) -> None:
-    assert classify(err) == status
+def test_result_status_of_exception(err: BaseException | None, status: str) -> None:
+    assert result_status_of_exception(err) == status

@@ -1,6 +1,6 @@
 """A worker's life around one trial: heartbeats while it runs, signals that stop it.
 
-Kept apart from the runner's logic (:mod:`autotune.study`) because both deal with threads
+Kept apart from the runner's logic (:mod:`autotune.runner.study`) because both deal with threads
 and process-wide signal handlers, which deserve one small, careful place.
 """
 

@@ -2,21 +2,41 @@
 
 Lines, not a curses screen: the same output reads well in a terminal, a SLURM log and
 CI. Each line says which trial of how many, the layout, its result, the best so far,
-elapsed time and an ETA from the mean trial time.
+elapsed time and an ETA from the mean trial time. When the run ends, :func:`trials_table`
+lists what was measured, :func:`stop_message` says why it ended and :func:`best_line`
+names the best layout.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from typing import TextIO
 
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.layout import Layout
-from autotune.outcome import Outcome
+from autotune.runner.outcome import Outcome
+from autotune.runner.records import (
+    SKIPPED,
+    TrialAttr,
+    trial_layout_key,
+    trial_outcome,
+    trial_reason,
+)
+from autotune.tables import format_table
 
-__all__ = ["Progress", "format_duration"]
+__all__ = ["Progress", "format_duration", "trials_table", "stop_message", "best_line"]
+
+_STOP_MESSAGES = {
+    "budget": "budget of {n_trials} trials reached",
+    "exhausted": "every promising layout was measured",
+    "strategy": "search stopped: {reason}",
+    "timeout": "wall-time budget reached (run again to continue)",
+    "interrupt": "interrupted: the running trial was killed and will be retried",
+    "sigterm": "stopped by SIGTERM: the running trial will be retried",
+}
 
 
 def format_duration(seconds: float) -> str:
@@ -74,7 +94,42 @@ class Progress:
         else:
             first = outcome.reason.strip().splitlines()[0] if outcome.reason else ""
             what = f"{outcome.kind.upper()} {first[:120]}"
-        best_txt = (f"best {best.value:.4g} (#{best.number} {best.user_attrs.get('layout')})"
+        best_txt = (f"best {best.value:.4g} (#{best.number} {trial_layout_key(best)})"
                     if best is not None and best.value is not None else "no best yet")
         self._print(f"[{self.done}/{self.total}] trial #{number} {layout.key()}: {what} "
                     f"in {took}; {best_txt}; {self._clock()}")
+
+
+def stop_message(stopped_by: str, *, n_trials: int, reason: str | None = None) -> str:
+    """Why a run ended, for people (``stopped_by``: the run summary's; ``reason``: the
+    strategy's stop reason, with ``strategy``)."""
+    return _STOP_MESSAGES[stopped_by].format(n_trials=n_trials, reason=reason)
+
+
+def best_line(best: FrozenTrial) -> str:
+    """The best trial in one line: layout, value, trial number."""
+    return (f"best layout: {trial_layout_key(best)}  "
+            f"{best.value:.4g} model TFLOPS/device (trial #{best.number})")
+
+
+def trials_table(trials: Sequence[FrozenTrial]) -> str | None:
+    """The judged trials, best first (then failures by number); ``None`` if there is none.
+
+    Skipped proposals and trials not judged yet (waiting, or their runner died) are left
+    out: they say nothing about their layout.
+    """
+    measured = [t for t in trials if trial_outcome(t) not in (None, SKIPPED)
+                and t.state != TrialState.WAITING]
+    measured.sort(key=lambda t: (t.value is None, -(t.value or 0.0), t.number))
+    rows = [[t.number, trial_layout_key(t), trial_outcome(t), t.value,
+             t.user_attrs.get(TrialAttr.STEP_TIME_S), t.user_attrs.get(TrialAttr.PEAK_MEMORY_GIB),
+             _first_line(trial_reason(t), 60) if trial_outcome(t) != "complete" else ""]
+            for t in measured]
+    if not rows:
+        return None
+    return format_table(["trial", "layout", "outcome", "TFLOPS/dev", "step_s", "mem_GiB",
+                         "reason"], rows)
+
+
+def _first_line(text: str, width: int) -> str:
+    return (text.splitlines() or [""])[0][:width]

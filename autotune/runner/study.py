@@ -9,7 +9,8 @@ trial here is an external process whose interruption must be handled precisely:
 
 * every proposal comes from the search strategy (:mod:`autotune.search`) and is enqueued
   with per-axis parameters, so optuna-dashboard shows (tp, pp, micro_batch, ...);
-* an infeasible proposal is told as PRUNED with a violated constraint, never launched;
+* an infeasible proposal (or one needing no less memory than a measured OOM) is told as
+  PRUNED with a violated constraint, never launched;
 * a heartbeat thread marks the running trial alive; a runner killed with SIGKILL leaves
   a trial that the next run's :func:`optuna.storages.fail_stale_trials` fails, and
   :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` re-enqueues its layout;
@@ -19,6 +20,11 @@ trial here is an external process whose interruption must be handled precisely:
   reason is stored as the study's ``search_stop`` user attribute (``autotune status``
   shows it) and cleared when a later proposal is made. The decision is a function of the
   history alone, so a resumed run reaches it again at once.
+
+Strategies get the candidates in plan order (:func:`autotune.search.plan_order`), the
+order the benchmark replays them in, whatever the cost model predicts of them. How each
+step reads and writes the Optuna study is :mod:`autotune.runner.optuna_io`; when a study
+is done, :mod:`autotune.runner.budget`.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from enum import Enum
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -42,26 +48,31 @@ from autotune.errors import UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.layout import Layout
-from autotune.lifecycle import StopSignals, heartbeat
-from autotune.outcome import Outcome, classify, infeasible
-from autotune.progress import Progress
-from autotune.records import (
-    SEARCH_STOP_ATTR,
-    TrialFacts,
-    measurement_row,
-    search_stop_record,
-    user_attrs,
-)
 from autotune.results import best_trial
-from autotune.search import Observation, dominated_by_oom, make_strategy
+from autotune.runner.budget import budget_reached, within_budget
+from autotune.runner.lifecycle import StopSignals, heartbeat
+from autotune.runner.optuna_io import (
+    enqueue,
+    history,
+    is_retry,
+    open_study,
+    retryable,
+    set_search_stop,
+    suggest,
+    tell_infeasible,
+    tell_outcome,
+    tell_skipped,
+)
+from autotune.runner.outcome import classify, infeasible
+from autotune.runner.progress import Progress
+from autotune.runner.records import TrialFacts, measurement_row, search_stop_of, search_stop_record
+from autotune.search import dominated_by_oom, make_strategy, plan_order
 from autotune.spec import StudySpec
-from autotune.storage.db import Storage
+from autotune.storage.db import ClaimResult, Storage
 from autotune.trial import TrialSpec
 
-__all__ = ["RunSummary", "run_study", "open_study", "layout_of", "AXES"]
+__all__ = ["RunSummary", "run_study"]
 
-AXES = ("tp", "pp", "micro_batch", "zero_stage", "recompute")
-"""The per-axis Optuna parameters of a trial; dp and grad_accum follow from them."""
 _MAX_IDLE_PROPOSALS = 200
 
 
@@ -80,80 +91,19 @@ class RunSummary:
     trials: list[FrozenTrial] = field(default_factory=list)
 
 
+class Admission(Enum):
+    """What becomes of an asked trial before anything is launched."""
+
+    LAUNCH = "launch"
+    """Feasible, claimed and within the budget: measure it."""
+    PASSED = "passed"
+    """Told infeasible or skipped, or another worker runs it: ask again."""
+    BUDGET = "budget"
+    """The budget was reached meanwhile (another worker's claim came first): stop."""
+
+
 def _utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def layout_of(params: dict[str, Any], spec: StudySpec) -> Layout:
-    """The layout a trial's per-axis parameters describe (dp, grad_accum derived)."""
-    tp, pp, mb = int(params["tp"]), int(params["pp"]), int(params["micro_batch"])
-    dp = max(spec.world_size // (tp * pp), 1)
-    ga = max(spec.training.global_batch // (dp * mb), 1)
-    return Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga,
-                  zero_stage=int(params["zero_stage"]),
-                  recompute="full" if params["recompute"] == "full" else "none")
-
-
-def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> optuna.Study:
-    """Create or load the Optuna study; refuse to mix a different model or cluster into it."""
-    fingerprint = {"model": spec.model.to_dict(), "device": spec.cluster.device,
-                   "world_size": spec.world_size, "global_batch": spec.training.global_batch,
-                   "dtype": spec.training.dtype}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        if create:
-            study = optuna.create_study(
-                study_name=spec.name, storage=storage.optuna, direction="maximize",
-                load_if_exists=True,
-                # Every trial is enqueued by the strategy; this sampler never chooses.
-                sampler=optuna.samplers.RandomSampler(seed=spec.search.seed))
-        else:
-            study = optuna.load_study(study_name=spec.name, storage=storage.optuna)
-    existing = study.user_attrs.get("fingerprint")
-    if isinstance(existing, dict) and isinstance(existing.get("model"), dict):
-        # Studies created before ModelConfig had ``mlp`` / ``attention`` / ``dropout`` ran
-        # the (then only) GELU MLP and SDPA attention, without dropout.
-        existing = {**existing, "model": {"mlp": "gelu", "attention": "flash",
-                                          "dropout": 0.0, **existing["model"]}}
-    if existing is None and create:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(["model_tflops_per_device"])
-        study.set_user_attr("fingerprint", fingerprint)
-        study.set_user_attr("model", spec.model.name)
-        study.set_user_attr("cluster", f"{spec.cluster.nodes} x {spec.cluster.devices_per_node}"
-                            f" {spec.cluster.device}")
-        study.set_user_attr("objective", "model TFLOPS per device (higher is better)")
-        study.set_user_attr("device_memory_gib",
-                            round(spec.cluster.device_spec().memory_bytes / 2**30, 3))
-    elif existing is not None and existing != fingerprint:
-        diff = sorted(k for k in fingerprint if fingerprint[k] != existing.get(k))
-        raise UsageError(
-            f"study {spec.name!r} in {storage.masked_url} was created for a different "
-            f"{', '.join(diff)}; give this study another name (name: in the study file)")
-    return study
-
-
-_OBSERVED = {"complete": "ok", "oom": "oom", "error": "error", "timeout": "error"}
-
-
-def _history(study: optuna.Study, claimed: dict[str, int]) -> list[Observation]:
-    """What the strategy needs to know: measured layouts with their values, and layouts
-    claimed by running trials (``pending``: never proposed twice)."""
-    out: list[Observation] = []
-    seen: set[str] = set()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                      TrialState.FAIL)):
-        status = _OBSERVED.get(t.user_attrs.get("outcome", ""))
-        if status is None or "layout_dict" not in t.user_attrs:
-            continue
-        layout = Layout.from_dict(t.user_attrs["layout_dict"])
-        seen.add(layout.key())
-        out.append(Observation(layout, status, t.value if status == "ok" else None))
-    for key in claimed:
-        if key not in seen:
-            out.append(Observation(Layout.from_key(key), "pending"))  # claims hold keys
-    return out
 
 
 def run_study(spec: StudySpec, storage: Storage, launchers: Launcher | Sequence[Launcher], *,
@@ -238,7 +188,8 @@ class _Worker:
                  launcher: Launcher, candidates: list[Candidate], constraints: Constraints,
                  n_trials: int, progress: Progress, *, name_suffix: str = "") -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
-        self.candidates, self.constraints = candidates, constraints
+        self.constraints = constraints
+        self.plan = plan_order(c.layout for c in candidates)
         self.n_trials, self.progress = n_trials, progress
         self.by_key: dict[str, Candidate] = {c.layout.key(): c for c in candidates}
         self.study = study
@@ -269,22 +220,22 @@ class _Worker:
                 break
             trial = self.study.ask()
             try:
-                admitted = self._admit(trial)
+                admission, layout = self._admit(trial)
             except optuna.exceptions.UpdateFinishedTrialError:
                 # SQLite can hand one waiting trial to two workers; the other one has it
                 # (and its layout claim). Leave it alone.
                 continue
-            if admitted == "budget":
+            if admission is Admission.BUDGET:
                 self.summary.stopped_by = "budget"
                 break
-            if not isinstance(admitted, Layout):
+            if admission is Admission.PASSED:
                 idle += 1
                 if idle > _MAX_IDLE_PROPOSALS:
                     self.summary.stopped_by = "exhausted"
                     break
                 continue
             idle = 0
-            self._measure(trial, admitted)
+            self._measure(trial, layout)
         self.summary.best = best_trial(self.study)
         self.summary.trials = self.study.get_trials(deepcopy=False)
         return self.summary
@@ -296,53 +247,52 @@ class _Worker:
         waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
         if waiting:
             return None
-        if len(claimed) >= self.n_trials:
+        if budget_reached(len(claimed), self.n_trials):
             return "budget"
-        proposal = self.strategy.propose([c.layout for c in self.candidates],
-                                         _history(self.study, claimed))
+        proposal = self.strategy.propose(self.plan, history(self.study, claimed))
         stop = self.strategy.stop
         if proposal is None and stop is not None:
             self.summary.stop_reason = stop.reason
-            self.study.set_user_attr(SEARCH_STOP_ATTR, search_stop_record(
+            set_search_stop(self.study, search_stop_record(
                 stop.reason, judged=stop.judged, strategy=self.strategy.name,
                 min_improvement=self.spec.search.min_improvement, worker=self.name,
                 at=_utcnow()))
             return "strategy"
         if proposal is None:
             return "exhausted"
-        if self.study.user_attrs.get(SEARCH_STOP_ATTR) is not None:
+        if search_stop_of(self.study) is not None:
             # An earlier stop no longer holds (another threshold, or new measurements).
-            self.study.set_user_attr(SEARCH_STOP_ATTR, None)
-        self.study.enqueue_trial({a: getattr(proposal, a) for a in AXES})
+            set_search_stop(self.study, None)
+        enqueue(self.study, proposal)
         return None
 
-    def _admit(self, trial: optuna.Trial) -> Layout | str | None:
-        """The trial's layout if it may be launched; ``None`` if it was told infeasible or
-        skipped; ``"budget"`` when the budget is used up."""
-        layout = _suggest(trial, self.spec)
+    def _admit(self, trial: optuna.Trial) -> tuple[Admission, Layout]:
+        """Check, claim and budget the trial's layout (and tell the trial if it is not
+        launched)."""
+        layout = suggest(trial, self.spec)
         key = layout.key()
         reasons = self.constraints.check(layout, self.spec.model)
-        oom = dominated_by_oom(layout, _history(self.study, {}))
+        oom = dominated_by_oom(layout, history(self.study, {}))
         if oom is not None:
             reasons.append(Reason("oom_dominated", f"needs at least the memory of "
                                   f"{oom.key()}, which ran out of memory"))
         if reasons:
-            _tell_infeasible(self.study, trial, layout, infeasible(reasons), self.name)
+            tell_infeasible(self.study, trial, layout, infeasible(reasons), self.name)
             self.summary.infeasible += 1
-            return None
-        claimed = self.storage.claim(self.spec.name, key, trial._trial_id, self.name,
-                                     may_take_over=lambda owner: _retryable(self.study, owner))
-        if claimed == "other-worker":
-            return None  # the same trial was handed to another worker, which runs it
-        if not claimed:
-            _tell_skipped(self.study, trial, layout, "another trial owns this layout")
-            return None
+            return Admission.PASSED, layout
+        claim = self.storage.claim(self.spec.name, key, trial._trial_id, self.name,
+                                   may_take_over=lambda owner: retryable(self.study, owner))
+        if claim is ClaimResult.OTHER_WORKER:
+            return Admission.PASSED, layout  # the same trial was handed to another worker
+        if claim is ClaimResult.TAKEN:
+            tell_skipped(self.study, trial, layout, "another trial owns this layout")
+            return Admission.PASSED, layout
         rank = self.storage.claim_rank(self.spec.name, key)
-        if rank > self.n_trials and not _is_retry(self.study, trial):
+        if not within_budget(rank, self.n_trials) and not is_retry(self.study, trial):
             self.storage.release(self.spec.name, key, trial._trial_id)
-            _tell_skipped(self.study, trial, layout, "the trial budget was reached")
-            return "budget"
-        return layout
+            tell_skipped(self.study, trial, layout, "the trial budget was reached")
+            return Admission.BUDGET, layout
+        return Admission.LAUNCH, layout
 
     def _measure(self, trial: optuna.Trial, layout: Layout) -> None:
         spec, key = self.spec, layout.key()
@@ -366,75 +316,8 @@ class _Worker:
         self.storage.add_measurement(measurement_row(
             facts, model=spec.model, cluster=spec.cluster,
             global_batch=spec.training.global_batch, dtype=spec.training.dtype))
-        _tell_outcome(self.study, trial, layout, facts)
+        tell_outcome(self.study, trial, facts)
         if outcome.retry:
-            self.study.enqueue_trial({a: getattr(layout, a) for a in AXES},
-                                     user_attrs={"retry_of": trial.number})
+            enqueue(self.study, layout, retry_of=trial.number)
         self.summary.measured += 1
         self.progress.trial_finished(trial.number, layout, outcome, best_trial(self.study))
-
-
-def _suggest(trial: optuna.Trial, spec: StudySpec) -> Layout:
-    """Read the enqueued layout through distributions that depend only on the study's
-    fingerprint (world size, global batch), not on its search space: a resumed study may
-    widen or narrow its axes, which Optuna's categorical distributions would refuse."""
-    ws, gb = spec.world_size, spec.training.global_batch
-    params = {"tp": trial.suggest_int("tp", 1, ws), "pp": trial.suggest_int("pp", 1, ws),
-              "micro_batch": trial.suggest_int("micro_batch", 1, gb),
-              "zero_stage": trial.suggest_int("zero_stage", 0, 3),
-              "recompute": trial.suggest_categorical("recompute", ["none", "full"])}
-    return layout_of(params, spec)
-
-
-def _retryable(study: optuna.Study, owner_trial_id: int) -> bool:
-    """A claim may pass on when its trial can no longer measure: failed while stale (the
-    runner died: no outcome recorded) or interrupted."""
-    try:
-        owner = study._storage.get_trial(owner_trial_id)
-    except KeyError:
-        return True
-    return owner.state == TrialState.FAIL and owner.user_attrs.get("outcome") in (
-        None, "interrupted")
-
-
-def _is_retry(study: optuna.Study, trial: optuna.Trial) -> bool:
-    """A re-run of a layout whose first run was cut short (it is within the budget)."""
-    frozen = study._storage.get_trial(trial._trial_id)
-    return "failed_trial" in frozen.system_attrs or "retry_of" in frozen.user_attrs
-
-
-def _set_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
-    for k, v in attrs.items():
-        trial.set_user_attr(k, v)
-
-
-def _tell_infeasible(study: optuna.Study, trial: optuna.Trial, layout: Layout,
-                     outcome: Outcome, worker: str) -> None:
-    _set_attrs(trial, {"layout": layout.key(), "layout_dict": layout.to_dict(),
-                       "outcome": outcome.kind, "reason": outcome.reason, "worker": worker})
-    trial.set_constraint("feasible", 1.0)
-    study.tell(trial, state=outcome.state, skip_if_finished=True)  # see _tell_skipped
-
-
-def _tell_skipped(study: optuna.Study, trial: optuna.Trial, layout: Layout, why: str) -> None:
-    _set_attrs(trial, {"layout": layout.key(), "layout_dict": layout.to_dict(),
-                       "outcome": "skipped", "reason": why})
-    # SQLite can hand one waiting trial to two workers (the run loop's comment): both may
-    # reach this verdict; the second tell of the same verdict is a no-op, not an error.
-    study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
-
-
-def _tell_outcome(study: optuna.Study, trial: optuna.Trial, layout: Layout,
-                  facts: TrialFacts) -> None:
-    attrs = user_attrs(facts)
-    attrs["layout_dict"] = layout.to_dict()
-    _set_attrs(trial, attrs)
-    outcome = facts.outcome
-    if outcome.infeasible:
-        trial.set_constraint("feasible", 1.0)
-    if outcome.state == TrialState.COMPLETE:
-        trial.set_constraint("feasible", 0.0)
-        study.tell(trial, outcome.value)
-    else:
-        study.tell(trial, state=outcome.state)
-

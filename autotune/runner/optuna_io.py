@@ -1,0 +1,195 @@
+"""The runner's input and output through Optuna: open a study, read its history, enqueue a
+layout, read it back from a trial, tell the verdict.
+
+The loop (:mod:`autotune.runner.study`) decides; this module knows how each decision is
+written to and read from an ``optuna.Study``. What the attributes are called and hold is
+:mod:`autotune.runner.records`'s; which Optuna state an outcome is told as is
+:mod:`autotune.runner.outcome`'s.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import UsageError
+from autotune.hardware import GiB
+from autotune.layout import Layout
+from autotune.runner.outcome import Outcome
+from autotune.runner.records import (
+    SKIPPED,
+    StudyAttr,
+    TrialFacts,
+    retry_attrs,
+    set_user_attrs,
+    study_attrs,
+    study_fingerprint,
+    trial_layout,
+    trial_outcome,
+    user_attrs,
+    verdict_attrs,
+)
+from autotune.runner.records import is_retry as _records_is_retry
+from autotune.search import Observation, dominated_by_oom
+from autotune.spec import StudySpec
+from autotune.storage.db import Storage
+
+__all__ = ["open_study", "fingerprint_of", "history", "enqueue", "suggest", "retryable",
+           "is_retry", "set_search_stop", "tell_infeasible", "tell_skipped", "tell_outcome"]
+
+# What each outcome tells a strategy; interrupted, infeasible and skipped trials say
+# nothing about their layout's throughput.
+_OBSERVED = {"complete": "ok", "oom": "oom", "error": "error", "timeout": "error"}
+
+
+def fingerprint_of(spec: StudySpec) -> dict[str, Any]:
+    """What a study measures; a study name is refused for another one."""
+    return {"model": spec.model.to_dict(), "device": spec.cluster.device,
+            "world_size": spec.world_size, "global_batch": spec.training.global_batch,
+            "dtype": spec.training.dtype}
+
+
+def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> optuna.Study:
+    """Create or load the Optuna study; refuse to mix a different model or cluster into it."""
+    fingerprint = fingerprint_of(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if create:
+            study = optuna.create_study(
+                study_name=spec.name, storage=storage.optuna, direction="maximize",
+                load_if_exists=True,
+                # Every trial is enqueued by the strategy; this sampler never chooses.
+                sampler=optuna.samplers.RandomSampler(seed=spec.search.seed))
+        else:
+            study = optuna.load_study(study_name=spec.name, storage=storage.optuna)
+    existing: dict[str, Any] | None = study_fingerprint(study) or None
+    if existing is not None and isinstance(existing.get("model"), dict):
+        # Studies created before ModelConfig had ``mlp`` / ``attention`` / ``dropout`` ran
+        # the (then only) GELU MLP and SDPA attention, without dropout.
+        existing = {**existing, "model": {"mlp": "gelu", "attention": "flash",
+                                          "dropout": 0.0, **existing["model"]}}
+    if existing is None and create:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(["model_tflops_per_device"])
+        cluster = spec.cluster
+        set_user_attrs(study, study_attrs(
+            fingerprint, model=spec.model.name,
+            cluster=f"{cluster.nodes} x {cluster.devices_per_node} {cluster.device}",
+            device_memory_gib=round(cluster.device_spec().memory_bytes / GiB, 3)))
+    elif existing is not None and existing != fingerprint:
+        diff = sorted(k for k in fingerprint if fingerprint[k] != existing.get(k))
+        raise UsageError(
+            f"study {spec.name!r} in {storage.masked_url} was created for a different "
+            f"{', '.join(diff)}; give this study another name (name: in the study file)")
+    return study
+
+
+def history(study: optuna.Study, claimed: dict[str, int]) -> list[Observation]:
+    """What the strategy needs to know: measured layouts with their values, and layouts
+    claimed by running trials (``pending``: never proposed twice).
+
+    A proposal refused because it needs no less memory than a measured OOM is, to the
+    strategy, an OOM too: what measuring it would have found (the benchmark measures it
+    and finds that), and what keeps a strategy that does not skip such layouts itself
+    (``grid``, ``random``, ``tpe``, ``gp``) from proposing it again and again.
+    """
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                      TrialState.FAIL))
+    ooms = [obs for obs in (_observed(t) for t in trials) if obs and obs.status == "oom"]
+    out: list[Observation] = []
+    seen: set[str] = set()
+    for t in trials:
+        obs = _observed(t)
+        if obs is None and trial_outcome(t) == "infeasible":
+            layout = trial_layout(t)
+            if (layout is not None and layout.key() not in seen
+                    and dominated_by_oom(layout, ooms) is not None):
+                obs = Observation(layout, "oom")
+        if obs is None:
+            continue
+        seen.add(obs.layout.key())
+        out.append(obs)
+    for key in claimed:
+        if key not in seen:
+            out.append(Observation(Layout.from_key(key), "pending"))  # claims hold keys
+    return out
+
+
+def _observed(trial: FrozenTrial) -> Observation | None:
+    """The observation a judged trial is (``None``: it says nothing about throughput)."""
+    status = _OBSERVED.get(trial_outcome(trial) or "")
+    layout = trial_layout(trial) if status is not None else None
+    if status is None or layout is None:
+        return None
+    return Observation(layout, status, trial.value if status == "ok" else None)
+
+
+def enqueue(study: optuna.Study, layout: Layout, *, retry_of: int | None = None) -> None:
+    """Queue ``layout`` as the next trial's per-axis parameters (``retry_of``: the number of
+    the trial whose interrupted run it repeats)."""
+    study.enqueue_trial(layout.params(),
+                        user_attrs=None if retry_of is None else retry_attrs(retry_of))
+
+
+def suggest(trial: optuna.Trial, spec: StudySpec) -> Layout:
+    """Read the enqueued layout through distributions that depend only on the study's
+    fingerprint (world size, global batch), not on its search space: a resumed study may
+    widen or narrow its axes, which Optuna's categorical distributions would refuse."""
+    ws, gb = spec.world_size, spec.training.global_batch
+    params = {"tp": trial.suggest_int("tp", 1, ws), "pp": trial.suggest_int("pp", 1, ws),
+              "micro_batch": trial.suggest_int("micro_batch", 1, gb),
+              "zero_stage": trial.suggest_int("zero_stage", 0, 3),
+              "recompute": trial.suggest_categorical("recompute", ["none", "full"])}
+    return Layout.from_params(params, world_size=ws, global_batch=gb)
+
+
+def retryable(study: optuna.Study, owner_trial_id: int) -> bool:
+    """A claim may pass on when its trial can no longer measure: failed while stale (the
+    runner died: no outcome recorded) or interrupted."""
+    try:
+        owner = study._storage.get_trial(owner_trial_id)
+    except KeyError:
+        return True
+    return owner.state == TrialState.FAIL and trial_outcome(owner) in (None, "interrupted")
+
+
+def is_retry(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """A re-run of a layout whose first run was cut short (it is within the budget)."""
+    frozen = study._storage.get_trial(trial._trial_id)
+    return _records_is_retry(frozen.user_attrs, frozen.system_attrs)
+
+
+def set_search_stop(study: optuna.Study, record: dict[str, Any] | None) -> None:
+    """Record why the search stopped early (a :func:`~autotune.runner.records.
+    search_stop_record`), or clear it (``None``) when it no longer holds."""
+    study.set_user_attr(StudyAttr.SEARCH_STOP, record)
+
+
+def tell_infeasible(study: optuna.Study, trial: optuna.Trial, layout: Layout,
+                    outcome: Outcome, worker: str) -> None:
+    set_user_attrs(trial, verdict_attrs(layout, outcome.kind, outcome.reason, worker=worker))
+    trial.set_constraint("feasible", 1.0)
+    study.tell(trial, state=outcome.state, skip_if_finished=True)  # see tell_skipped
+
+
+def tell_skipped(study: optuna.Study, trial: optuna.Trial, layout: Layout, why: str) -> None:
+    set_user_attrs(trial, verdict_attrs(layout, SKIPPED, why))
+    # SQLite can hand one waiting trial to two workers (the run loop's comment): both may
+    # reach this verdict; the second tell of the same verdict is a no-op, not an error.
+    study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+
+
+def tell_outcome(study: optuna.Study, trial: optuna.Trial, facts: TrialFacts) -> None:
+    set_user_attrs(trial, user_attrs(facts))
+    outcome = facts.outcome
+    if outcome.infeasible:
+        trial.set_constraint("feasible", 1.0)
+    if outcome.state == TrialState.COMPLETE:
+        trial.set_constraint("feasible", 0.0)
+        study.tell(trial, outcome.value)
+    else:
+        study.tell(trial, state=outcome.state)

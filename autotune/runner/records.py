@@ -1,0 +1,309 @@
+"""Everything autotune stores on Optuna trials and studies: the keys, their writers and
+readers; and the ``measurements`` row, built from the same facts as a trial's attributes.
+
+User attributes are what optuna-dashboard shows next to each trial and study. Every key is
+named here once (:class:`TrialAttr`, :class:`StudyAttr`), as :mod:`autotune.storage.schema`
+names the SQL columns: the runner writes through the writers below, and the reports, the
+status commands and the campaign read through the readers or the constants, so that the
+table, the dashboard and the reports agree. Changing a key here changes what old studies
+can be read with, so keys are added, not renamed.
+
+This module imports nothing of the loop (no launcher, no Optuna study handling), so that
+readers (:mod:`autotune.report`, :mod:`autotune.results`) can use it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from autotune.hardware import GiB
+from autotune.layout import Layout
+from autotune.runner.outcome import Outcome
+from autotune.trial import TrialResult
+
+__all__ = ["TrialAttr", "StudyAttr", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR", "RESULT_ATTRS",
+           "TrialFacts", "measurement_row", "user_attrs", "verdict_attrs", "retry_attrs",
+           "study_attrs", "set_user_attrs", "trial_layout", "trial_layout_key",
+           "trial_outcome", "trial_reason", "is_retry", "study_fingerprint",
+           "study_device_memory_gib", "search_stop_record",
+           "search_stop_of", "search_stop_threshold", "search_stop_line"]
+
+
+class TrialAttr:
+    """Keys of a trial's user attributes."""
+
+    LAYOUT = "layout"
+    """The layout key (:meth:`autotune.layout.Layout.key`)."""
+    LAYOUT_DICT = "layout_dict"
+    """The layout as :meth:`autotune.layout.Layout.to_dict` (what readers rebuild it from)."""
+    OUTCOME = "outcome"
+    """An outcome kind (:data:`autotune.runner.outcome.OUTCOME_KINDS`) or :data:`SKIPPED`;
+    absent on a trial whose runner died before judging it."""
+    REASON = "reason"
+    """Why it is not ``complete``: the error text, the infeasibility reasons, ..."""
+    WORKER = "worker"
+    """``host:pid`` of the runner (``/i`` for the i-th of several side by side)."""
+    LAUNCHER = "launcher"
+    WORLD_SIZE = "world_size"
+    DP = "dp"
+    GRAD_ACCUM = "grad_accum"
+    ELAPSED_S = "elapsed_s"
+    PREDICTED_TFLOPS = "predicted_tflops_per_device"
+    PREDICTED_MEMORY_GIB = "predicted_memory_gib"
+    TRIAL_DIR = "trial_dir"
+    HOSTS = "hosts"
+    MODEL_TFLOPS = "model_tflops_per_device"
+    HARDWARE_TFLOPS = "hardware_tflops_per_device"
+    MFU = "mfu"
+    STEP_TIME_S = "step_time_s"
+    STEP_TIME_IQR_S = "step_time_iqr_s"
+    TOKENS_PER_S = "tokens_per_s"
+    DEVICE = "device"
+    DEVICE_NAME = "device_name"
+    PEAK_MEMORY_GIB = "peak_memory_gib"
+    VERSIONS = "versions"
+    RETRY_OF = "retry_of"
+    """On a re-enqueued trial: the number of the interrupted trial it measures again."""
+
+
+RESULT_ATTRS: tuple[str, ...] = (
+    TrialAttr.MODEL_TFLOPS, TrialAttr.HARDWARE_TFLOPS, TrialAttr.MFU, TrialAttr.STEP_TIME_S,
+    TrialAttr.STEP_TIME_IQR_S, TrialAttr.TOKENS_PER_S, TrialAttr.DEVICE, TrialAttr.DEVICE_NAME)
+"""Trial attributes copied from the :class:`~autotune.trial.TrialResult` field of the same
+name."""
+
+SKIPPED = "skipped"
+"""The :attr:`TrialAttr.OUTCOME` of a proposal that was not launched and says nothing about
+its layout (another trial owns it, or the budget was reached)."""
+
+FAILED_TRIAL_SYSTEM_ATTR = "failed_trial"
+"""Optuna's system attribute on a trial that
+:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` re-enqueued (Optuna's key)."""
+
+
+class StudyAttr:
+    """Keys of a study's user attributes."""
+
+    FINGERPRINT = "fingerprint"
+    """What the study measures (model, device, world size, global batch, dtype): a study
+    name is refused for another one."""
+    MODEL = "model"
+    CLUSTER = "cluster"
+    OBJECTIVE = "objective"
+    DEVICE_MEMORY_GIB = "device_memory_gib"
+    SEARCH_STOP = "search_stop"
+    """Why the strategy last stopped before the budget (a dict from
+    :func:`search_stop_record`), or ``None`` once a later proposal was made."""
+
+
+
+class _HasAttrs(Protocol):
+    """An Optuna trial or study handle: something with user attributes to read."""
+
+    @property
+    def user_attrs(self) -> dict[str, Any]: ...
+
+
+class _SetsAttrs(Protocol):
+    def set_user_attr(self, key: str, value: Any) -> None: ...
+
+
+# -- trials: writers ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TrialFacts:
+    """Everything known about one trial execution once it ended."""
+
+    study_name: str
+    trial_number: int
+    trial_id: int
+    layout: Layout
+    outcome: Outcome
+    result: TrialResult | None
+    launcher: str
+    worker: str
+    started_at: datetime
+    finished_at: datetime
+    elapsed_s: float
+    hosts: list[str]
+    predicted_tflops_per_device: float | None
+    predicted_memory_bytes: float | None
+    trial_dir: str | None = None
+
+
+def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch: int,
+                    dtype: str) -> dict[str, Any]:
+    """A row of the ``measurements`` table (``autotune.storage.schema.Measurement``)."""
+    lay, res = facts.layout, facts.result
+    return {
+        "study_name": facts.study_name, "trial_number": facts.trial_number,
+        "trial_id": facts.trial_id, "layout_key": lay.key(),
+        "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch": lay.micro_batch,
+        "grad_accum": lay.grad_accum, "zero_stage": lay.zero_stage, "recompute": lay.recompute,
+        "world_size": lay.world_size, "global_batch": global_batch,
+        "model_name": model.name, "n_layer": model.n_layer, "hidden": model.hidden,
+        "n_head": model.n_head, "seq_len": model.seq_len, "vocab_size": model.vocab_size,
+        "n_params": float(model.n_params()), "device_type": cluster.device,
+        "nodes": cluster.nodes, "devices_per_node": cluster.devices_per_node, "dtype": dtype,
+        "outcome": facts.outcome.kind, "status": res.status if res else None,
+        "reason": facts.outcome.reason or None,
+        "model_tflops_per_device": res.model_tflops_per_device if res else None,
+        "hardware_tflops_per_device": res.hardware_tflops_per_device if res else None,
+        "mfu": res.mfu if res else None,
+        "step_time_s": res.step_time_s if res else None,
+        "step_time_iqr_s": res.step_time_iqr_s if res else None,
+        "tokens_per_s": res.tokens_per_s if res else None,
+        "peak_memory_bytes": float(res.peak_memory_bytes) if res and res.peak_memory_bytes
+        else None,
+        "predicted_memory_bytes": facts.predicted_memory_bytes,
+        "predicted_tflops_per_device": facts.predicted_tflops_per_device,
+        "elapsed_s": facts.elapsed_s, "launcher": facts.launcher,
+        "hosts": json.dumps(facts.hosts or (res.hosts if res else [])),
+        "versions": json.dumps(res.versions) if res else None,
+        "result_json": json.dumps(res.to_dict()) if res else None,
+        "worker": facts.worker, "started_at": facts.started_at,
+        "finished_at": facts.finished_at,
+    }
+
+
+def user_attrs(facts: TrialFacts) -> dict[str, Any]:
+    """A measured trial's user attributes: readable in optuna-dashboard, JSON-serialisable."""
+    res = facts.result
+    attrs: dict[str, Any] = {
+        TrialAttr.LAYOUT: facts.layout.key(),
+        TrialAttr.WORLD_SIZE: facts.layout.world_size,
+        TrialAttr.DP: facts.layout.dp,
+        TrialAttr.GRAD_ACCUM: facts.layout.grad_accum,
+        TrialAttr.OUTCOME: facts.outcome.kind,
+        TrialAttr.WORKER: facts.worker,
+        TrialAttr.LAUNCHER: facts.launcher,
+        TrialAttr.ELAPSED_S: round(facts.elapsed_s, 2),
+    }
+    if facts.outcome.reason:
+        attrs[TrialAttr.REASON] = facts.outcome.reason[-1500:]
+    if facts.predicted_tflops_per_device is not None:
+        attrs[TrialAttr.PREDICTED_TFLOPS] = facts.predicted_tflops_per_device
+    if facts.predicted_memory_bytes is not None:
+        attrs[TrialAttr.PREDICTED_MEMORY_GIB] = round(facts.predicted_memory_bytes / GiB, 3)
+    if facts.trial_dir:
+        attrs[TrialAttr.TRIAL_DIR] = facts.trial_dir
+    if facts.hosts:
+        attrs[TrialAttr.HOSTS] = facts.hosts
+    if res is not None:
+        for key in RESULT_ATTRS:
+            value = getattr(res, key)
+            if value is not None:
+                attrs[key] = value
+        if res.peak_memory_bytes is not None:
+            attrs[TrialAttr.PEAK_MEMORY_GIB] = round(res.peak_memory_bytes / GiB, 3)
+        if res.versions:
+            attrs[TrialAttr.VERSIONS] = res.versions
+    attrs[TrialAttr.LAYOUT_DICT] = facts.layout.to_dict()
+    return attrs
+
+
+def verdict_attrs(layout: Layout, outcome: str, reason: str, *,
+                  worker: str | None = None) -> dict[str, Any]:
+    """The attributes of a proposal judged without launching it (infeasible, skipped)."""
+    attrs: dict[str, Any] = {TrialAttr.LAYOUT: layout.key(),
+                             TrialAttr.LAYOUT_DICT: layout.to_dict(),
+                             TrialAttr.OUTCOME: outcome, TrialAttr.REASON: reason}
+    if worker is not None:
+        attrs[TrialAttr.WORKER] = worker
+    return attrs
+
+
+def retry_attrs(trial_number: int) -> dict[str, Any]:
+    """The attributes a re-enqueued layout starts with: which trial it measures again."""
+    return {TrialAttr.RETRY_OF: trial_number}
+
+
+def set_user_attrs(target: _SetsAttrs, attrs: Mapping[str, Any]) -> None:
+    """Write ``attrs`` on an Optuna trial or study, one user attribute each."""
+    for key, value in attrs.items():
+        target.set_user_attr(key, value)
+
+
+# -- trials: readers ------------------------------------------------------------------------
+
+def trial_layout(trial: _HasAttrs) -> Layout | None:
+    """The layout a judged trial ran or was refused (``None``: not judged yet)."""
+    data = trial.user_attrs.get(TrialAttr.LAYOUT_DICT)
+    return None if data is None else Layout.from_dict(data)
+
+
+def trial_layout_key(trial: _HasAttrs) -> str | None:
+    return trial.user_attrs.get(TrialAttr.LAYOUT)
+
+
+def trial_outcome(trial: _HasAttrs) -> str | None:
+    """The trial's outcome kind or :data:`SKIPPED`; ``None`` when nobody judged it."""
+    return trial.user_attrs.get(TrialAttr.OUTCOME)
+
+
+def trial_reason(trial: _HasAttrs) -> str:
+    return trial.user_attrs.get(TrialAttr.REASON) or ""
+
+
+def is_retry(user_attrs: Mapping[str, Any], system_attrs: Mapping[str, Any]) -> bool:
+    """Whether a trial re-runs a layout whose first run was cut short: re-enqueued by the
+    runner after an interrupt, or by Optuna after its runner died."""
+    return FAILED_TRIAL_SYSTEM_ATTR in system_attrs or TrialAttr.RETRY_OF in user_attrs
+
+
+# -- studies --------------------------------------------------------------------------------
+
+def study_attrs(fingerprint: dict[str, Any], *, model: str, cluster: str,
+                device_memory_gib: float) -> dict[str, Any]:
+    """A new study's user attributes: its fingerprint and what the dashboard shows of it."""
+    return {StudyAttr.FINGERPRINT: fingerprint, StudyAttr.MODEL: model,
+            StudyAttr.CLUSTER: cluster,
+            StudyAttr.OBJECTIVE: "model TFLOPS per device (higher is better)",
+            StudyAttr.DEVICE_MEMORY_GIB: device_memory_gib}
+
+
+def study_fingerprint(study: _HasAttrs) -> dict[str, Any]:
+    """The study's fingerprint (``{}`` for a study autotune did not create)."""
+    fp = study.user_attrs.get(StudyAttr.FINGERPRINT)
+    return fp if isinstance(fp, dict) else {}
+
+
+def study_device_memory_gib(study: _HasAttrs) -> float | None:
+    """The device memory the runner stored (it includes ``cluster.memory_gb``), if any."""
+    value = study.user_attrs.get(StudyAttr.DEVICE_MEMORY_GIB)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def search_stop_record(reason: str, *, judged: int, strategy: str,
+                       min_improvement: float | None, worker: str,
+                       at: datetime) -> dict[str, Any]:
+    """The study's :attr:`StudyAttr.SEARCH_STOP`: the reason, the finished trials it was
+    decided on and the threshold, so that a later reader knows what it holds for."""
+    return {"reason": reason, "judged": judged, "strategy": strategy,
+            "min_improvement": min_improvement, "worker": worker,
+            "at": at.isoformat(timespec="seconds")}
+
+
+def search_stop_of(study: _HasAttrs) -> dict[str, Any] | None:
+    """The study's recorded search stop (:func:`search_stop_record`), ``None`` if none."""
+    record = study.user_attrs.get(StudyAttr.SEARCH_STOP)
+    return record if isinstance(record, dict) else None
+
+
+def search_stop_threshold(record: Mapping[str, Any] | None) -> float | None:
+    """The ``search.min_improvement`` a recorded stop was decided at (``None``: unknown)."""
+    value = (record or {}).get("min_improvement")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def search_stop_line(record: Any) -> str | None:
+    """A :func:`search_stop_record` as one line; ``None`` when there is none."""
+    if not isinstance(record, dict) or not record.get("reason"):
+        return None
+    threshold = search_stop_threshold(record)
+    return str(record["reason"]) + (f" (search.min_improvement {threshold:g})"
+                                    if threshold is not None else "")
