@@ -71,7 +71,7 @@ _NVLINK4 = LinkSpec(gbps=450.0, latency_us=5.0)    # H100/H200 NVLink4: 900 GB/s
 _IB_HDR = LinkSpec(gbps=25.0, latency_us=10.0)     # one HDR200 NIC per GPU (DGX A100)
 _IB_NDR = LinkSpec(gbps=50.0, latency_us=10.0)     # one NDR400 NIC per GPU (DGX H100)
 # Max 1550: tile<->tile on one card ~185 GB/s, card<->card over Xe Link 15-19 GB/s per pair
-# (ALCF Aurora node performance overview, shared/landscapes/README.md). Inter-node: Aurora
+# (ALCF Aurora node performance overview, data/landscapes/README.md). Inter-node: Aurora
 # has 8 Slingshot-11 NICs (25 GB/s each) for 12 tiles; SuperMUC-NG Phase 2's per-tile
 # share is not published: estimate.
 _XE_TILE = LinkSpec(gbps=185.0, latency_us=10.0)

@@ -99,7 +99,7 @@ class Layout:
                             "expected the form tpT-ppP-dpD-mbM-gaG-zZ-none|full") from None
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``layout`` object of a trial spec (``shared/CONTRACTS.md``)."""
+        """The ``layout`` object of a trial spec (``docs/trainer.md``, "The spec")."""
         return asdict(self)
 
     @classmethod

@@ -5,9 +5,10 @@ Spearman rank correlation between predicted and measured model TFLOPS per device
 whether the measured best is among the predicted top 3. OOM rows are left out of the
 correlation; the memory model's verdict on them is reported (``oom_flagged``).
 
-    python benchmarks/cost_model_accuracy.py \\
-        --landscape ../shared/landscapes/vtrain_a100_single_node.csv \\
-        --landscape ../shared/landscapes/aurora_pvc_70b.csv --json accuracy.json
+    python benchmarks/cost_model_accuracy.py --json accuracy.json
+
+reads the two tables shipped in ``data/landscapes/`` (vTrain and Aurora); ``--landscape
+FILE`` (repeatable) reads others instead.
 
 ``--profile-cv SCHEME`` (``layers``, ``world``, ``batch``; repeatable or a comma list) also
 ranks every group with measured layer times (:mod:`autotune.models.profile`) fitted only
@@ -17,7 +18,7 @@ earlier studies, before planning this one. ``--profile FILE`` ranks with a profi
 (``autotune profile``). The summary then compares the analytic model with each.
 
     python benchmarks/cost_model_accuracy.py \\
-        --landscape ../shared/landscapes/vtrain_a100_single_node.csv \\
+        --landscape data/landscapes/vtrain_a100_single_node.csv \\
         --profile-cv layers,world,batch
 
 Attention: the vTrain runs (Megatron-DeepSpeed, 2022-23) used Megatron's fused softmax,
@@ -43,7 +44,12 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS
 from autotune.errors import SpecError
 from autotune.feasibility import MemoryBudget, check_layout
-from autotune.landscape import LandscapeGroup, load_landscape
+from autotune.landscape import (
+    SHIPPED_LANDSCAPES,
+    LandscapeGroup,
+    load_landscape,
+    shipped_landscape,
+)
 from autotune.models.cost import estimate_step
 from autotune.models.profile import LayerProfile, load_profile
 from autotune.models.profile_fit import fit_layer_profile, landscape_samples
@@ -192,7 +198,8 @@ def _print_comparison(variants: dict[str, dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--landscape", action="append", required=True, metavar="FILE")
+    p.add_argument("--landscape", action="append", metavar="FILE",
+                   help="CSV (repeatable; default: the tables shipped in data/landscapes/)")
     p.add_argument("--hardware", metavar="NAME", help="device name where the file lacks it")
     p.add_argument("--devices-per-node", type=int, metavar="N")
     p.add_argument("--vocab-size", type=int, default=51200, metavar="N")
@@ -207,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also predict with this layer profile (written by autotune profile)")
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
+    args.landscape = args.landscape or [str(shipped_landscape(n)) for n in SHIPPED_LANDSCAPES]
     try:
         schemes = parse_profile_cv(args.profile_cv)
         given = load_profile(args.profile) if args.profile else None

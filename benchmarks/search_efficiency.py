@@ -10,13 +10,13 @@ measured (OOM trials count), over ``--repeats`` seeds (one run for deterministic
 strategies). The random strategy is checked against its analytic expectation
 ``(N + 1) / (k + 1)`` for ``k`` good layouts among ``N``.
 
-    python benchmarks/search_efficiency.py \\
-        --landscape ../shared/landscapes/vtrain_a100_single_node.csv \\
-        --landscape ../shared/landscapes/aurora_pvc_70b.csv --json search.json
+    python benchmarks/search_efficiency.py --json search.json
 
-``--json`` writes the format of ``shared/CONTRACTS.md`` (extended: quartiles, mean trials,
-speed-up = analytic random mean / strategy mean, the analytic random expectation). Runs in
-minutes on 2 cores (tpe and gp get ``--optuna-repeats`` seeds: Optuna's GP refits per ask).
+reads the two tables shipped in ``data/landscapes/`` (``--landscape FILE``, repeatable, reads
+others). ``--json`` writes the contract format of ``docs/search.md`` (extended: quartiles,
+mean trials, speed-up = analytic random mean / strategy mean, the analytic random
+expectation). Runs in minutes on 2 cores (tpe and gp get ``--optuna-repeats`` seeds:
+Optuna's GP refits per ask).
 
 ``--profile-cv SCHEME`` (``layers``, ``world``, ``batch``; repeatable or a comma list) also
 replays the strategies that use the cost model (``default``, ``cost-model-only``) with its
@@ -52,7 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS
-from autotune.landscape import LandscapeGroup, load_landscape
+from autotune.landscape import (
+    SHIPPED_LANDSCAPES,
+    LandscapeGroup,
+    load_landscape,
+    shipped_landscape,
+)
 from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
 from autotune.search import (
@@ -262,7 +267,8 @@ def summarize(trials: list[int | None], budget: int) -> dict[str, float | None]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--landscape", action="append", required=True, help="CSV (repeatable)")
+    ap.add_argument("--landscape", action="append", help="CSV (repeatable; default: the "
+                    "tables shipped in data/landscapes/)")
     ap.add_argument("--strategies", default="default,random,grid,cost-model-only,tpe,gp")
     ap.add_argument("--repeats", type=int, default=20, help="seeds per random strategy")
     ap.add_argument("--optuna-repeats", type=int, default=3,
@@ -293,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                     "Aurora flash)")
     add_profile_cv_argument(ap)
     args = ap.parse_args(argv)
+    args.landscape = args.landscape or [str(shipped_landscape(n)) for n in SHIPPED_LANDSCAPES]
     try:
         schemes = parse_profile_cv(args.profile_cv)
     except ValueError as err:

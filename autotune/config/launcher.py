@@ -75,7 +75,7 @@ class ReplayOptions:
     """Answer trials from a table of measured layouts instead of running them."""
 
     landscape: str = ""
-    """CSV in the vTrain or Aurora format (``shared/landscapes``)."""
+    """CSV in the vTrain or Aurora format (``data/landscapes/`` ships two)."""
     group: int | None = None
     """Which landscape group of the file (index as listed by ``autotune landscapes``);
     None: the group matching the study's model, world size and global batch."""

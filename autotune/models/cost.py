@@ -87,7 +87,7 @@ class DevicePerf:
 # Large-GEMM efficiency: A100 cuBLAS BF16/FP16 ~250 of 312 TFLOPS (NVIDIA, "A100 Tensor
 # Core GPU architecture" whitepaper and cuBLAS benchmarks); H100 SXM ~700-750 of 989
 # (NVIDIA Hopper tuning guide, cuBLAS 12); Max 1550 tile: 207 of 419 per tile with the
-# node busy (ALCF, shared/landscapes/README.md). HBM: A100-40GB 1,555 GB/s, A100-80GB
+# node busy (ALCF, data/landscapes/README.md). HBM: A100-40GB 1,555 GB/s, A100-80GB
 # 2,039, H100 3,350, H200 4,800 (NVIDIA datasheets); Max 1550 3,277 GB/s per card, half
 # per tile (Intel datasheet). CPU: a rank's share of a small host (estimate).
 _PERF: dict[str, DevicePerf] = {
