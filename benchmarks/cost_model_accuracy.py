@@ -51,18 +51,7 @@ from autotune.feasibility import MemoryBudget, check_layout
 from autotune.landscape import LandscapeGroup
 from autotune.models.cost import estimate_step
 from autotune.models.profile import LayerProfile, load_profile
-from benchmarks._common import (
-    StudyCheck,
-    add_landscape_arguments,
-    add_profile_cv_argument,
-    excluded_groups,
-    held_out_clusters,
-    landscape_paths,
-    load_groups,
-    parse_profile_cv,
-    print_study_check,
-    study_check,
-)
+from benchmarks import _common as common
 
 
 def average_ranks(values: list[float]) -> np.ndarray:
@@ -120,10 +109,10 @@ def rank_group(group: LandscapeGroup, cluster: ClusterConfig) -> dict[str, Any]:
 
 
 def evaluate_group(group: LandscapeGroup, *, margin: float,
-                   check: StudyCheck | None = None) -> dict[str, Any]:
+                   check: common.StudyCheck | None = None) -> dict[str, Any]:
     """:func:`rank_group` on the group's own cluster, the memory model on its rows, and the
     study's feasibility check (``check``, computed when not given)."""
-    check = check or study_check(group, memory_margin=margin)
+    check = check or common.study_check(group, memory_margin=margin)
     return {**rank_group(group, group.cluster),
             "n_oom": sum(m.status == "oom" for m in group.measurements),
             "oom_flagged": _flagged(group, margin),
@@ -160,8 +149,8 @@ class Evaluation:
     """Every group read, and the rows of those with enough measured layouts."""
 
     loaded: list[LandscapeGroup] = field(default_factory=list)
-    checks: list[StudyCheck] = field(default_factory=list)
-    """:func:`study_check` of each loaded group."""
+    checks: list[common.StudyCheck] = field(default_factory=list)
+    """``common.study_check`` of each loaded group."""
     selected: list[LandscapeGroup] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     """:func:`evaluate_group` of each selected group."""
@@ -174,9 +163,9 @@ class Evaluation:
 def evaluate(args: argparse.Namespace) -> Evaluation:
     """Read every file and evaluate each group; keep those with ``--min-layouts`` ok rows."""
     ev = Evaluation()
-    for _, groups in load_groups(args):
+    for _, groups in common.load_groups(args):
         for g in groups:
-            check = study_check(g, memory_margin=args.memory_margin)
+            check = common.study_check(g, memory_margin=args.memory_margin)
             res = evaluate_group(g, margin=args.memory_margin, check=check)
             ev.loaded.append(g)
             ev.checks.append(check)
@@ -196,7 +185,7 @@ def profiled_variants(ev: Evaluation, schemes: list[str], given: LayerProfile | 
     ``--profile`` (``file``). Every loaded group is fitted on (small ones too): a held-out
     group's own key value never is, so the only question is how much of the rest a user
     would have measured."""
-    clusters = {s: held_out_clusters(ev.selected, s, fit_on=ev.loaded) for s in schemes}
+    clusters = {s: common.held_out_clusters(ev.selected, s, fit_on=ev.loaded) for s in schemes}
     if given is not None:
         clusters["file"] = [replace(g.cluster, profile=given) for g in ev.selected]
     return {name: _profiled_variant(ev.selected, cl) for name, cl in clusters.items()}
@@ -220,8 +209,8 @@ def print_groups(ev: Evaluation, analytic: dict[str, Any], min_layouts: int) -> 
           f"{ev.oom_flagged}")
     # The other side of the memory model's accuracy: rows that ran but are predicted not to.
     print(f"ok rows: {ev.ok_rows}, predicted infeasible by the memory model: {ev.ok_flagged}")
-    print_study_check(list(zip(ev.loaded, ev.checks, strict=True)),
-                      f"all {len(ev.loaded)} groups read")
+    common.print_study_check(list(zip(ev.loaded, ev.checks, strict=True)),
+                             f"all {len(ev.loaded)} groups read")
 
 
 def _print_comparison(variants: dict[str, dict[str, Any]]) -> None:
@@ -249,7 +238,7 @@ def to_json(ev: Evaluation, analytic: dict[str, Any], profiled: dict[str, dict[s
         "top3_hits": analytic["top3_hits"],
         "ok_excluded": sum(c.ok_excluded for c in ev.checks),
         "best_excluded_groups": [g.name for g, c in pairs if c.best_excluded],
-        "excluded_groups": excluded_groups(pairs)}
+        "excluded_groups": common.excluded_groups(pairs)}
     if profiled:
         out["profiled"] = profiled
         if profile_source is not None:
@@ -261,15 +250,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str],
                                                 LayerProfile | None]:
     """The options, the ``--profile-cv`` schemes and the ``--profile`` file read."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_landscape_arguments(p)
-    add_profile_cv_argument(p)
+    common.add_landscape_arguments(p)
+    common.add_profile_cv_argument(p)
     p.add_argument("--profile", metavar="FILE",
                    help="also predict with this layer profile (written by autotune profile)")
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
-    args.landscape = landscape_paths(args)
+    args.landscape = common.landscape_paths(args)
     try:
-        return args, parse_profile_cv(args.profile_cv), (
+        return args, common.parse_profile_cv(args.profile_cv), (
             load_profile(args.profile) if args.profile else None)
     except (ValueError, SpecError) as err:
         p.error(str(err))

@@ -53,43 +53,35 @@ def test_what_is_allowed_comes_from_the_validators() -> None:
     assert keys["training.global_batch"].default == "required"
 
 
-def test_a_field_without_a_docstring_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    @dataclass(frozen=True)
-    class Undocumented:
-        """A section."""
+@dataclass(frozen=True)
+class Probe:
+    """A section whose loader accepts the keys of :data:`PROBE_KEYS`."""
 
-        documented: int = 1
-        """Says what it is."""
-        added: int = 2
+    documented: int = 1
+    """Says what it is."""
+    added: int = 2
+    internal: int = 3
+    """Filled by the loader."""
 
-        @classmethod
-        def from_dict(cls, data: object) -> None:
-            from autotune.config._fields import check_keys
+    @classmethod
+    def from_dict(cls, data: object) -> None:
+        from autotune.config._fields import check_keys
 
-            check_keys("x", data, ("documented", "added"))
-
-    with pytest.raises(AssertionError, match=r"x\.added: the field has no docstring"):
-        docgen._section_keys(Undocumented, "x")
+        check_keys("x", data, PROBE_KEYS)
 
 
-def test_a_field_the_file_cannot_set_must_be_declared() -> None:
-    @dataclass(frozen=True)
-    class Hidden:
-        """A section."""
+PROBE_KEYS: list[str] = []
 
-        shown: int = 1
-        """In the file."""
-        internal: int = 2
-        """Filled by the loader."""
 
-        @classmethod
-        def from_dict(cls, data: object) -> None:
-            from autotune.config._fields import check_keys
-
-            check_keys("x", data, ("shown",))
-
-    with pytest.raises(AssertionError, match=r"\['internal'\] are no key of the file"):
-        docgen._section_keys(Hidden, "x")
+@pytest.mark.parametrize(("keys", "error"), [
+    (["documented", "added", "internal"], r"x\.added: the field has no docstring"),
+    (["documented", "added"], r"\['internal'\] are no key of the file"),
+])
+def test_an_undocumented_or_undeclared_field_is_refused(
+        monkeypatch: pytest.MonkeyPatch, keys: list[str], error: str) -> None:
+    monkeypatch.setattr(f"{__name__}.PROBE_KEYS", keys)
+    with pytest.raises(AssertionError, match=error):
+        docgen._section_keys(Probe, "x")
 
 
 def test_check_mode_reports_a_stale_file(tmp_path) -> None:

@@ -4,11 +4,8 @@ search failure."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -18,17 +15,6 @@ from autotune.models.memory import estimate_memory
 from autotune.search import make_strategy
 from benchmarks._common import study_check, study_constraints
 from tests.search.conftest import synthetic_group
-
-ACCURACY = Path(__file__).resolve().parents[2] / "benchmarks" / "cost_model_accuracy.py"
-
-
-@pytest.fixture(scope="module")
-def accuracy():
-    spec = importlib.util.spec_from_file_location("cost_model_accuracy", ACCURACY)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cost_model_accuracy"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def squeezed(group: LandscapeGroup, keep: float = 0.5) -> LandscapeGroup:
