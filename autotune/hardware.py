@@ -106,7 +106,7 @@ _NVLINK4 = LinkSpec(gbps=450.0, latency_us=5.0)    # H100/H200 NVLink4: 900 GB/s
 _IB_HDR = LinkSpec(gbps=25.0, latency_us=10.0)     # one HDR200 NIC per GPU (DGX A100)
 _IB_NDR = LinkSpec(gbps=50.0, latency_us=10.0)     # one NDR400 NIC per GPU (DGX H100)
 # Max 1550: tile<->tile on one card ~185 GB/s, card<->card over Xe Link 15-19 GB/s per pair
-# (ALCF Aurora node performance overview, shared/landscapes/README.md). Inter-node: Aurora
+# (ALCF Aurora node performance overview, data/landscapes/README.md). Inter-node: Aurora
 # has 8 Slingshot-11 NICs (25 GB/s each) for 12 tiles; SuperMUC-NG Phase 2's per-tile
 # share is not published: estimate.
 _XE_TILE = LinkSpec(gbps=185.0, latency_us=10.0)
@@ -116,7 +116,7 @@ _SLINGSHOT = LinkSpec(gbps=16.0, latency_us=20.0)  # estimate: 8 x 25 GB/s over 
 # Large-GEMM efficiency (gemm_efficiency_max): A100 cuBLAS BF16/FP16 ~250 of 312 TFLOPS
 # (NVIDIA, "A100 Tensor Core GPU architecture" whitepaper and cuBLAS benchmarks); H100 SXM
 # ~700-750 of 989 (NVIDIA Hopper tuning guide, cuBLAS 12); Max 1550 tile: 207 of 419 per
-# tile with the node busy (ALCF, shared/landscapes/README.md). HBM (hbm_gbps): A100-40GB
+# tile with the node busy (ALCF, data/landscapes/README.md). HBM (hbm_gbps): A100-40GB
 # 1,555 GB/s, A100-80GB 2,039, H100 3,350, H200 4,800 (NVIDIA datasheets); Max 1550 3,277
 # GB/s per card, half per tile (Intel datasheet). CPU: a rank's share of a small host
 # (estimate).

@@ -5,7 +5,8 @@ global batch, so that every layout does the same work per step and the fastest o
 best. The search benchmark replays a group as if each row were a trial
 (:mod:`autotune.launchers.replay`); the cost-model benchmark ranks a group's layouts.
 
-Two file formats are read (``shared/landscapes/README.md``):
+Two file formats are read (``data/landscapes/README.md``, which also gives the sources and
+licences of the two published tables shipped there: :func:`shipped_landscape`):
 
 * **vTrain** (Bang et al., MICRO 2024; ``ground_truth_single.csv``): columns ``# GPUs,
   global batch, micro batch, hidden size, attention heads, # layers, sequence length,
@@ -65,7 +66,8 @@ from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 
 __all__ = ["Measurement", "LandscapeGroup", "load_landscape", "merge_duplicates", "VTRAIN_COLUMNS",
-           "AURORA_COLUMNS", "DEFAULT_VTRAIN_HARDWARE", "DEFAULT_AURORA_HARDWARE"]
+           "AURORA_COLUMNS", "DEFAULT_VTRAIN_HARDWARE", "DEFAULT_AURORA_HARDWARE",
+           "LANDSCAPES_DIR", "SHIPPED_LANDSCAPES", "shipped_landscape"]
 
 VTRAIN_COLUMNS: tuple[str, ...] = (
     "# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
@@ -80,6 +82,28 @@ AURORA_COLUMNS: tuple[str, ...] = (
 DEFAULT_VTRAIN_HARDWARE = "a100-80gb"
 DEFAULT_AURORA_HARDWARE = "max1550-tile"
 DEFAULT_VTRAIN_DEVICES_PER_NODE = 8
+
+LANDSCAPES_DIR = Path(__file__).resolve().parents[1] / "data" / "landscapes"
+"""The checkout's ``data/landscapes/``: the published tables the docs, tests and benchmarks
+use. Read relative to the checkout (like ``studies/``), not installed as package data."""
+SHIPPED_LANDSCAPES: tuple[str, ...] = ("vtrain_a100_single_node.csv", "aurora_pvc_70b.csv")
+"""The tables in :data:`LANDSCAPES_DIR`, in the order the benchmarks read them by default."""
+
+
+def shipped_landscape(name: str) -> Path:
+    """The path of a shipped table (a name of :data:`SHIPPED_LANDSCAPES`).
+
+    >>> shipped_landscape("aurora_pvc_70b.csv").name
+    'aurora_pvc_70b.csv'
+    """
+    if name not in SHIPPED_LANDSCAPES:
+        raise SpecError("landscape", name,
+                        f"allowed: one of {', '.join(SHIPPED_LANDSCAPES)} (data/landscapes/)")
+    path = LANDSCAPES_DIR / name
+    if not path.is_file():
+        raise SpecError("landscape", name, "not found in the checkout's data/landscapes/ "
+                        "(an installed package ships no tables: run from a clone)")
+    return path
 
 
 @dataclass(frozen=True)

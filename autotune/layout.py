@@ -140,7 +140,7 @@ class Layout:
                    recompute="full" if params["recompute"] == "full" else "none")
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``layout`` object of a trial spec (``shared/CONTRACTS.md``)."""
+        """The ``layout`` object of a trial spec (``docs/trainer.md``, "The spec")."""
         return asdict(self)
 
     @classmethod

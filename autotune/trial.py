@@ -1,8 +1,9 @@
 """The trial spec (input of ``python -m trainer``) and the trial result (its output).
 
-The keys are a contract other programs rely on (``shared/CONTRACTS.md``): extend, never
-rename. The result travels as one JSON file written atomically (temp file + rename, as
-submitit does) and tagged ``status: ok | oom | error``; nobody greps logs.
+The keys are a contract other programs rely on (documented in ``docs/trainer.md``, "The
+spec" and "The result"): extend, never rename. The result travels as one JSON file written
+atomically (temp file + rename, as submitit does) and tagged ``status: ok | oom | error``;
+nobody greps logs.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class TrialSpec:
 
 @dataclass
 class TrialResult:
-    """What a trial measured. Keys as in ``shared/CONTRACTS.md``, plus extensions."""
+    """What a trial measured. Keys as in ``docs/trainer.md`` ("The result")."""
 
     status: str
     model_tflops_per_device: float | None = None

@@ -3,11 +3,16 @@
 For every landscape group with at least ``--min-layouts`` measured (``ok``) layouts, the
 Spearman rank correlation between predicted and measured model TFLOPS per device, and
 whether the measured best is among the predicted top 3. OOM rows are left out of the
-correlation; the memory model's verdict on them is reported (``oom_flagged``).
+correlation; the memory model's verdict on them is reported (``oom_flagged``). Every group
+also goes through the feasibility check a real study of it would apply (default settings,
+memory rule and placement included: ``benchmarks/_common.py``, ``study_check``): the
+measured-ok layouts it excludes (``ok_excluded``), whether the measured best is one of them
+(``best_excluded``) and the loss ``1 - best kept / best`` (``loss``).
 
-    python benchmarks/cost_model_accuracy.py \\
-        --landscape ../shared/landscapes/vtrain_a100_single_node.csv \\
-        --landscape ../shared/landscapes/aurora_pvc_70b.csv --json accuracy.json
+    python benchmarks/cost_model_accuracy.py --json accuracy.json
+
+reads the two tables shipped in ``data/landscapes/`` (vTrain and Aurora); ``--landscape
+FILE`` (repeatable) reads others instead.
 
 ``--profile-cv SCHEME`` (``layers``, ``world``, ``batch``; repeatable or a comma list) also
 ranks every group with measured layer times (:mod:`autotune.models.profile`) fitted only
@@ -17,7 +22,7 @@ earlier studies, before planning this one. ``--profile FILE`` ranks with a profi
 (``autotune profile``). The summary then compares the analytic model with each.
 
     python benchmarks/cost_model_accuracy.py \\
-        --landscape ../shared/landscapes/vtrain_a100_single_node.csv \\
+        --landscape data/landscapes/vtrain_a100_single_node.csv \\
         --profile-cv layers,world,batch
 
 Attention: the vTrain runs (Megatron-DeepSpeed, 2022-23) used Megatron's fused softmax,
@@ -32,29 +37,21 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from autotune.config.model import ATTENTION_KINDS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune.config.cluster import ClusterConfig
 from autotune.errors import SpecError
 from autotune.feasibility import MemoryBudget, check_layout
-from autotune.landscape import LandscapeGroup, load_landscape
+from autotune.landscape import LandscapeGroup
 from autotune.models.cost import estimate_step
 from autotune.models.profile import LayerProfile, load_profile
-from autotune.models.profile_fit import fit_layer_profile, landscape_samples
-
-CV_SCHEMES: dict[str, Callable[[LandscapeGroup], int]] = {
-    "layers": lambda g: g.model.n_layer,
-    "world": lambda g: g.world_size,
-    "batch": lambda g: g.global_batch,
-}
-"""Cross-validation schemes of measured layer profiles: the key whose every value is held
-out in turn. Each is a situation a user is in: profiles from shallower or deeper models of
-the same width (``layers``), from other device counts (``world``), from other global
-batches (``batch``)."""
+from benchmarks import _common as common
 
 
 def average_ranks(values: list[float]) -> np.ndarray:
@@ -79,7 +76,7 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 def _flagged(group: LandscapeGroup, margin: float, status: str = "oom") -> int:
-    """Rows of ``status`` that the memory model predicts do not fit the device."""
+    """Rows of ``status`` that the memory model alone predicts do not fit the device."""
     spec = group.cluster.device_spec()
     budget = MemoryBudget(spec.memory_bytes, margin=margin, dtype=group.dtype,
                           device=group.cluster.device)
@@ -88,17 +85,15 @@ def _flagged(group: LandscapeGroup, margin: float, status: str = "oom") -> int:
                        for r in check_layout(m.layout, group.model, memory=budget)))
 
 
-def rank_group(group: LandscapeGroup, profile: LayerProfile | None = None) -> dict[str, Any]:
-    """The cost model on the group's cluster (with ``profile``'s measured layer times, if
-    given) against the group's ``ok`` rows: Spearman's rho, whether the measured best is in
-    the predicted top 3, and the share of those layouts whose layer time came from
-    ``profile`` (``profiled_share``)."""
+def rank_group(group: LandscapeGroup, cluster: ClusterConfig) -> dict[str, Any]:
+    """The cost model on ``cluster`` against the group's ``ok`` rows: Spearman's rho, whether
+    the measured best is in the predicted top 3, and the share of those layouts whose layer
+    time came from ``cluster.profile`` (``profiled_share``)."""
     ok = group.ok()
     if not ok:
         return {"name": group.name, "n_layouts": 0, "spearman": None, "best_in_top3": False,
                 "profiled_share": 0.0}
-    estimates = [estimate_step(group.model, m.layout, group.cluster, dtype=group.dtype,
-                               profile=profile) for m in ok]
+    estimates = [estimate_step(group.model, m.layout, cluster, dtype=group.dtype) for m in ok]
     predicted = [e.model_tflops_per_device for e in estimates]
     measured = [float(m.model_tflops_per_device or 0.0) for m in ok]
     best = int(np.argmax(measured))
@@ -113,12 +108,16 @@ def rank_group(group: LandscapeGroup, profile: LayerProfile | None = None) -> di
     }
 
 
-def evaluate_group(group: LandscapeGroup, *, margin: float) -> dict[str, Any]:
-    """:func:`rank_group` with the analytic model, and the memory model on its rows."""
-    return {**rank_group(group),
+def evaluate_group(group: LandscapeGroup, *, margin: float,
+                   check: common.StudyCheck | None = None) -> dict[str, Any]:
+    """:func:`rank_group` on the group's own cluster, the memory model on its rows, and the
+    study's feasibility check (``check``, computed when not given)."""
+    check = check or common.study_check(group, memory_margin=margin)
+    return {**rank_group(group, group.cluster),
             "n_oom": sum(m.status == "oom" for m in group.measurements),
             "oom_flagged": _flagged(group, margin),
-            "ok_flagged_infeasible": _flagged(group, margin, status="ok") if group.ok() else 0}
+            "ok_flagged_infeasible": _flagged(group, margin, status="ok") if group.ok() else 0,
+            **check.to_dict()}
 
 
 def summarize(ranked: list[dict[str, Any]]) -> dict[str, Any]:
@@ -135,39 +134,83 @@ def summarize(ranked: list[dict[str, Any]]) -> dict[str, Any]:
                                / n_layouts if n_layouts else 0.0)}
 
 
-# ----------------------------------------------------------------- held-out layer profiles
+def _profiled_variant(groups: list[LandscapeGroup], clusters: list[ClusterConfig]
+                      ) -> dict[str, Any]:
+    """:func:`summarize` of the groups ranked on these clusters, with the per-group rows."""
+    ranked = [rank_group(g, c) for g, c in zip(groups, clusters, strict=True)]
+    return {**summarize(ranked), "groups": ranked}
 
 
-def parse_profile_cv(values: Sequence[str]) -> list[str]:
-    """``--profile-cv`` values (repeated or comma lists) as distinct scheme names, in order;
-    :class:`ValueError` names an unknown one."""
-    schemes = [v.strip() for value in values for v in value.split(",") if v.strip()]
-    for s in schemes:
-        if s not in CV_SCHEMES:
-            raise ValueError(f"--profile-cv: unknown {s!r}; allowed: {', '.join(CV_SCHEMES)}")
-    return list(dict.fromkeys(schemes))
+# ---------------------------------------------------------------------------------- main
 
 
-def add_profile_cv_argument(parser: argparse.ArgumentParser) -> None:
-    """The ``--profile-cv`` option, the same in both benchmarks."""
-    parser.add_argument("--profile-cv", action="append", default=[], metavar="SCHEME",
-                        help="also predict with layer profiles fitted on the other groups "
-                        f"(held out by: {', '.join(CV_SCHEMES)}; repeatable or a comma list)")
+@dataclass
+class Evaluation:
+    """Every group read, and the rows of those with enough measured layouts."""
+
+    loaded: list[LandscapeGroup] = field(default_factory=list)
+    checks: list[common.StudyCheck] = field(default_factory=list)
+    """``common.study_check`` of each loaded group."""
+    selected: list[LandscapeGroup] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """:func:`evaluate_group` of each selected group."""
+    oom_rows: int = 0
+    oom_flagged: int = 0
+    ok_rows: int = 0
+    ok_flagged: int = 0
 
 
-def held_out_profiles(groups: Sequence[LandscapeGroup], scheme: str,
-                      fit_on: Sequence[LandscapeGroup] | None = None) -> list[LayerProfile]:
-    """For each of ``groups``, the profile fitted on the groups of ``fit_on`` (default:
-    ``groups``) whose ``scheme`` key differs from its own: nothing measured in a group, nor
-    in any group sharing its key, enters its prediction. One fit per key value."""
-    key = CV_SCHEMES[scheme]
-    pool = groups if fit_on is None else fit_on
-    folds: dict[int, LayerProfile] = {}
-    for value in sorted({key(g) for g in groups}):
-        folds[value] = fit_layer_profile(
-            landscape_samples(g for g in pool if key(g) != value),
-            source=f"landscape groups with {scheme} != {value}")
-    return [folds[key(g)] for g in groups]
+def evaluate(args: argparse.Namespace) -> Evaluation:
+    """Read every file and evaluate each group; keep those with ``--min-layouts`` ok rows."""
+    ev = Evaluation()
+    for _, groups in common.load_groups(args):
+        for g in groups:
+            check = common.study_check(g, memory_margin=args.memory_margin)
+            res = evaluate_group(g, margin=args.memory_margin, check=check)
+            ev.loaded.append(g)
+            ev.checks.append(check)
+            ev.oom_rows += res["n_oom"]
+            ev.oom_flagged += res["oom_flagged"]
+            ev.ok_rows += sum(m.status == "ok" for m in g.measurements)
+            ev.ok_flagged += res["ok_flagged_infeasible"]
+            if res["n_layouts"] >= args.min_layouts:
+                ev.rows.append(res)
+                ev.selected.append(g)
+    return ev
+
+
+def profiled_variants(ev: Evaluation, schemes: list[str], given: LayerProfile | None
+                      ) -> dict[str, dict[str, Any]]:
+    """The selected groups ranked with held-out profiles (one variant per scheme) and with
+    ``--profile`` (``file``). Every loaded group is fitted on (small ones too): a held-out
+    group's own key value never is, so the only question is how much of the rest a user
+    would have measured."""
+    clusters = {s: common.held_out_clusters(ev.selected, s, fit_on=ev.loaded) for s in schemes}
+    if given is not None:
+        clusters["file"] = [replace(g.cluster, profile=given) for g in ev.selected]
+    return {name: _profiled_variant(ev.selected, cl) for name, cl in clusters.items()}
+
+
+def print_groups(ev: Evaluation, analytic: dict[str, Any], min_layouts: int) -> None:
+    """One line per selected group, then the totals and the study's feasibility check."""
+    print(f"{'group':50s} {'n':>4s} {'spearman':>9s} {'top3':>5s} {'excl':>4s}  "
+          "measured best / predicted")
+    for row in ev.rows:
+        rho = "nan" if row["spearman"] is None else f"{row['spearman']:.3f}"
+        best = "  (measured best excluded)" if row["best_excluded"] else ""
+        print(f"{row['name']:50s} {row['n_layouts']:4d} {rho:>9s} {row['best_in_top3']!s:>5s} "
+              f"{row['ok_excluded']:4d}  {row['measured_best']} / {row['predicted_best']}{best}")
+    median, misses = analytic["median_spearman"], analytic["top3_misses"]
+    n = len(ev.rows)
+    print(f"\ngroups with >= {min_layouts} layouts: {n}; median Spearman "
+          f"{median if median is None else round(median, 4)}; measured best in predicted "
+          f"top 3: {n - len(misses)}/{n}")
+    print(f"OOM rows: {ev.oom_rows}, predicted infeasible by the memory model: "
+          f"{ev.oom_flagged}")
+    # The other side of the memory model's accuracy: rows that ran but are predicted not to.
+    print(f"ok rows: {ev.ok_rows}, predicted infeasible by the memory model: {ev.ok_flagged}")
+    common.print_study_check(list(zip(ev.loaded, ev.checks, strict=True)),
+                             f"all {len(ev.loaded)} groups read")
 
 
 def _print_comparison(variants: dict[str, dict[str, Any]]) -> None:
@@ -183,90 +226,58 @@ def _print_comparison(variants: dict[str, dict[str, Any]]) -> None:
         print(f"  {name}: {', '.join(r['top3_misses']) or 'none'}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def to_json(ev: Evaluation, analytic: dict[str, Any], profiled: dict[str, dict[str, Any]],
+            profile_source: str | None) -> dict[str, Any]:
+    """The ``--json`` document (keys in docs/models.md, "Accuracy")."""
+    pairs = list(zip(ev.loaded, ev.checks, strict=True))
+    out: dict[str, Any] = {
+        "median_spearman": analytic["median_spearman"], "groups": ev.rows,
+        "n_groups": len(ev.rows), "top3_misses": analytic["top3_misses"],
+        "oom_rows": ev.oom_rows, "oom_flagged": ev.oom_flagged,
+        "ok_rows": ev.ok_rows, "ok_flagged_infeasible": ev.ok_flagged,
+        "top3_hits": analytic["top3_hits"],
+        "ok_excluded": sum(c.ok_excluded for c in ev.checks),
+        "best_excluded_groups": [g.name for g, c in pairs if c.best_excluded],
+        "excluded_groups": common.excluded_groups(pairs)}
+    if profiled:
+        out["profiled"] = profiled
+        if profile_source is not None:
+            out["profiled"]["file"]["source"] = profile_source
+    return out
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str],
+                                                LayerProfile | None]:
+    """The options, the ``--profile-cv`` schemes and the ``--profile`` file read."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--landscape", action="append", required=True, metavar="FILE")
-    p.add_argument("--hardware", metavar="NAME", help="device name where the file lacks it")
-    p.add_argument("--devices-per-node", type=int, metavar="N")
-    p.add_argument("--vocab-size", type=int, default=51200, metavar="N")
-    p.add_argument("--min-layouts", type=int, default=8, metavar="N")
-    p.add_argument("--attention", choices=ATTENTION_KINDS,
-                   help="override the file's attention kind (default: vTrain explicit, "
-                        "Aurora flash)")
-    p.add_argument("--memory-margin", type=float, default=0.05,
-                   help="as trial.memory_margin (default 0.05)")
-    add_profile_cv_argument(p)
+    common.add_landscape_arguments(p)
+    common.add_profile_cv_argument(p)
     p.add_argument("--profile", metavar="FILE",
                    help="also predict with this layer profile (written by autotune profile)")
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
+    args.landscape = common.landscape_paths(args)
     try:
-        schemes = parse_profile_cv(args.profile_cv)
-        given = load_profile(args.profile) if args.profile else None
+        return args, common.parse_profile_cv(args.profile_cv), (
+            load_profile(args.profile) if args.profile else None)
     except (ValueError, SpecError) as err:
         p.error(str(err))
 
-    loaded: list[LandscapeGroup] = []
-    selected: list[LandscapeGroup] = []
-    groups: list[dict[str, Any]] = []
-    oom_total, oom_flagged, ok_total, ok_flagged = 0, 0, 0, 0
-    for path in args.landscape:
-        for g in load_landscape(path, hardware=args.hardware,
-                                devices_per_node=args.devices_per_node,
-                                vocab_size=args.vocab_size, attention=args.attention):
-            loaded.append(g)
-            res = evaluate_group(g, margin=args.memory_margin)
-            oom_total += res["n_oom"]
-            oom_flagged += res["oom_flagged"]
-            ok_total += sum(m.status == "ok" for m in g.measurements)
-            ok_flagged += res["ok_flagged_infeasible"]
-            if res["n_layouts"] >= args.min_layouts:
-                groups.append(res)
-                selected.append(g)
 
-    analytic = summarize(groups)
-    median, misses = analytic["median_spearman"], analytic["top3_misses"]
-    print(f"{'group':50s} {'n':>4s} {'spearman':>9s} {'top3':>5s}  measured best / predicted")
-    for row in groups:
-        rho = "nan" if row["spearman"] is None else f"{row['spearman']:.3f}"
-        print(f"{row['name']:50s} {row['n_layouts']:4d} {rho:>9s} {row['best_in_top3']!s:>5s}  "
-              f"{row['measured_best']} / {row['predicted_best']}")
-    print(f"\ngroups with >= {args.min_layouts} layouts: {len(groups)}; median Spearman "
-          f"{median if median is None else round(median, 4)}; measured best in predicted "
-          f"top 3: {len(groups) - len(misses)}/{len(groups)}")
-    print(f"OOM rows: {oom_total}, predicted infeasible by the memory model: {oom_flagged}")
-    # The other side of the memory model's accuracy: rows that ran but are predicted not to.
-    print(f"ok rows: {ok_total}, predicted infeasible by the memory model: {ok_flagged}")
-    # Every loaded group is fitted on (small ones too): a held-out group's own key value
-    # never is, so the only question is how much of the rest a user would have measured.
-    profiles = {s: held_out_profiles(selected, s, fit_on=loaded) for s in schemes}
-    if given is not None:
-        profiles["file"] = [given] * len(selected)
-    profiled = {name: _profiled_variant(selected, ps) for name, ps in profiles.items()}
+def main(argv: list[str] | None = None) -> int:
+    args, schemes, given = parse_args(argv)
+    ev = evaluate(args)
+    analytic = summarize(ev.rows)
+    print_groups(ev, analytic, args.min_layouts)
+    profiled = profiled_variants(ev, schemes, given)
     if profiled:
         _print_comparison({"analytic": analytic, **{
             f"profiled, {'file' if name == 'file' else 'cv ' + name}": r
             for name, r in profiled.items()}})
     if args.json:
-        out = {"median_spearman": median, "groups": groups,
-               "n_groups": len(groups), "top3_misses": misses,
-               "oom_rows": oom_total, "oom_flagged": oom_flagged,
-               "ok_rows": ok_total, "ok_flagged_infeasible": ok_flagged,
-               "top3_hits": analytic["top3_hits"]}
-        if profiled:
-            out["profiled"] = profiled
-            if given is not None:
-                out["profiled"]["file"]["source"] = args.profile
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        doc = to_json(ev, analytic, profiled, args.profile if given is not None else None)
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     return 0
-
-
-def _profiled_variant(groups: list[LandscapeGroup], profiles: list[LayerProfile]
-                      ) -> dict[str, Any]:
-    """:func:`summarize` of the groups ranked with these profiles (one per group), with the
-    per-group rows."""
-    ranked = [rank_group(g, p) for g, p in zip(groups, profiles, strict=True)]
-    return {**summarize(ranked), "groups": ranked}
 
 
 if __name__ == "__main__":

@@ -1,28 +1,31 @@
 """How many trials each search strategy needs to find a near-best layout on real landscapes.
 
 Every landscape group (same model, devices and global batch) with at least
-``--min-layouts`` measured layouts is replayed as a study: its layouts are the candidates
-(in plan order), the strategy proposes one at a time through the same
+``--min-layouts`` measured layouts is replayed as a study: its layouts that pass the
+feasibility check a real study of the group applies (default settings, memory rule and
+placement included: ``benchmarks/_common.py``, ``study_check``) are the candidates (in
+plan order), the strategy proposes one at a time through the same
 :class:`autotune.search.Strategy` interface the study runner uses, and the replay
 launcher (:class:`autotune.launchers.replay.ReplayLauncher`) answers with the table's
 value. Counted: trials until a layout within ``--tolerance`` of the group's best was
 measured (OOM trials count), over ``--repeats`` seeds (one run for deterministic
-strategies). The random strategy is checked against its analytic expectation
-``(N + 1) / (k + 1)`` for ``k`` good layouts among ``N``.
+strategies). A group whose measured best the check excludes is a failure of every
+strategy (a study could never propose it). The random strategy is checked against its
+analytic expectation ``(N + 1) / (k + 1)`` for ``k`` good layouts among ``N`` candidates.
 
-    python benchmarks/search_efficiency.py \\
-        --landscape ../shared/landscapes/vtrain_a100_single_node.csv \\
-        --landscape ../shared/landscapes/aurora_pvc_70b.csv --json search.json
+    python benchmarks/search_efficiency.py --json search.json
 
-``--json`` writes the format of ``shared/CONTRACTS.md`` (extended: quartiles, mean trials,
-speed-up = analytic random mean / strategy mean, the analytic random expectation). Runs in
-minutes on 2 cores (tpe and gp get ``--optuna-repeats`` seeds: Optuna's GP refits per ask).
+reads the two tables shipped in ``data/landscapes/`` (``--landscape FILE``, repeatable, reads
+others). ``--json`` writes the contract format of ``docs/search.md`` (extended: quartiles,
+mean trials, speed-up = analytic random mean / strategy mean, the analytic random
+expectation). Runs in minutes on 2 cores (tpe and gp get ``--optuna-repeats`` seeds:
+Optuna's GP refits per ask).
 
 ``--profile-cv SCHEME`` (``layers``, ``world``, ``batch``; repeatable or a comma list) also
 replays the strategies that use the cost model (``default``, ``cost-model-only``) with its
-layer times measured: each group's cost model gets the layer profile fitted on the groups
+layer times measured: each group's cluster gets the layer profile fitted on the groups
 whose layer count, device count or global batch differs from its own
-(``benchmarks/cost_model_accuracy.py``, ``held_out_profiles``). Their rows are named
+(``benchmarks/_common.py``, ``held_out_clusters``). Their rows are named
 ``STRATEGY+SCHEME``; the JSON puts them under ``profiled`` (by scheme, then strategy).
 
 ``--min-improvement X`` (repeatable) also replays the default strategy with the early stop
@@ -42,34 +45,37 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import optuna
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.config.model import ATTENTION_KINDS
-from autotune.landscape import LandscapeGroup, load_landscape
+from autotune.config.cluster import ClusterConfig
+from autotune.landscape import LandscapeGroup
 from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
-from autotune.models.profile import LayerProfile
 from autotune.search import (
+    PARAM_AXES,
     STRATEGIES,
     Observation,
     Predictor,
     Strategy,
     cost_model_predictor,
     make_strategy,
-    plan_order,
 )
-from benchmarks.cost_model_accuracy import (
+from benchmarks._common import (
+    StudyCheck,
+    add_landscape_arguments,
     add_profile_cv_argument,
-    held_out_profiles,
+    held_out_clusters,
+    landscape_paths,
+    load_groups,
     parse_profile_cv,
+    print_study_check,
+    study_check,
 )
 
 DETERMINISTIC = {"default", "grid", "cost-model-only"}
@@ -79,17 +85,22 @@ USES_COST_MODEL = {"default", "cost-model-only"}
 
 
 def candidates_of(group: LandscapeGroup) -> list[Layout]:
-    """The group's layouts in plan order, as the study runner hands them to a strategy."""
-    return plan_order(group.layouts())
+    """The group's layouts in plan order (the order :func:`autotune.space.enumerate_layouts`
+    lists them: tp, pp, micro-batch, ZeRO stage, recompute)."""
+    return sorted(group.layouts(), key=lambda lay: (lay.tp, lay.pp, lay.micro_batch,
+                                                    lay.zero_stage, lay.recompute))
 
 
 def threshold_of(group: LandscapeGroup, tolerance: float) -> float:
     return (group.best().model_tflops_per_device or 0.0) * (1.0 - tolerance)
 
 
-def good_count(group: LandscapeGroup, tolerance: float) -> int:
+def good_count(group: LandscapeGroup, tolerance: float,
+               check: StudyCheck | None = None) -> int:
+    """The group's layouts within ``tolerance`` of its best (those ``check`` keeps)."""
     thr = threshold_of(group, tolerance)
-    return sum(1 for m in group.ok() if (m.model_tflops_per_device or 0.0) >= thr)
+    return sum(1 for m in group.ok() if (m.model_tflops_per_device or 0.0) >= thr
+               and (check is None or m.layout not in check.excluded))
 
 
 def random_expectation(n: int, k: int) -> float:
@@ -105,17 +116,23 @@ def random_success_probability(n: int, k: int, budget: int) -> float:
     return 1.0 - math.comb(n - k, budget) / math.comb(n, budget)
 
 
-def replay(strategy: Strategy, group: LandscapeGroup) -> Iterator[Observation]:
+def replay(strategy: Strategy, group: LandscapeGroup, check: StudyCheck | None = None
+           ) -> Iterator[Observation]:
     """Replay a study: each layout the strategy proposes, measured from the table, in order,
-    until it proposes nothing (then ``strategy.stop`` says whether it stopped early).
-    Raises if it proposes a non-candidate or a repeat."""
+    until it proposes nothing (then ``strategy.stop`` says whether it stopped early). The
+    candidates are the group's layouts that ``check`` keeps (all without one). Raises if
+    it proposes a non-candidate or a repeat."""
     launcher = ReplayLauncher(group)
     candidates = candidates_of(group)
+    if check is not None:
+        candidates = check.kept(candidates)
     history: list[Observation] = []
     while (lay := strategy.propose(candidates, history)) is not None:
         if lay in {o.layout for o in history}:
             raise RuntimeError(f"{strategy.name} proposed {lay} twice")
-        res = launcher.result_for(lay)  # LaunchError if not a candidate
+        if lay not in candidates:
+            raise RuntimeError(f"{strategy.name} proposed {lay}, which is no candidate")
+        res = launcher.result_for(lay)
         if res.status == "ok":
             obs = Observation(lay, "ok", res.model_tflops_per_device)
         else:
@@ -125,11 +142,15 @@ def replay(strategy: Strategy, group: LandscapeGroup) -> Iterator[Observation]:
 
 
 def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float,
-                  max_trials: int | None = None) -> int | None:
+                  max_trials: int | None = None, *, check: StudyCheck | None = None
+                  ) -> int | None:
     """Trials until a layout within ``tolerance`` of the best is measured, ``None`` if the
-    strategy stops first or ``max_trials`` pass without one (a censored run: a miss)."""
+    strategy stops first or ``max_trials`` pass without one (a censored run: a miss), or if
+    ``check`` excludes the measured best (no study could propose it: a miss)."""
+    if check is not None and check.best_excluded:
+        return None
     threshold = threshold_of(group, tolerance)
-    for n, obs in enumerate(replay(strategy, group), start=1):
+    for n, obs in enumerate(replay(strategy, group, check), start=1):
         if obs.value is not None and obs.value >= threshold:
             return n
         if max_trials is not None and n >= max_trials:
@@ -137,13 +158,14 @@ def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float,
     return None
 
 
-def until_stop(strategy: Strategy, group: LandscapeGroup, budget: int, tolerance: float
-               ) -> dict[str, float | int | bool | None]:
+def until_stop(strategy: Strategy, group: LandscapeGroup, budget: int, tolerance: float,
+               check: StudyCheck | None = None) -> dict[str, float | int | bool | None]:
     """Replay until the strategy stops (or runs out of layouts) or ``budget`` trials are
     spent: the trials spent, whether it stopped early, whether the best measured by then is
-    within ``tolerance`` of the group's best, and the regret ``1 - best / group best``."""
+    within ``tolerance`` of the group's best (never when ``check`` excludes that best), and
+    the regret ``1 - best / group best``."""
     best, trials = 0.0, 0
-    for obs in replay(strategy, group):
+    for obs in replay(strategy, group, check):
         trials += 1
         best = max(best, obs.value or 0.0)
         if trials >= budget:
@@ -151,7 +173,8 @@ def until_stop(strategy: Strategy, group: LandscapeGroup, budget: int, tolerance
     top = group.best().model_tflops_per_device or 0.0
     return {"min_improvement": getattr(strategy, "min_improvement", None), "trials": trials,
             "stopped": strategy.stop is not None and trials < budget,
-            "success": best >= threshold_of(group, tolerance),
+            "success": best >= threshold_of(group, tolerance)
+            and not (check is not None and check.best_excluded),
             "regret": 1.0 - best / top if top > 0 else None}
 
 
@@ -166,11 +189,13 @@ class Task:
     then also draws the error ``i``, the same for every strategy."""
     max_trials: int | None = None
     """Censor each replay after this many trials (``--max-trials``)."""
-    profile: LayerProfile | None = None
-    """The layer profile the cost model predicts with (``--profile-cv``: one held out from
-    the group); ``None``: the analytic model."""
+    cluster: ClusterConfig | None = None
+    """The cluster the cost model predicts for (``--profile-cv``: the group's with a
+    held-out layer profile); ``None``: the group's own."""
     label: str = ""
     """The row this replay is reported under (default: the strategy)."""
+    check: StudyCheck | None = None
+    """The study's feasibility check of the group: the candidates are what it keeps."""
 
     def __post_init__(self) -> None:
         self.label = self.label or self.strategy
@@ -178,12 +203,12 @@ class Task:
 
 def run_task(task: Task) -> list[int | None]:
     g = task.group
-    predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype, profile=task.profile)
+    predict = cost_model_predictor(g.model, task.cluster or g.cluster, dtype=g.dtype)
     out = []
     for seed in task.seeds:
         pred = with_error(predict, g, task.cost_model_error, seed)
         out.append(trials_to_hit(make_strategy(task.strategy, seed=seed, predict=pred), g,
-                                 task.tolerance, task.max_trials))
+                                 task.tolerance, task.max_trials, check=task.check))
     return out
 
 
@@ -201,15 +226,17 @@ class EarlyStopTask:
     cost_model_error: float = 0.0
     """Sd of a log-normal error per axis value put on the cost model (0: the real one)."""
     draws: int = 1
+    check: StudyCheck | None = None
 
 
 def perturbed(predict: Predictor, layouts: list[Layout], sd: float, seed: str) -> Predictor:
     """``predict`` times ``exp(N(0, sd^2))`` per axis value (tp=4, recompute=full, ...):
     a cost model that is wrong about whole axes, as real ones are (docs/models.md)."""
     rng = random.Random(seed)  # a str seed hashes the same in every process
-    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in Layout.SEARCH_AXES
+    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in PARAM_AXES
               for v in sorted({getattr(lay, a) for lay in layouts}, key=str)}
-    return lambda lay: predict(lay) * math.prod(factor[a, v] for a, v in lay.params().items())
+    return lambda lay: predict(lay) * math.prod(factor[a, getattr(lay, a)]
+                                                 for a in PARAM_AXES)
 
 
 def with_error(predict: Predictor, group: LandscapeGroup, sd: float, draw: int) -> Predictor:
@@ -228,7 +255,7 @@ def run_early_stop(task: EarlyStopTask) -> list[Run]:
         pred = with_error(predict, g, task.cost_model_error, draw)
         runs += [{"draw": draw, **until_stop(make_strategy("default", seed=0, predict=pred,
                                                            min_improvement=m),
-                                             g, task.budget, task.tolerance)}
+                                             g, task.budget, task.tolerance, task.check)}
                  for m in task.min_improvements]
     return runs
 
@@ -259,19 +286,23 @@ def summarize(trials: list[int | None], budget: int) -> dict[str, float | None]:
             "success_rate": sum(1 for v in vals if v <= budget) / len(vals)}
 
 
-def main(argv: list[str] | None = None) -> int:
+# ---------------------------------------------------------------------------------- main
+
+T = TypeVar("T")
+R = TypeVar("R")
+Summary = dict[str, float | None]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, checked; ``strategy_list`` and ``schemes`` parsed from theirs."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--landscape", action="append", required=True, help="CSV (repeatable)")
+    add_landscape_arguments(ap)
     ap.add_argument("--strategies", default="default,random,grid,cost-model-only,tpe,gp")
     ap.add_argument("--repeats", type=int, default=20, help="seeds per random strategy")
     ap.add_argument("--optuna-repeats", type=int, default=3,
                     help="seeds for tpe and gp (Optuna's GP refits per ask: seconds a run)")
     ap.add_argument("--tolerance", type=float, default=0.02)
     ap.add_argument("--budget", type=int, default=10)
-    ap.add_argument("--hardware", default=None, help="device name where the file lacks it")
-    ap.add_argument("--devices-per-node", type=int, default=None)
-    ap.add_argument("--vocab-size", type=int, default=51200)
-    ap.add_argument("--min-layouts", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--min-improvement", type=float, action="append", default=[],
@@ -287,35 +318,32 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop each replay after N trials without a hit and count it a miss "
                     "(bounds the run time of tpe/gp on large files; random is never cut; "
                     "default: no limit, every replay runs to its hit). Must be >= --budget")
-    ap.add_argument("--attention", choices=ATTENTION_KINDS, default=None,
-                    help="override the file's attention kind (default: vTrain explicit, "
-                    "Aurora flash)")
     add_profile_cv_argument(ap)
     args = ap.parse_args(argv)
-    # The TPE/GP strategies create an in-memory Optuna study per replay: without this,
-    # Optuna logs a line for each of them and for each of their trials.
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    args.landscape = landscape_paths(args)
     try:
-        schemes = parse_profile_cv(args.profile_cv)
+        args.schemes = parse_profile_cv(args.profile_cv)
     except ValueError as err:
         ap.error(str(err))
     for m in args.min_improvement:
         if not 0.0 <= m < 1.0:
             ap.error(f"--min-improvement: got {m}; allowed: a fraction >= 0 and < 1")
-
     if args.max_trials is not None and args.max_trials < args.budget:
         ap.error(f"--max-trials: got {args.max_trials}; allowed: at least --budget "
                  f"({args.budget}), or the success rate would be censored")
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    for s in strategies:
+    args.strategy_list = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    for s in args.strategy_list:
         if s not in STRATEGIES:
             ap.error(f"--strategies: unknown {s!r}; allowed: {', '.join(STRATEGIES)}")
+    return args
+
+
+def select_groups(args: argparse.Namespace) -> tuple[list[LandscapeGroup], list[LandscapeGroup]]:
+    """The groups scored (``--min-layouts`` measured layouts, one ok), and every group read
+    (the small ones too: profiles are fitted on all)."""
     groups: list[LandscapeGroup] = []
-    every_group: list[LandscapeGroup] = []  # the small ones too: profiles are fitted on all
-    for path in args.landscape:
-        loaded = load_landscape(path, hardware=args.hardware,
-                                devices_per_node=args.devices_per_node,
-                                vocab_size=args.vocab_size, attention=args.attention)
+    every_group: list[LandscapeGroup] = []
+    for path, loaded in load_groups(args):
         usable = [g for g in loaded if len(g.measurements) >= args.min_layouts and g.ok()]
         print(f"{path}: {len(loaded)} groups, {len(usable)} with >= {args.min_layouts} "
               "layouts", file=sys.stderr)
@@ -323,73 +351,85 @@ def main(argv: list[str] | None = None) -> int:
         every_group.extend(loaded)
     if not groups:
         print("no landscape group is large enough", file=sys.stderr)
+    return groups, every_group
 
-    def seeds(strategy: str) -> list[int]:
-        if strategy in DETERMINISTIC:
-            return list(range(args.error_draws if strategy in USES_COST_MODEL
-                              and args.cost_model_error > 0 else 1))
-        return list(range(args.optuna_repeats if strategy in ("tpe", "gp") else args.repeats))
 
-    # Random search is never censored: it is cheap, and its full runs are the harness check.
-    tasks = [Task(g, s, seeds(s), args.tolerance, args.cost_model_error,
-                  None if s == "random" else args.max_trials)
-             for g in groups for s in strategies]
-    profiled_rows: dict[str, dict[str, str]] = {}  # scheme -> strategy -> row label
-    for scheme in schemes:
-        mine = [s for s in strategies if s in USES_COST_MODEL]
+def seeds_for(strategy: str, args: argparse.Namespace) -> list[int]:
+    """One run for a deterministic strategy (one per error draw when the cost model it uses
+    is perturbed), ``--optuna-repeats`` for tpe and gp, ``--repeats`` for random."""
+    if strategy in DETERMINISTIC:
+        return list(range(args.error_draws if strategy in USES_COST_MODEL
+                          and args.cost_model_error > 0 else 1))
+    return list(range(args.optuna_repeats if strategy in ("tpe", "gp") else args.repeats))
+
+
+def make_tasks(args: argparse.Namespace, groups: list[LandscapeGroup],
+               every_group: list[LandscapeGroup], checks: list[StudyCheck]
+               ) -> tuple[list[Task], dict[str, dict[str, str]]]:
+    """One task per group and strategy (random search never censored: it is cheap, and its
+    full runs are the harness check), plus the profiled rows of ``--profile-cv``: the
+    tasks and, per scheme, strategy -> row label."""
+    tasks = [Task(g, s, seeds_for(s, args), args.tolerance, args.cost_model_error,
+                  None if s == "random" else args.max_trials, check=c)
+             for g, c in zip(groups, checks, strict=True) for s in args.strategy_list]
+    profiled_rows: dict[str, dict[str, str]] = {}
+    for scheme in args.schemes:
+        mine = [s for s in args.strategy_list if s in USES_COST_MODEL]
         profiled_rows[scheme] = {s: f"{s}+{scheme}" for s in mine}
-        profiles = held_out_profiles(groups, scheme, fit_on=every_group)
-        tasks += [Task(g, s, seeds(s), args.tolerance, args.cost_model_error, args.max_trials,
-                       profile=p, label=profiled_rows[scheme][s])
-                  for g, p in zip(groups, profiles, strict=True) for s in mine]
-    rows = [*strategies, *(r for by_s in profiled_rows.values() for r in by_s.values())]
-    started = time.monotonic()
-    if args.jobs > 1 and len(tasks) > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(run_task, tasks, chunksize=1))
-    else:
-        results = [run_task(t) for t in tasks]
+        clusters = held_out_clusters(groups, scheme, fit_on=every_group)
+        tasks += [Task(g, s, seeds_for(s, args), args.tolerance, args.cost_model_error,
+                       args.max_trials, cluster=cl, label=profiled_rows[scheme][s], check=c)
+                  for g, cl, c in zip(groups, clusters, checks, strict=True) for s in mine]
+    return tasks, profiled_rows
 
-    early: list[list[Run]] = []
-    stops: list[float | None] = [None, *sorted(set(args.min_improvement))]
-    if args.min_improvement:
-        draws = args.error_draws if args.cost_model_error > 0 else 1
-        early_tasks = [EarlyStopTask(g, stops, args.budget, args.tolerance,
-                                     args.cost_model_error, draws) for g in groups]
-        if args.jobs > 1 and len(early_tasks) > 1:
-            with ProcessPoolExecutor(args.jobs) as pool:
-                early = list(pool.map(run_early_stop, early_tasks, chunksize=1))
-        else:
-            early = [run_early_stop(t) for t in early_tasks]
-    elapsed = time.monotonic() - started
 
+def run_all(fn: Callable[[T], R], tasks: Sequence[T], jobs: int) -> list[R]:
+    """``fn`` over ``tasks`` in order, in ``jobs`` processes when there is more than one."""
+    if jobs > 1 and len(tasks) > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            return list(pool.map(fn, tasks, chunksize=1))
+    return [fn(t) for t in tasks]
+
+
+def score_groups(args: argparse.Namespace, groups: list[LandscapeGroup],
+                 checks: list[StudyCheck], tasks: list[Task], results: list[list[int | None]],
+                 rows: list[str], profiled_rows: dict[str, dict[str, str]]
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Summary]]]:
+    """Per group: its JSON entry and each row's :func:`summarize`; prints one line each."""
     per_group: dict[str, dict[str, list[int | None]]] = {}
     for task, res in zip(tasks, results, strict=True):
         per_group.setdefault(task.group.name, {})[task.label] = res
-
-    out_groups: list[dict[str, Any]] = []
-    group_rows: list[dict[str, dict[str, float | None]]] = []  # per group: row -> summary
+    strategies = args.strategy_list
+    entries: list[dict[str, Any]] = []
+    group_rows: list[dict[str, Summary]] = []
     # Analytic columns keep their 10 characters; the longer profiled labels widen theirs.
     widths = {r: 10 if r in strategies else max(10, len(r)) for r in rows}
-    header = f"{'group':44s} {'N':>3s} {'k':>3s} {'rnd E':>6s}" + "".join(
-        f" {r[:widths[r]]:>{widths[r]}s}" for r in rows)
-    print(header)
-    for g in groups:
-        n, k = len(g.measurements), good_count(g, args.tolerance)
+    print(f"{'group':44s} {'N':>3s} {'k':>3s} {'rnd E':>6s}" + "".join(
+        f" {r[:widths[r]]:>{widths[r]}s}" for r in rows))
+    for g, check in zip(groups, checks, strict=True):
+        n, k = len(check.kept(candidates_of(g))), good_count(g, args.tolerance, check)
         by_row = {r: summarize(per_group[g.name][r], args.budget) for r in rows}
-        entry = {"name": g.name, "n_layouts": n, "n_good": k,
-                 "random_expected_trials": random_expectation(n, k),
+        entry = {"name": g.name, "n_layouts": len(g.measurements), "n_candidates": n,
+                 "n_good": k, "random_expected_trials": random_expectation(n, k),
                  "random_expected_success_rate": random_success_probability(n, k, args.budget),
-                 "strategies": {s: by_row[s] for s in strategies}}
+                 **check.to_dict(), "strategies": {s: by_row[s] for s in strategies}}
         if profiled_rows:
             entry["profiled"] = {scheme: {s: by_row[r] for s, r in by_s.items()}
                                  for scheme, by_s in profiled_rows.items()}
-        out_groups.append(entry)
+        entries.append(entry)
         group_rows.append(by_row)
         cells = "".join(f" {_fmt(by_row[r]['median_trials']):>{widths[r]}s}" for r in rows)
-        print(f"{g.name[:44]:44s} {n:3d} {k:3d} {entry['random_expected_trials']:6.2f}{cells}")
+        failed = "  (measured best excluded: a failure)" if check.best_excluded else ""
+        print(f"{g.name[:44]:44s} {len(g.measurements):3d} {k:3d} "
+              f"{entry['random_expected_trials']:6.2f}{cells}{failed}")
+    return entries, group_rows
 
-    summary: dict[str, dict[str, float | None]] = {}
+
+def summarize_rows(rows: list[str], group_rows: list[dict[str, Summary]],
+                   entries: list[dict[str, Any]]) -> dict[str, Summary]:
+    """Per row over groups: the median and quartiles of the group medians, the worst group,
+    the success rate, the mean trials and the speed-up over the analytic random mean."""
+    summary: dict[str, Summary] = {}
     for s in rows:
         medians = [_inf(by_row[s]["median_trials"]) for by_row in group_rows]
         rates = [by_row[s]["success_rate"] or 0.0 for by_row in group_rows]
@@ -400,24 +440,29 @@ def main(argv: list[str] | None = None) -> int:
             "max_group_median_trials": _fin(max(medians)) if medians else None,
             "success_rate": statistics.fmean(rates) if rates else None,
         }
-    if out_groups:
+    if entries:
         # Against the analytic random expectation (noise-free): mean trials over groups.
-        expected_random = statistics.fmean(e["random_expected_trials"] for e in out_groups)
+        expected_random = statistics.fmean(e["random_expected_trials"] for e in entries)
         for s in rows:
-            means = [_inf(by_row[s]["mean_trials"]) for by_row in group_rows]
-            summary[s]["mean_trials"] = _fin(statistics.fmean(means))
-            mean = statistics.fmean(means)
+            mean = statistics.fmean(_inf(by_row[s]["mean_trials"]) for by_row in group_rows)
+            summary[s]["mean_trials"] = _fin(mean)
             summary[s]["speedup_vs_random"] = (expected_random / mean if math.isfinite(mean)
                                                else None)  # a miss in some group: undefined
-    if "random" in strategies and out_groups:
-        measured = [e["strategies"]["random"]["mean_trials"] for e in out_groups]
-        expected = [e["random_expected_trials"] for e in out_groups]
+    return summary
+
+
+def print_summary(args: argparse.Namespace, rows: list[str], summary: dict[str, Summary],
+                  entries: list[dict[str, Any]], elapsed_s: float) -> None:
+    """The random search check, then one line per row."""
+    if "random" in args.strategy_list and entries:
+        measured = [e["strategies"]["random"]["mean_trials"] for e in entries]
+        expected = [e["random_expected_trials"] for e in entries]
         print(f"\nrandom search check: mean over groups of measured mean trials "
               f"{statistics.fmean(m for m in measured if m is not None):.2f}, analytic "
               f"(N+1)/(k+1) {statistics.fmean(expected):.2f}; median of group medians "
               f"{summary['random']['median_trials']}")
-    print(f"\nsummary over {len(out_groups)} groups (tolerance {args.tolerance:.0%}, "
-          f"budget {args.budget}; {elapsed:.0f} s):")
+    print(f"\nsummary over {len(entries)} groups (tolerance {args.tolerance:.0%}, "
+          f"budget {args.budget}; {elapsed_s:.0f} s):")
     name_width = max([16, *(len(r) for r in rows)])
     print(f"{'strategy':{name_width}s} {'median':>7s} {'q1':>5s} {'q3':>5s} {'worst':>6s} "
           f"{'mean':>5s} {'success':>8s} {'x random':>9s}")
@@ -427,26 +472,80 @@ def main(argv: list[str] | None = None) -> int:
               f"{_fmt(r['q3_trials']):>5s} {_fmt(r['max_group_median_trials']):>6s} "
               f"{_fmt(r.get('mean_trials')):>5s} "
               f"{r['success_rate'] or 0:8.1%} {_fmt(r.get('speedup_vs_random')):>9s}")
-    early_summary = []
-    if early:
-        for entry, runs in zip(out_groups, early, strict=True):
-            entry["early_stop"] = runs
-        early_summary = [{"min_improvement": m, "cost_model_error": args.cost_model_error,
-                          **summarize_early_stop([r for runs in early for r in runs
-                                                  if r["min_improvement"] == m])}
-                         for m in stops]
-        _print_early_stop(groups, stops, early, early_summary, args.budget, args.tolerance,
-                          args.cost_model_error)
+
+
+def run_early_stops(args: argparse.Namespace, groups: list[LandscapeGroup],
+                    checks: list[StudyCheck]) -> tuple[list[float | None], list[list[Run]]]:
+    """``--min-improvement``: the default strategy replayed without the stop (``None``) and
+    with each threshold, per group (no runs without the option)."""
+    if not args.min_improvement:
+        return [], []
+    stops: list[float | None] = [None, *sorted(set(args.min_improvement))]
+    draws = args.error_draws if args.cost_model_error > 0 else 1
+    tasks = [EarlyStopTask(g, stops, args.budget, args.tolerance, args.cost_model_error,
+                           draws, check=c) for g, c in zip(groups, checks, strict=True)]
+    return stops, run_all(run_early_stop, tasks, args.jobs)
+
+
+def report_early_stop(args: argparse.Namespace, groups: list[LandscapeGroup],
+                      entries: list[dict[str, Any]], stops: list[float | None],
+                      early: list[list[Run]]) -> list[dict[str, float | None]]:
+    """The early-stop runs into the group entries; the summary per threshold, printed."""
+    if not early:
+        return []
+    for entry, runs in zip(entries, early, strict=True):
+        entry["early_stop"] = runs
+    summary = [{"min_improvement": m, "cost_model_error": args.cost_model_error,
+                **summarize_early_stop([r for runs in early for r in runs
+                                        if r["min_improvement"] == m])}
+               for m in stops]
+    _print_early_stop(groups, stops, early, summary, args.budget, args.tolerance,
+                      args.cost_model_error)
+    return summary
+
+
+def write_json(args: argparse.Namespace, summary: dict[str, Summary],
+               entries: list[dict[str, Any]], profiled_rows: dict[str, dict[str, str]],
+               early_summary: list[dict[str, float | None]], checks: list[StudyCheck],
+               groups: list[LandscapeGroup]) -> None:
+    """The ``--json`` document (keys in docs/search.md, "Benchmark")."""
+    doc: dict[str, Any] = {
+        "tolerance": args.tolerance, "budget": args.budget, "repeats": args.repeats,
+        "min_layouts": args.min_layouts, "landscapes": args.landscape,
+        "strategies": {s: summary[s] for s in args.strategy_list}, "groups": entries,
+        "ok_rows": sum(c.ok_rows for c in checks),
+        "ok_excluded": sum(c.ok_excluded for c in checks),
+        "best_excluded_groups": [g.name for g, c in zip(groups, checks, strict=True)
+                                 if c.best_excluded]}
+    if profiled_rows:
+        doc["profiled"] = {scheme: {s: summary[r] for s, r in by_s.items()}
+                           for scheme, by_s in profiled_rows.items()}
+    if early_summary:
+        doc["early_stop"] = early_summary
+    Path(args.json).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    groups, every_group = select_groups(args)
+    checks = [study_check(g, memory_margin=args.memory_margin) for g in groups]
+    tasks, profiled_rows = make_tasks(args, groups, every_group, checks)
+    rows = [*args.strategy_list, *(r for by_s in profiled_rows.values() for r in by_s.values())]
+    started = time.monotonic()
+    results = run_all(run_task, tasks, args.jobs)
+    stops, early = run_early_stops(args, groups, checks)
+    elapsed_s = time.monotonic() - started
+    entries, group_rows = score_groups(args, groups, checks, tasks, results, rows,
+                                       profiled_rows)
+    summary = summarize_rows(rows, group_rows, entries)
+    print_summary(args, rows, summary, entries, elapsed_s)
+    print()
+    print_study_check(list(zip(groups, checks, strict=True)),
+                      f"the {len(groups)} groups scored (a group whose best is excluded is a "
+                      "failure of every strategy)")
+    early_summary = report_early_stop(args, groups, entries, stops, early)
     if args.json:
-        doc = {"tolerance": args.tolerance, "budget": args.budget, "repeats": args.repeats,
-               "min_layouts": args.min_layouts, "landscapes": args.landscape,
-               "strategies": {s: summary[s] for s in strategies}, "groups": out_groups}
-        if profiled_rows:
-            doc["profiled"] = {scheme: {s: summary[r] for s, r in by_s.items()}
-                               for scheme, by_s in profiled_rows.items()}
-        if early_summary:
-            doc["early_stop"] = early_summary
-        Path(args.json).write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        write_json(args, summary, entries, profiled_rows, early_summary, checks, groups)
     return 0
 
 

@@ -1,13 +1,15 @@
-"""Shared test helpers: tiny specs and study files, running the CLI, process checks."""
+"""Shared test helpers: tiny specs and study files, running the CLI, process and job checks."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from autotune.config.model import ModelConfig
@@ -69,3 +71,19 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmd and state != "Z":
             out.append(cmd)
     return out
+
+
+def wait_for_jobs(job_ids: list[str], timeout_s: float) -> None:
+    """Poll squeue until none of the jobs is queued or running (sbatch --wait polls slowly)."""
+
+    def squeue(*args: str) -> str:
+        return subprocess.run(["squeue", *args], capture_output=True, text=True, timeout=30,
+                              check=False).stdout
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not squeue("-h", "-r", "-j", ",".join(job_ids), "-o", "%i %T").strip():
+            return
+        time.sleep(1.0)
+    pytest.fail(f"jobs {job_ids} still queued/running after {timeout_s:.0f} s:\n"
+                + squeue("-r"))

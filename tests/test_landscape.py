@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import SpecError
-from autotune.landscape import load_landscape
+from autotune.landscape import SHIPPED_LANDSCAPES, load_landscape, shipped_landscape
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 
-# shared/ lies beside the checkout (here and in CI).
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "landscapes"
 VTRAIN_HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
                  "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
                  "iteration time (ms)\n")
@@ -109,12 +107,11 @@ def test_missing_file():
         load_landscape("/nonexistent/landscape.csv")
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="shared landscapes not present")
 def test_shipped_landscapes_load():
-    vtrain = load_landscape(SHARED / "vtrain_a100_single_node.csv")
+    vtrain = load_landscape(shipped_landscape("vtrain_a100_single_node.csv"))
     assert len(vtrain) == 144
     assert sum(len(g.measurements) >= 8 for g in vtrain) == 88
-    aurora = load_landscape(SHARED / "aurora_pvc_70b.csv")
+    aurora = load_landscape(shipped_landscape("aurora_pvc_70b.csv"))
     assert sum(len(g.measurements) for g in aurora) == 41
     assert all(0 < m.model_tflops_per_device < 200 for g in aurora for m in g.ok())
     # SwiGLU (3 MLP matrices) recovers the published 68.98B of the 70B model: with Llama's
@@ -122,3 +119,14 @@ def test_shipped_landscapes_load():
     m70 = next(g.model for g in aurora if g.model.name == "auroragpt-70b")
     n = replace(m70, vocab_size=32000).n_params() - m70.seq_len * m70.hidden
     assert abs(n / 1e9 - 68.98) < 0.01
+
+
+def test_the_shipped_tables_are_in_the_checkout_with_their_licences():
+    folder = shipped_landscape(SHIPPED_LANDSCAPES[0]).parent
+    assert folder == Path(__file__).resolve().parents[1] / "data" / "landscapes"
+    assert {p.name for p in folder.iterdir()} >= {*SHIPPED_LANDSCAPES, "LICENSE.vtrain",
+                                                  "README.md"}
+    readme = (folder / "README.md").read_text()
+    assert all(name in readme for name in SHIPPED_LANDSCAPES)
+    with pytest.raises(SpecError, match=r"allowed: one of vtrain_a100_single_node\.csv"):
+        shipped_landscape("nope.csv")

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 
 from autotune.cli import main
+from autotune.landscape import shipped_landscape
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.models.profile import LayerProfile, load_profile
 from autotune.profiling import ProfileCell, profile_cells, profile_specs, run_profile
 from autotune.spec import load_study
 from autotune.trial import TrialResult, TrialSpec
 from tests.helpers import run_cli, write_study
-from tests.test_landscape import SHARED
 
-VTRAIN = SHARED / "vtrain_a100_single_node.csv"
+VTRAIN = shipped_landscape("vtrain_a100_single_node.csv")
 
 
 def layer_time(tp: int, mb: int) -> float:

@@ -42,8 +42,11 @@ class LinkConfig:
     inter_node_gbps: float | None = None
     """Node to node, per device, GB/s per direction."""
     intra_card_latency_us: float | None = None
+    """Device to device on one card, latency per message in microseconds."""
     intra_node_latency_us: float | None = None
+    """Card to card within a node, latency per message in microseconds."""
     inter_node_latency_us: float | None = None
+    """Node to node, latency per message in microseconds."""
 
     @classmethod
     def from_dict(cls, data: Any) -> LinkConfig:

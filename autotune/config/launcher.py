@@ -55,9 +55,11 @@ class SlurmOptions:
     gpus_per_node: str | None = None
     """GRES request per node, e.g. ``gpu:4`` (None: no GRES)."""
     cpus_per_task: int | None = None
+    """``srun --cpus-per-task`` of each rank (None: SLURM's default)."""
     extra_args: tuple[str, ...] = ()
     """Further ``srun`` arguments, passed as separate argv items (never through a shell)."""
     env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables for every rank (over the site profile's)."""
 
     @classmethod
     def from_dict(cls, data: Any) -> SlurmOptions:
@@ -84,7 +86,7 @@ class ReplayOptions:
     """Answer trials from a table of measured layouts instead of running them."""
 
     landscape: str = ""
-    """CSV in the vTrain or Aurora format (``shared/landscapes``)."""
+    """CSV in the vTrain or Aurora format (``data/landscapes/`` ships two)."""
     group: int | None = None
     """Which landscape group of the file (index as listed by ``autotune landscapes``);
     None: the group matching the study's model, world size and global batch."""
@@ -103,6 +105,8 @@ class ReplayOptions:
 
 @dataclass(frozen=True)
 class LauncherConfig:
+    """Which launcher runs the trials, and the options of each kind."""
+
     kind: str = "local"
     """``local`` (torchrun here), ``slurm`` (srun steps) or ``replay`` (measured table)."""
     run_dir: str = "runs"

@@ -1,6 +1,6 @@
 """The GPT being tuned: its dimensions, validated, plus named presets.
 
-Field names match the ``model`` object of a trial spec (``shared/CONTRACTS.md``) so that
+Field names match the ``model`` object of a trial spec (``docs/trainer.md``) so that
 the same object is built from a study file and from a trial spec.
 """
 

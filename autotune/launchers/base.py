@@ -12,7 +12,8 @@ kill on timeout or cancel, read the result file — and a backend fills four hoo
 * ``_finish(handle)`` (optional): scheduler facts once it ended — a state such as SLURM's
   ``OUT_OF_MEMORY`` and the hosts it ran on.
 
-Contract, checked for every backend by ``tests/launchers/test_contract.py``:
+Contract, checked for every backend by one test class (``LauncherContract`` in
+``tests/launchers/contract.py``, run against each launcher in ``tests/launchers/``):
 
 1. ``run`` never raises for a trial that failed; the failure is in the :class:`LaunchReport`.
 2. A trial still running at ``timeout_s`` is killed, with all its processes, and reported

@@ -1,8 +1,10 @@
 """The launcher contract test, written once and run against every launcher.
 
 Subclass :class:`LauncherContract` and provide the ``launcher`` fixture (and, for
-launchers that run real processes, ``supports_processes = True``). See
-``autotune/launchers/base.py`` for the contract itself.
+launchers that start no processes, ``supports_processes = False``). See
+``autotune/launchers/base.py`` for the contract itself. Run against the local launcher
+(``test_local.py``), the SLURM launcher (``test_slurm.py``) and the replay launcher
+(``test_replay.py``).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from autotune.launchers.base import Launcher, TrialPaths
+from autotune.layout import Layout
 from autotune.runner.outcome import classify
 from autotune.trial import TrialSpec
 from tests.helpers import processes_mentioning, tiny_spec
 
 
 class LauncherContract:
-    """Every launcher: success, crash without raising, timeout kill, cancel."""
+    """Every launcher: success, a failed trial reported without raising, timeout kill, cancel."""
 
     supports_processes = True
     """False for launchers that answer instantly (replay): no timeout/cancel checks."""
@@ -28,6 +31,13 @@ class LauncherContract:
     def spec(self, **run: object) -> TrialSpec:
         """The spec each check runs; launchers override to fit their candidates."""
         return tiny_spec(**run)  # type: ignore[arg-type]
+
+    def failing_spec(self) -> TrialSpec:
+        """A spec whose trial fails: the trainer's injected OOM, on one rank. (With two,
+        the other rank waits in its all-reduce for the one that raised until the
+        process-group timeout, ``collective_timeout_s``, 300 s by default, before the
+        trial can say ``oom``: tests/trainer covers that with a short timeout.)"""
+        return tiny_spec(Layout(tp=1, pp=1, dp=1, micro_batch=1, grad_accum=2), test_hook="oom")
 
     def test_success_writes_result(self, launcher: Launcher, tmp_path: Path) -> None:
         paths = TrialPaths(tmp_path / "ok")
@@ -37,6 +47,15 @@ class LauncherContract:
         outcome = classify(report)
         assert outcome.kind == "complete" and outcome.value and outcome.value > 0
         assert paths.spec.exists() and paths.report.exists()
+
+    def test_a_failed_trial_is_reported_not_raised(self, launcher: Launcher,
+                                                   tmp_path: Path) -> None:
+        paths = TrialPaths(tmp_path / "oom")
+        report = launcher.run(self.failing_spec(), paths, timeout_s=300)
+        assert report.result is not None, report.stderr_tail
+        assert report.result.status == "oom"
+        assert classify(report).kind == "oom"
+        assert paths.report.exists()
 
     def test_timeout_kills_everything(self, launcher: Launcher, tmp_path: Path) -> None:
         if not self.supports_processes:

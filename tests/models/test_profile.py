@@ -17,7 +17,7 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
 from autotune.feasibility import Constraints
-from autotune.landscape import LandscapeGroup, load_landscape
+from autotune.landscape import LandscapeGroup, load_landscape, shipped_landscape
 from autotune.layout import Layout
 from autotune.models import cost
 from autotune.models.cost import tp_link
@@ -36,7 +36,6 @@ from autotune.models.profile_fit import (
     layer_slots,
 )
 from autotune.spec import StudySpec, parse_study
-from tests.test_landscape import SHARED
 
 M = ModelConfig(n_layer=9, hidden=1024, n_head=16, seq_len=1024, vocab_size=51200)
 A100 = ClusterConfig(nodes=1, devices_per_node=8, device="a100-80gb")
@@ -379,13 +378,12 @@ def _best_in_predicted_top3(group: LandscapeGroup, profile: LayerProfile | None)
     return best in sorted(range(len(ok)), key=lambda i: -predicted[i])[:3]
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="shared landscapes not present")
 def test_a_profile_fitted_on_other_depths_closes_the_24_layer_misses() -> None:
     """vTrain's A100 table: fit the layer times on the 12/16/20-layer groups, hold out every
     24-layer group with >= 8 measured layouts. With the profile the measured best is in
     the predicted top 3 in each; the analytic model alone misses at least one (the
     hidden-2048 groups), so the profile is what closes the gap. About 1 s."""
-    groups = load_landscape(SHARED / "vtrain_a100_single_node.csv")
+    groups = load_landscape(shipped_landscape("vtrain_a100_single_node.csv"))
     prof = fit_layer_profile(landscape_samples(g for g in groups if g.model.n_layer != 24),
                              source="vtrain, n_layer != 24")
     held = [g for g in groups if g.model.n_layer == 24 and len(g.ok()) >= 8]

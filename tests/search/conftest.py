@@ -1,4 +1,4 @@
-"""Shared fixtures: a small synthetic landscape and the benchmark module."""
+"""Shared fixtures: a small synthetic landscape and the benchmark modules."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from autotune.config.model import MODEL_PRESETS
 from autotune.landscape import LandscapeGroup, Measurement
 from autotune.layout import Layout
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "search_efficiency.py"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def synthetic_group(n_good: int = 1, *, oom_mb: int | None = None) -> LandscapeGroup:
@@ -49,10 +49,20 @@ def group() -> LandscapeGroup:
     return synthetic_group()
 
 
-@pytest.fixture(scope="session")
-def bench():
-    spec = importlib.util.spec_from_file_location("search_efficiency", BENCH)
+def load_benchmark(name: str):
+    """``benchmarks/NAME.py`` as a module (the scripts are no package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["search_efficiency"] = module  # dataclasses look their module up
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def bench():
+    return load_benchmark("search_efficiency")
+
+
+@pytest.fixture(scope="session")
+def accuracy():
+    return load_benchmark("cost_model_accuracy")

@@ -13,8 +13,7 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, text
 
-from tests.helpers import REPO, run_cli
-from tests.hpc.conftest import wait_for_jobs
+from tests.helpers import REPO, run_cli, wait_for_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.postgres, pytest.mark.slow]
 

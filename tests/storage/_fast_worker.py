@@ -1,6 +1,6 @@
 """A study worker with an instant launcher, for concurrency tests of the shared database.
 
-``python -m tests.hpc._fast_worker STUDY.yaml`` runs the real runner (:func:`run_study`:
+``python -m tests.storage._fast_worker STUDY.yaml`` runs the real runner (:func:`run_study`:
 claims, heartbeats, ask/tell) with a launcher that writes a deterministic result at once.
 """
 

@@ -1,8 +1,14 @@
-"""Fixtures for the HPC tests: a real SLURM, PostgreSQL and MariaDB, or a visible skip.
+"""Service fixtures for every test package: a real SLURM, PostgreSQL and MariaDB, or a
+visible skip.
 
 ``.ci/services.sh`` brings the services up and writes ``/tmp/autotune-ci/env``; it is read
 here so that a developer who ran the script once needs nothing else. Under ``CI=true``
 a missing service is a test failure, never a skip.
+
+The fixtures sit behind the markers of ``pyproject.toml``: a test that uses ``pg_url``
+must be marked ``postgres``, one that uses ``slurm`` (or ``allocation``) ``slurm``, so that
+``-m "not postgres"`` / ``-m "not slurm"`` deselects every test that needs the service
+(:func:`pytest_collection_modifyitems` refuses an unmarked one).
 """
 
 from __future__ import annotations
@@ -10,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,18 +105,6 @@ def unique() -> str:
     return uuid.uuid4().hex[:8]
 
 
-def wait_for_jobs(job_ids: list[str], timeout_s: float) -> None:
-    """Poll squeue until none of the jobs is queued or running (sbatch --wait polls slowly)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = _run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i %T"]).stdout
-        if not out.strip():
-            return
-        time.sleep(1.0)
-    pytest.fail(f"jobs {job_ids} still queued/running after {timeout_s:.0f} s:\n"
-                + _run(["squeue", "-r"]).stdout)
-
-
 @pytest.fixture(scope="module")
 def allocation(slurm: None) -> Iterator[str]:
     """A 4-CPU allocation held for the module (``salloc --no-shell``): steps go into it."""
@@ -124,3 +117,18 @@ def allocation(slurm: None) -> Iterator[str]:
         yield job
     finally:
         _run(["scancel", job])
+
+
+SERVICE_MARKERS = {"pg_url": "postgres", "slurm": "slurm"}
+"""Fixture -> the marker every test that uses it (directly or through another fixture,
+e.g. ``allocation``) must carry."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [f"{item.nodeid} uses {fixture} without @pytest.mark.{marker}"
+                for item in items for fixture, marker in SERVICE_MARKERS.items()
+                if fixture in getattr(item, "fixturenames", ())
+                and item.get_closest_marker(marker) is None]
+    if unmarked:
+        raise pytest.UsageError("service fixtures need their marker (so that -m 'not ...' "
+                                "deselects the test):\n  " + "\n  ".join(unmarked))

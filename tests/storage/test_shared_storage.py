@@ -22,7 +22,7 @@ N_WORKERS = 16
 
 def run_workers(study: Path, n: int) -> list[subprocess.CompletedProcess[str]]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.hpc._fast_worker", str(study)],
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.storage._fast_worker", str(study)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env, cwd=REPO) for _ in range(n)]
     out = []

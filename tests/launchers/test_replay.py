@@ -1,17 +1,47 @@
-"""The replay launcher: the table's value for a known layout, a clear refusal otherwise."""
+"""The replay launcher: the launcher contract, the table's value for a known layout, a
+clear refusal otherwise."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
+from autotune.config.cluster import ClusterConfig
 from autotune.errors import LaunchError, SpecError
+from autotune.landscape import LandscapeGroup, Measurement
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.launchers.replay import ReplayLauncher, group_from_frame
 from autotune.layout import Layout
 from autotune.runner.outcome import classify
 from autotune.trial import RunConfig, TrialSpec
+from tests.helpers import TINY, tiny_spec
+from tests.launchers.contract import LauncherContract
 from tests.search.conftest import synthetic_group
+
+OOM_LAYOUT = Layout(tp=2, pp=1, dp=1, micro_batch=4, grad_accum=1)
+
+
+class TestReplayLauncher(LauncherContract):
+    """The contract on a two-row table of the contract's own spec: the spec's layout ran
+    (``ok``), :data:`OOM_LAYOUT` ran out of memory. It starts no processes, so the timeout
+    and cancel checks do not apply."""
+
+    supports_processes = False
+
+    @pytest.fixture
+    def launcher(self) -> ReplayLauncher:
+        ok = tiny_spec().layout
+        rows = (Measurement(ok, "ok", 0.5, 0.2), Measurement(OOM_LAYOUT, "oom", None, None))
+        return ReplayLauncher(LandscapeGroup("contract", TINY, ClusterConfig(devices_per_node=2),
+                                             ok.global_batch, "fp32", rows))
+
+    def failing_spec(self) -> TrialSpec:
+        return tiny_spec(OOM_LAYOUT)
+
+
+@pytest.fixture
+def group():
+    return synthetic_group()
 
 
 def test_is_a_launcher_and_returns_the_table_value(group, tmp_path):
