@@ -87,7 +87,8 @@ def rank_layouts(model: ModelConfig, cluster: ClusterConfig, layouts: Iterable[L
         step = estimate_step(model, layout, cluster, dtype=dtype, profile=profile)
         fit = constraints.memory_verdict(layout, model) if constraints else None
         if fit is None:
-            mem = estimate_memory(model, layout, dtype=dtype, device=cluster.device).peak_bytes
+            mem = estimate_memory(model, layout, dtype=dtype, device=cluster.device,
+                                  profile=profile).peak_bytes
             out.append(Candidate(layout, step.model_tflops_per_device, step.step_time_s, mem))
         else:
             out.append(Candidate(layout, step.model_tflops_per_device, step.step_time_s,

@@ -31,6 +31,7 @@ from autotune.layout import Layout
 
 if TYPE_CHECKING:  # the models stay out of the trainer's import path (see check_layout)
     from autotune.models.memory_uncertainty import MemoryVerdict
+    from autotune.models.profile import LayerProfile
 
 __all__ = ["Reason", "Placement", "MemoryBudget", "Constraints", "check_layout", "REASON_CODES"]
 
@@ -96,6 +97,11 @@ class MemoryBudget:
     a study's own measured peaks; 1 until something has been measured."""
     correction_sigma: float = 0.0
     """sd of ``ln(correction)``: how well the correction itself is known."""
+    profile: LayerProfile | None = None
+    """Measured layer bytes (the study's ``cluster.profile``): where it has a layout's
+    layer shape, the memory model's stored activations per layer are the measured ones,
+    with the measured error bar (:func:`autotune.models.memory.measured_layer_activation`).
+    The ``correction`` applies on top, to the whole peak."""
 
     @property
     def usable_bytes(self) -> int:
@@ -103,11 +109,13 @@ class MemoryBudget:
 
     @classmethod
     def for_study(cls, cluster: ClusterConfig, training: TrainingConfig,
-                  trial: TrialConfig) -> MemoryBudget:
-        """The budget a study's settings give (what :meth:`Constraints.from_configs` uses)."""
+                  trial: TrialConfig, *, profile: LayerProfile | None = None) -> MemoryBudget:
+        """The budget a study's settings give (what :meth:`Constraints.from_configs` uses);
+        ``profile``: the study's measured layer profile (:attr:`autotune.spec.StudySpec.
+        profile`), if any."""
         return cls(capacity_bytes=cluster.device_spec().memory_bytes,
                    margin=trial.memory_margin, dtype=training.dtype, device=cluster.device,
-                   min_p_fit=trial.memory_min_p_fit)
+                   min_p_fit=trial.memory_min_p_fit, profile=profile)
 
     def verdict(self, model: ModelConfig, layout: Layout) -> MemoryVerdict:
         """The memory check of a structurally valid ``layout``: the prediction, its error
@@ -121,7 +129,8 @@ class MemoryBudget:
             log_sigma,
         )
 
-        est = estimate_memory(model, layout, dtype=self.dtype, device=self.device)
+        est = estimate_memory(model, layout, dtype=self.dtype, device=self.device,
+                              profile=self.profile)
         unc = estimate_uncertainty(model, layout, est, dtype=self.dtype, device=self.device)
         p = fit_probability(est.peak_bytes, self.usable_bytes, unc.relative_sigma,
                             correction=self.correction,
@@ -133,7 +142,7 @@ class MemoryBudget:
         return MemoryVerdict(verdict=classify_fit(p, self.min_p_fit), p_fit=p,
                              predicted_bytes=est.peak_bytes, corrected_bytes=int(median),
                              sigma_bytes=int(sigma), log_sigma=s,
-                             usable_bytes=self.usable_bytes)
+                             usable_bytes=self.usable_bytes, profiled=est.profiled)
 
 
 def check_layout(
@@ -221,7 +230,10 @@ class Constraints:
 
     @classmethod
     def from_configs(cls, cluster: ClusterConfig, training: TrainingConfig,
-                     search: SearchConfig, trial: TrialConfig) -> Constraints:
+                     search: SearchConfig, trial: TrialConfig, *,
+                     profile: LayerProfile | None = None) -> Constraints:
+        """A study's constraints; ``profile``: its measured layer profile, which the memory
+        rule uses where it has a layout's layer bytes (:class:`MemoryBudget`)."""
         device = cluster.device_spec()
         return cls(
             world_size=cluster.world_size,
@@ -230,7 +242,7 @@ class Constraints:
                                 devices_per_card=device.devices_per_card,
                                 allow_tp_across_nodes=search.tp_across_nodes,
                                 allow_tp_across_cards=search.tp_across_cards),
-            memory=MemoryBudget.for_study(cluster, training, trial),
+            memory=MemoryBudget.for_study(cluster, training, trial, profile=profile),
         )
 
     def structural_only(self) -> Constraints:

@@ -95,7 +95,7 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise SpecError("--top", top, "allowed: an integer >= 1")
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
-                                           spec.trial)
+                                           spec.trial, profile=spec.profile)
     model, cluster, profile = spec.model, spec.cluster, spec.profile
     feasible, excluded = partition_space(model, cluster, spec.training, spec.search,
                                          constraints)
@@ -129,14 +129,15 @@ def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate) 
     return PlanRow(rank, cand.layout,
                    estimate_step(spec.model, cand.layout, spec.cluster, dtype=dtype,
                                  profile=spec.profile),
-                   estimate_memory(spec.model, cand.layout, dtype=dtype, device=device),
+                   estimate_memory(spec.model, cand.layout, dtype=dtype, device=device,
+                                   profile=spec.profile),
                    cand.memory_verdict, cand.p_fit, fit.sigma_bytes if fit else 0)
 
 
 _COLUMNS = ("rank", "layout", "tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage",
             "recompute", "model_tflops_per_device", "step_time_s", "peak_memory_gib",
             "bubble_s", "comm_s", "layer_time", "memory_verdict", "p_fit",
-            "peak_memory_sigma_gib")
+            "peak_memory_sigma_gib", "layer_memory")
 
 
 def _row_values(row: PlanRow) -> list[Any]:
@@ -147,7 +148,8 @@ def _row_values(row: PlanRow) -> list[Any]:
             round(st.step_time_s, 6), round(row.memory.peak_bytes / GiB, 3),
             round(st.bubble_s, 6), round(comm, 6), "measured" if st.profiled else "model",
             row.memory_verdict.value, round(row.p_fit, 4),
-            round(row.memory_sigma_bytes / GiB, 3)]
+            round(row.memory_sigma_bytes / GiB, 3),
+            "measured" if row.memory.profiled else "model"]
 
 
 def _fit_cell(row: PlanRow) -> str:
@@ -216,10 +218,13 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
     picks = [0, 1, 9, 10, 11, 17, -1, 12, 13]
     if result.profile is not None:
         n = sum(r.step.profiled for r in result.rows)
+        n_mem = sum(r.memory.profiled for r in result.rows)
         head += (f"\nlayer times: measured for {n} of these {len(result.rows)} layouts "
-                 f"(profile {result.profile}), the cost model's for the rest")
-        cols.append("layer")
-        picks.append(14)
+                 f"(profile {result.profile}), the cost model's for the rest"
+                 f"\nlayer activation memory: measured for {n_mem} of them, the memory "
+                 "model's for the rest")
+        cols += ["layer", "layer_mem"]
+        picks += [14, 18]
     body = format_table(cols, [[_fit_cell(r) if i == -1 else _row_values(r)[i] for i in picks]
                                for r in result.rows])
     out = [head, "", body if result.rows else "(no feasible layout)"]

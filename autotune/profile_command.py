@@ -29,6 +29,7 @@ from autotune.profiling import (
     compare_rows,
     profile_cells,
     render_comparison,
+    render_memory_comparison,
     run_profile,
 )
 from autotune.spec import StudySpec, load_study
@@ -125,7 +126,17 @@ def profile_study(study_file: str, *, out: Path | None = None, top: int | None =
         in_file = len(result.profile if previous is None else previous.merged(result.profile))
         print(f"wrote {out}: {len(rows)} layer shape(s) measured, {in_file} in the file")
         print(render_comparison(rows))
-        noisy = [c.label() for c, e, _ in rows if e.noisy]
+        memory = render_memory_comparison(rows)
+        if memory:
+            print("\nbytes per layer (model states + stored activations of one micro-batch; "
+                  "peak: the allocator's peak allocated bytes, or the process's peak "
+                  "resident set on CPU); activations = measured less the analytic states:")
+            print(memory)
+        no_memory = [r.cell.label() for r in rows if r.entry.memory is None]
+        if no_memory:
+            print(f"no bytes per layer for: {', '.join(no_memory)} (the peak did not grow "
+                  "with the layers above the noise); the memory model keeps its count")
+        noisy = [r.cell.label() for r in rows if r.entry.noisy]
         if noisy:
             print(f"noisy (error over 10%): {', '.join(noisy)}; more trial.measure_steps or "
                   "a wider --layers gap would tighten them")

@@ -16,6 +16,13 @@ other shapes are still measured. After every completed shape the caller's ``chec
 gets the profile so far, so that a job killed at its time limit keeps what it finished.
 Cost: ``len(layers) x 2`` short runs per shape on at most one node's devices each,
 against the study's trials on the whole machine.
+
+The same runs measure memory: each result's peak (the allocator's peak allocated bytes on
+GPU/XPU, the peak resident set on CPU) at two layer counts gives the layer's bytes
+(:func:`~autotune.models.profile_fit.fit_layer_profile`), which the memory model splits
+into its analytic model states and measured activations
+(:func:`~autotune.models.memory.measured_layer_activation`). :func:`compare_rows` puts
+both beside the analytic figures.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from autotune.candidates import rank_candidates
 from autotune.config.cluster import ClusterConfig
@@ -33,6 +41,13 @@ from autotune.feasibility import Constraints
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.layout import Layout, Recompute
 from autotune.models.cost import analytic_layer, tp_link
+from autotune.models.memory import (
+    MeasuredActivation,
+    layer_state_bytes,
+    measured_layer_activation,
+    peak_retention,
+    stored_layer_bytes,
+)
 from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
 from autotune.models.profile_fit import LayerSample, fit_layer_profile, median_standard_error
 from autotune.runner.outcome import classify
@@ -41,9 +56,9 @@ from autotune.spec import StudySpec
 from autotune.tables import format_table
 from autotune.trial import TrialSpec
 
-__all__ = ["ProfileCell", "ProfileRun", "check_profilable", "profile_cells", "profile_specs",
-           "run_profile", "compare_rows", "render_comparison", "DEFAULT_LAYERS",
-           "DEFAULT_ACCUMS"]
+__all__ = ["ProfileCell", "ProfileRun", "Comparison", "check_profilable", "profile_cells",
+           "profile_specs", "run_profile", "compare_rows", "render_comparison",
+           "render_memory_comparison", "DEFAULT_LAYERS", "DEFAULT_ACCUMS"]
 
 DEFAULT_LAYERS = (1, 3)
 """Layer counts of the runs: few layers keep each run short and small; a gap of two
@@ -97,7 +112,7 @@ def profile_cells(spec: StudySpec, *, top: int | None = None,
     """The shapes to measure: those of the feasible layouts (of the ``top`` best predicted
     ones, if given), best predicted first; and the shapes left out, with the reason."""
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
-                                           spec.trial)
+                                           spec.trial, profile=spec.profile)
     ranked = rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
                              constraints, profile=spec.profile)
     if top is not None:
@@ -174,11 +189,17 @@ def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell
                 log(f"{what}: {outcome.kind.upper()} {first}; this shape keeps the "
                     "analytic time")
                 break
+            # The trainer's peak: max allocated over ranks on GPU/XPU, peak RSS on CPU.
             samples.append(LayerSample(trial.model, trial.layout, device, dtype,
                                        tp_link(trial.layout, cluster), res.step_time_s,
-                                       median_standard_error(res.step_times_s)))
+                                       median_standard_error(res.step_times_s),
+                                       peak_memory_bytes=res.peak_memory_bytes,
+                                       memory_peak="rss" if res.device == "cpu"
+                                       else "allocated"))
             elapsed = time.monotonic() - started
-            log(f"{what}: {res.step_time_s * 1e3:.4g} ms/step in "
+            peak = (f", peak {res.peak_memory_bytes / MiB:.5g} MiB"
+                    if res.peak_memory_bytes else "")
+            log(f"{what}: {res.step_time_s * 1e3:.4g} ms/step{peak} in "
                 f"{format_duration(time.monotonic() - t0)}; elapsed "
                 f"{format_duration(elapsed)}, ETA {format_duration(elapsed / i * (n_runs - i))}")
         if out.interrupted:
@@ -197,25 +218,76 @@ def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell
     return out
 
 
+MiB = 2**20
+
+
+class Comparison(NamedTuple):
+    """One measured shape beside the analytic models."""
+
+    cell: ProfileCell
+    entry: ProfileEntry
+    analytic_s: float
+    """The analytic layer time."""
+    memory: MeasuredActivation | None
+    """The measured bytes split into analytic states and measured activations (``None``:
+    the entry has no memory)."""
+    analytic_layer_bytes: float
+    """The analytic bytes of one layer at the profile runs' layout, in the measured
+    peak's terms: ``rho (S + A)`` (states, stored activations, allocator retention)."""
+    analytic_activation_bytes: int
+    """The analytic stored activations of one layer and micro-batch (live bytes)."""
+
+
 def compare_rows(spec: StudySpec, profile: LayerProfile, cells: Sequence[ProfileCell],
-                 ) -> list[tuple[ProfileCell, ProfileEntry, float]]:
-    """``(cell, measured entry, analytic s)`` per measured cell: how far the analytic
-    layer time is off."""
+                 ) -> list[Comparison]:
+    """Per measured cell, its entry beside the analytic layer time and layer bytes: how far
+    the analytic models are off."""
     rows = []
+    model, cluster, dtype = spec.model, spec.cluster, spec.training.dtype
     for cell in cells:
-        entry = profile.entry(cell.shape(spec.model, spec.cluster, spec.training.dtype))
+        entry = profile.entry(cell.shape(model, cluster, dtype))
         if entry is None:
             continue
-        analytic = analytic_layer(spec.model, cell.layout(), spec.cluster,
-                                  spec.training.dtype).total_s
-        rows.append((cell, entry, analytic))
+        lay = cell.layout()
+        analytic = analytic_layer(model, lay, cluster, dtype).total_s
+        measured = measured_layer_activation(model, lay, dtype=dtype, device=cluster.device,
+                                             profile=profile)
+        rho = peak_retention(entry.memory.peak) if entry.memory else 1.0
+        act = stored_layer_bytes(model, lay, dtype)
+        rows.append(Comparison(cell, entry, analytic, measured,
+                               rho * (layer_state_bytes(model, lay, dtype) + act), act))
     return rows
 
 
-def render_comparison(rows: Sequence[tuple[ProfileCell, ProfileEntry, float]]) -> str:
+def render_comparison(rows: Sequence[Comparison]) -> str:
     """The measured layer times beside the analytic ones, as an aligned table."""
     return format_table(
         ["shape", "measured ms/layer", "+-", "analytic ms", "measured/analytic"],
-        [[c.label(), f"{e.layer_time_s * 1e3:.4g}",
-          f"{e.stderr_s * 1e3:.2g}" if e.stderr_s is not None else "",
-          f"{a * 1e3:.4g}", f"{e.layer_time_s / a:.2f}"] for c, e, a in rows])
+        [[r.cell.label(), f"{r.entry.layer_time_s * 1e3:.4g}",
+          f"{r.entry.stderr_s * 1e3:.2g}" if r.entry.stderr_s is not None else "",
+          f"{r.analytic_s * 1e3:.4g}", f"{r.entry.layer_time_s / r.analytic_s:.2f}"]
+         for r in rows])
+
+
+def render_memory_comparison(rows: Sequence[Comparison]) -> str:
+    """The measured bytes per layer beside the analytic ones, and the activations they
+    give (measured less the analytic states), as an aligned table; ``""`` when no row has
+    memory. A non-positive activation figure (the analytic states exceed the measurement)
+    is marked: the memory model does not use it."""
+    body = []
+    for r in rows:
+        mem, split = r.entry.memory, r.memory
+        if mem is None or split is None:
+            continue
+        body.append([
+            r.cell.label(), mem.peak, f"{mem.layer_bytes / MiB:.4g}",
+            f"{mem.stderr_bytes / MiB:.2g}" if mem.stderr_bytes is not None else "",
+            f"{r.analytic_layer_bytes / MiB:.4g}",
+            f"{mem.layer_bytes / r.analytic_layer_bytes:.2f}",
+            f"{split.activation_bytes / MiB:.4g}" + ("" if split.usable else " (unused)"),
+            f"{r.analytic_activation_bytes / MiB:.4g}"])
+    if not body:
+        return ""
+    return format_table(
+        ["shape", "peak", "measured MiB/layer", "+-", "analytic MiB/layer",
+         "measured/analytic", "activations MiB", "analytic act. MiB"], body)

@@ -17,7 +17,14 @@ from autotune.cli import main
 from autotune.landscape import shipped_landscape
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.models.profile import LayerProfile, load_profile
-from autotune.profiling import ProfileCell, profile_cells, profile_specs, run_profile
+from autotune.profiling import (
+    ProfileCell,
+    compare_rows,
+    profile_cells,
+    profile_specs,
+    render_memory_comparison,
+    run_profile,
+)
 from autotune.spec import load_study
 from autotune.trial import TrialResult, TrialSpec
 from tests.helpers import run_cli, write_study
@@ -29,9 +36,14 @@ def layer_time(tp: int, mb: int) -> float:
     return 1e-3 * mb / tp + 2e-4
 
 
+def layer_bytes(tp: int, mb: int) -> int:
+    return 2_000_000 * mb // tp + 3_000_000
+
+
 class LinearLauncher(Launcher):
-    """Step time ``m L t + o L + c m + k`` with a known ``t`` per shape; ``oom_tp`` runs
-    out of memory. Writes the trainer's result file like the real one."""
+    """Step time ``m L t + o L + c m + k`` with a known ``t`` per shape and a peak of
+    ``L b + c' m + k'`` with a known ``b``; ``oom_tp`` runs out of memory. Writes the
+    trainer's result file like the real one."""
 
     kind = "linear"
 
@@ -58,8 +70,10 @@ class LinearLauncher(Launcher):
             return None
         step = (lay.grad_accum * n_layer * layer_time(lay.tp, lay.micro_batch)
                 + 3e-4 * n_layer + 5e-4 * lay.grad_accum + 2e-3)
+        peak = n_layer * layer_bytes(lay.tp, lay.micro_batch) + 100_000 * lay.grad_accum + 4e8
         TrialResult(status="ok", model_tflops_per_device=1.0, step_time_s=step,
-                    world_size=lay.world_size, device="cpu").write(paths.result)
+                    world_size=lay.world_size, device="cpu",
+                    peak_memory_bytes=int(peak)).write(paths.result)
         return None
 
     def _poll(self, handle: Any) -> int | None:
@@ -132,6 +146,34 @@ def test_run_profile_recovers_the_layer_times_and_survives_an_oom(study: Path) -
     assert got.layer_time_s == pytest.approx(layer_time(1, 2), rel=1e-9)
     assert any("OOM" in line and "analytic" in line for line in lines)
     assert all("[" in line for line in lines)  # numbered progress lines
+
+
+def test_run_profile_measures_the_layer_bytes_and_compares_them(study: Path) -> None:
+    """The peaks of the 2 x 2 runs give the layer's bytes (exactly here: no interaction),
+    marked as a resident set (a CPU result); the comparison splits them into the analytic
+    states and the measured activations, beside the analytic bytes."""
+    from autotune.models import memory as mem
+
+    spec = load_study(study)
+    cell = ProfileCell(1, 2, "none")
+    out = run_profile(spec, LinearLauncher(), [cell])
+    [entry] = out.profile.entries
+    assert entry.memory is not None and entry.memory.peak == "rss"
+    assert entry.memory.layer_bytes == pytest.approx(layer_bytes(1, 2), abs=1e-3)
+    assert entry.memory.stderr_bytes == pytest.approx(0.0, abs=1e-3)
+    [row] = compare_rows(spec, out.profile, [cell])
+    lay = cell.layout()
+    states = mem.layer_state_bytes(spec.model, lay, "fp32")
+    assert row.memory is not None and row.memory.state_bytes == states
+    assert row.memory.activation_bytes == pytest.approx(
+        layer_bytes(1, 2) / mem.CPU_ALLOCATOR_OVERHEAD - states, rel=1e-9)
+    analytic = mem.stored_layer_bytes(spec.model, lay, "fp32")
+    assert row.analytic_activation_bytes == analytic
+    assert row.analytic_layer_bytes == pytest.approx(
+        mem.CPU_ALLOCATOR_OVERHEAD * (states + analytic), rel=1e-12)
+    table = render_memory_comparison([row])
+    assert cell.label() in table and "rss" in table and "activations MiB" in table
+    assert render_memory_comparison([row._replace(memory=None)]) == ""
 
 
 def test_a_shape_whose_last_run_fails_is_not_fitted_from_the_rest(study: Path) -> None:
@@ -241,6 +283,11 @@ def test_from_landscape_writes_and_merges(tmp_path: Path,
     assert load_profile(out) == LayerProfile(prof.entries, source=load_profile(out).source)
 
 
+MEMORY_TOLERANCE = 0.25
+"""Accepted relative error of the analytic bytes per layer against the measured slope of
+the peak resident set (as ``tests/models/test_memory_vs_trainer.py`` accepts for peaks)."""
+
+
 @pytest.mark.slow
 def test_profile_a_tiny_study_for_real_then_plan_uses_it(tmp_path: Path) -> None:
     """The study names its profile before it exists; ``autotune profile`` (real trainer
@@ -256,11 +303,22 @@ def test_profile_a_tiny_study_for_real_then_plan_uses_it(tmp_path: Path) -> None
                                "device": "cpu"})
     (tmp_path / "elsewhere").mkdir()
     run = run_cli("profile", str(study), "--top", "1", cwd=tmp_path / "elsewhere")
+    print(run.stdout)
     assert run.returncode == 0, run.stderr
     assert "[4/4]" in run.stderr and "measured ms/layer" in run.stdout
+    assert "measured MiB/layer" in run.stdout
     prof = load_profile(tmp_path / "prof" / "tiny.json")
     assert len(prof) == 1 and prof.entries[0].layer_time_s > 0
+    # The layer's bytes from the peak RSS of the same four runs: positive, and within
+    # MEMORY_TOLERANCE of the analytic states + activations (with the CPU retention).
+    spec = load_study(study)
+    [row] = compare_rows(spec, prof, profile_cells(spec, top=1)[0])
+    assert row.entry.memory is not None and row.memory is not None
+    assert row.entry.memory.peak == "rss" and row.entry.memory.layer_bytes > 0
+    ratio = row.entry.memory.layer_bytes / row.analytic_layer_bytes
+    assert abs(ratio - 1) <= MEMORY_TOLERANCE, ratio
     plan = run_cli("plan", str(study), "--format", "json", cwd=tmp_path / "elsewhere")
     assert plan.returncode == 0, plan.stderr
     rows = json.loads(plan.stdout)["feasible"]
     assert any(r["step"]["profiled"] for r in rows)
+    assert any(r["memory"]["profiled"] for r in rows) == row.memory.usable

@@ -10,6 +10,11 @@ The estimate is the sum, on the worst pipeline stage, of
 * communication buffers (:func:`buffer_bytes`) and a fixed runtime allowance
   (:func:`runtime_bytes`).
 
+Where a measured layer profile (``profile=``, :mod:`autotune.models.profile`) holds the
+layout's layer shape with its bytes, the stored activations per layer and micro-batch are
+the measured ones (:func:`measured_layer_activation`) instead of Korthikanti et al.'s
+count; every other term stays analytic.
+
 Only the first and the last stage can be the worst one: the first holds the most
 micro-batches in flight (``pp`` of them under 1F1B) and the embeddings, the last one the
 output layer and the logits; every middle stage holds fewer activations than the first.
@@ -27,14 +32,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from autotune.config.model import ModelConfig
 from autotune.hardware import DEFAULT_RUNTIME_BYTES, HARDWARE
 from autotune.layout import Layout
 
+if TYPE_CHECKING:  # only its lookup is called: the models stay free of the file format
+    from autotune.models.profile import LayerProfile
+
 __all__ = [
     "MemoryEstimate",
+    "MeasuredActivation",
     "estimate_memory",
+    "measured_layer_activation",
+    "stored_layer_bytes",
+    "layer_state_bytes",
+    "peak_retention",
     "params_per_rank",
     "layer_params_per_rank",
     "model_state_bytes",
@@ -189,26 +203,46 @@ def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str) -> in
     return int(per)
 
 
-def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str) -> int:
+def _stored_layers(model: ModelConfig, layout: Layout, stage: str) -> int:
+    """Layer-micro-batches whose activations a ``stage`` stores at its peak: its layers
+    times the micro-batches in flight (1F1B: ``pp`` on the first stage, 1 on the last;
+    without pipelining the micro-batches of accumulation run one after another)."""
+    in_flight = min(layout.pp, layout.grad_accum) if stage in ("first", "only") else 1
+    return _stage_layers(model, layout.pp) * in_flight
+
+
+def stored_layer_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
+    """What one layer keeps per micro-batch until its backward: its activations
+    (:func:`layer_activation_bytes`), or with full recompute only its input, ``2 s b h``
+    bytes in 16-bit (not split by TP; Chen et al. 2016, Korthikanti et al. 2022, sec. 4)."""
+    if layout.recompute == "full":
+        return model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+    return layer_activation_bytes(model, layout, dtype)
+
+
+def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str, *,
+                     measured_layer_bytes: float | None = None) -> int:
     """Activations a ``stage`` stores at its peak, with the 1F1B in-flight count.
 
     Under 1F1B (Narayanan et al. 2021, section 2.2.1) the first stage holds up to
     ``pp`` micro-batches in flight, the last one 1; without pipelining the micro-batches
-    of gradient accumulation run one after another (1 in flight).
+    of gradient accumulation run one after another (1 in flight). Each layer and
+    micro-batch in flight keeps :func:`stored_layer_bytes` (``measured_layer_bytes``
+    instead where a layer profile measured it: :func:`measured_layer_activation`).
 
     Full recompute (Chen et al. 2016; Korthikanti et al. 2022, section 4) keeps only each
-    layer's input, ``2 s b h`` bytes (not split by TP), per layer and micro-batch in
-    flight, plus one layer's full working set while that layer is recomputed. Explicit
-    attention adds :func:`score_transient_bytes` either way.
+    layer's input per layer and micro-batch in flight, plus one layer's full working set
+    while that layer is recomputed. Explicit attention adds :func:`score_transient_bytes`
+    either way. These one-layer terms do not grow with the layer count, so a profile's
+    slope does not measure them: they stay analytic.
     """
-    layers = _stage_layers(model, layout.pp)
-    in_flight = min(layout.pp, layout.grad_accum) if stage in ("first", "only") else 1
-    full_layer = layer_activation_bytes(model, layout, dtype)
+    per_layer = (stored_layer_bytes(model, layout, dtype) if measured_layer_bytes is None
+                 else measured_layer_bytes)
+    stored = int(_stored_layers(model, layout, stage) * per_layer)
     transient = score_transient_bytes(model, layout, dtype)
     if layout.recompute == "full":
-        inputs = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
-        return layers * in_flight * inputs + full_layer + transient
-    return layers * in_flight * full_layer + transient
+        return stored + layer_activation_bytes(model, layout, dtype) + transient
+    return stored + transient
 
 
 def score_transient_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
@@ -260,6 +294,79 @@ def runtime_bytes(device: str | None) -> int:
     return spec.runtime_bytes if spec is not None else DEFAULT_RUNTIME_BYTES
 
 
+def peak_retention(peak: str) -> float:
+    """Measured bytes per live byte of a measured peak: :data:`CPU_ALLOCATOR_OVERHEAD` for
+    a peak resident set (``"rss"``, what the model charges on ``cpu``), 1 for an
+    allocator's peak allocated bytes (``"allocated"``)."""
+    return CPU_ALLOCATOR_OVERHEAD if peak == "rss" else 1.0
+
+
+def layer_state_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
+    """Model states of one layer on one TP rank as ``autotune profile`` runs it: ``pp = dp
+    = 1``, ZeRO 0 (:func:`model_state_bytes` of :func:`layer_params_per_rank`)."""
+    alone = Layout(tp=layout.tp, pp=1, dp=1, micro_batch=layout.micro_batch, grad_accum=1,
+                   zero_stage=0, recompute=layout.recompute)
+    return sum(model_state_bytes(layer_params_per_rank(model, layout.tp), alone, dtype))
+
+
+@dataclass(frozen=True)
+class MeasuredActivation:
+    """A profile's bytes of one layer, split into the analytic states and the rest."""
+
+    layer_bytes: float
+    """Measured: what one more layer adds to the peak (:class:`~autotune.models.profile.
+    LayerMemory`), in the measured peak's bytes."""
+    state_bytes: int
+    """Analytic: its model states at ``pp = dp = 1``, ZeRO 0 (:func:`layer_state_bytes`)."""
+    retention: float
+    """Measured bytes per live byte (:func:`peak_retention`)."""
+    activation_bytes: float
+    """Stored activations per layer and micro-batch, live bytes:
+    ``layer_bytes / retention - state_bytes``."""
+    sigma_bytes: float | None
+    """Its standard error (the profile's, over ``retention``); ``None`` if unknown."""
+
+    @property
+    def usable(self) -> bool:
+        """Positive: a non-positive remainder means the analytic states exceed what the
+        stack holds, and the split says nothing about the activations."""
+        return self.activation_bytes > 0
+
+
+def measured_layer_activation(model: ModelConfig, layout: Layout, *, dtype: str,
+                              device: str | None, profile: LayerProfile | None,
+                              ) -> MeasuredActivation | None:
+    """The measured activations of ``layout``'s layer, where ``profile`` has its bytes.
+
+    ``autotune profile`` runs each shape at 1 and 3 layers with ``pp = dp = 1`` and ZeRO
+    0: one more layer adds its model states ``S`` (weights, gradients, Adam states of its
+    parameters, known analytically from the parameter count) and the activations it
+    stores for the one micro-batch in flight ``A``, so the measured slope is ``B = rho (S +
+    A)`` with ``rho`` the measured peak's bytes per live byte (:func:`peak_retention`:
+    on CPU the resident set also holds the allocator's retention, which the model charges
+    as :data:`CPU_ALLOCATOR_OVERHEAD`). Hence ``A = B / rho - S``, with the standard error
+    of ``B`` over ``rho``. For the profiled layout itself the model then reproduces the
+    measured ``B`` per layer exactly, whatever its states are off by; under ZeRO or a
+    pipeline the states are sharded or the micro-batches in flight multiplied, and ``A``
+    scales as the analytic term would.
+
+    If the step's peak is the optimizer step rather than the backward (activations smaller
+    than the optimizer's temporaries), the slope measures those temporaries and ``A`` is
+    an upper bound: conservative. ``None`` without a profile, a device, or an entry with
+    bytes for this shape (any TP link).
+    """
+    if profile is None or device is None:
+        return None
+    mem = profile.layer_memory(model, layout, device=device, dtype=dtype)
+    if mem is None:
+        return None
+    rho = peak_retention(mem.peak)
+    states = layer_state_bytes(model, layout, dtype)
+    return MeasuredActivation(
+        mem.layer_bytes, states, rho, mem.layer_bytes / rho - states,
+        mem.stderr_bytes / rho if mem.stderr_bytes is not None else None)
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Per-term bytes on the worst stage of one rank, and their sum ``peak_bytes``."""
@@ -280,6 +387,12 @@ class MemoryEstimate:
     """Sum of the terms above on the worst stage."""
     stage_peak_bytes: tuple[int, ...]
     """Peak of each stage considered (first, last), or one value when ``pp = 1``."""
+    profiled: bool = False
+    """The stored activations per layer are a layer profile's measured ones
+    (:func:`measured_layer_activation`), not the analytic count."""
+    activations_sigma_bytes: int | None = None
+    """sd of the measured part of ``activations_bytes``: the profile's error bar times the
+    layer-micro-batches stored (``None``: analytic, or the profile gave no error bar)."""
 
     @property
     def model_state_bytes(self) -> int:
@@ -287,10 +400,12 @@ class MemoryEstimate:
 
 
 def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
-                    device: str | None) -> MemoryEstimate:
+                    device: str | None, measured: MeasuredActivation | None,
+                    ) -> MemoryEstimate:
     n = params_per_rank(model, layout, stage)
     w, g, o = model_state_bytes(n, layout, dtype)
-    act = activation_bytes(model, layout, dtype, stage)
+    per_layer = measured.activation_bytes if measured is not None else None
+    act = activation_bytes(model, layout, dtype, stage, measured_layer_bytes=per_layer)
     logit = logits_bytes(model, layout, dtype) if stage in ("last", "only") else 0
     buf = buffer_bytes(model, layout, dtype, n) + optimizer_temp_bytes(n, layout)
     rt = runtime_bytes(device)
@@ -300,21 +415,34 @@ def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
         # exceeds the live bytes (measured against the trainer, tests/models/).
         rt += int((CPU_ALLOCATOR_OVERHEAD - 1.0) * dynamic)
     total = dynamic + rt
-    return MemoryEstimate(stage, n, w, g, o, act, logit, buf, rt, total, (total,))
+    sigma = None
+    if measured is not None and measured.sigma_bytes is not None:
+        # One measurement for every layer and micro-batch: their errors add linearly.
+        sigma = int(_stored_layers(model, layout, stage) * measured.sigma_bytes)
+    return MemoryEstimate(stage, n, w, g, o, act, logit, buf, rt, total, (total,),
+                          profiled=measured is not None, activations_sigma_bytes=sigma)
 
 
 def estimate_memory(model: ModelConfig, layout: Layout, *, dtype: str = "bf16",
-                    device: str | None = None) -> MemoryEstimate:
+                    device: str | None = None,
+                    profile: LayerProfile | None = None) -> MemoryEstimate:
     """Predicted peak memory per device of ``layout`` training ``model``.
 
     ``device`` picks the runtime allowance (``"cpu"`` or an accelerator name);
     ``model.attention`` says whether the attention scores are stored (see
-    :func:`layer_activation_bytes`).
+    :func:`layer_activation_bytes`). With a ``profile`` that measured the bytes of this
+    layout's layer shape on ``device`` (and where they exceed the analytic states), the
+    stored activations per layer are the measured ones (:func:`measured_layer_activation`;
+    ``profiled`` is then true).
     """
+    measured = measured_layer_activation(model, layout, dtype=dtype, device=device,
+                                         profile=profile)
+    if measured is not None and not measured.usable:
+        measured = None
     if layout.pp == 1:
-        return _stage_estimate(model, layout, dtype, "only", device)
-    first = _stage_estimate(model, layout, dtype, "first", device)
-    last = _stage_estimate(model, layout, dtype, "last", device)
+        return _stage_estimate(model, layout, dtype, "only", device, measured)
+    first = _stage_estimate(model, layout, dtype, "first", device, measured)
+    last = _stage_estimate(model, layout, dtype, "last", device, measured)
     worst = first if first.peak_bytes >= last.peak_bytes else last
     return MemoryEstimate(**{**worst.__dict__,
                              "stage_peak_bytes": (first.peak_bytes, last.peak_bytes)})

@@ -15,7 +15,8 @@ gradient accumulation      which DeepSpeed optimizer wrapper runs (fp32 or bf16 
 flat gradient partition    ZeRO 1-2 step's fp32 copy of the rank's gradient partition   2n/dp
 activations                what Korthikanti et al.'s count omits (small buffers,       10% +
                            RoPE copies) and the backward's working set of one layer,   1 layer
-                           or a recompute boundary wider than one layer
+                           or a recompute boundary wider than one layer (where a
+                           layer profile measured the layer: its error bar, + 1 layer)
 logits / loss              how many fp32 copies of the logits the loss holds at once   4 B/el
 buffers                    whether the second bucket / staging copy / ``sqrt(v)``      1/2
                            temporary exists (``overlap_comm``, fused or foreach Adam)
@@ -160,6 +161,8 @@ class MemoryVerdict:
     """Device memory less the margin: what the peak is compared with."""
     oom: str | None = None
     """Key of a measured OOM layout that dominates this one (then ``p_fit == 0``)."""
+    profiled: bool = False
+    """The prediction's stored activations are a layer profile's measured ones."""
 
     @property
     def headroom_sd(self) -> float:
@@ -228,13 +231,17 @@ def flat_partition_sigma_bytes(n_params: int, layout: Layout) -> int:
 
 
 def activation_sigma_bytes(model: ModelConfig, layout: Layout, dtype: str,
-                           stored_bytes: int) -> int:
+                           stored_bytes: int, *, measured_sigma_bytes: int | None = None,
+                           ) -> int:
     """sd of the activations a stage holds (``stored_bytes``, the estimate's term).
 
     Two independent parts, in quadrature:
 
     * what the count leaves out: :data:`ACTIVATION_UNCOUNTED_FRACTION` of the stored bytes
-      (Korthikanti et al. 2022, sec. 4.1, count only the main contributors);
+      (Korthikanti et al. 2022, sec. 4.1, count only the main contributors); where a layer
+      profile measured the stored bytes per layer, their error bar instead
+      (``measured_sigma_bytes``, :attr:`~autotune.models.memory.MemoryEstimate.
+      activations_sigma_bytes`): nothing is left out of a measurement;
     * one layer's working set (:func:`~autotune.models.memory.layer_activation_bytes` plus
       explicit attention's transient): without recompute the backward of a layer holds the
       gradients of its activations beside them, which the stored count does not include;
@@ -243,10 +250,14 @@ def activation_sigma_bytes(model: ModelConfig, layout: Layout, dtype: str,
       ``checkpoint_num_layers``) or a partitioned one (``partition_activations``: the
       stored inputs split over TP) moves it by about a layer either way (Korthikanti et
       al. 2022, sec. 4: full recompute stores each checkpointed block's input).
+
+    The second part is one layer's, which does not grow with the layer count: a profile's
+    slope does not measure it, so it stays either way.
     """
     one_layer = (layer_activation_bytes(model, layout, dtype)
                  + score_transient_bytes(model, layout, dtype))
-    uncounted = ACTIVATION_UNCOUNTED_FRACTION * stored_bytes
+    uncounted = (ACTIVATION_UNCOUNTED_FRACTION * stored_bytes if measured_sigma_bytes is None
+                 else measured_sigma_bytes)
     return int(math.hypot(uncounted, one_layer))
 
 
@@ -331,7 +342,9 @@ def estimate_uncertainty(model: ModelConfig, layout: Layout, est: MemoryEstimate
     terms = (
         ("grad_accumulation", grad_accumulation_sigma_bytes(n, layout, dtype)),
         ("flat_partition", flat_partition_sigma_bytes(n, layout)),
-        ("activations", activation_sigma_bytes(model, layout, dtype, est.activations_bytes)),
+        ("activations", activation_sigma_bytes(
+            model, layout, dtype, est.activations_bytes,
+            measured_sigma_bytes=est.activations_sigma_bytes if est.profiled else None)),
         ("logits", logits_sigma_bytes(model, layout, est.stage)),
         ("buffers", buffer_sigma_bytes(model, layout, dtype, n)),
         ("runtime", runtime_sigma_bytes(device)),

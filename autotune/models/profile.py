@@ -20,10 +20,19 @@ layer time, and embeddings, logits, optimizer and per-step overheads fall into t
 intercept. ``autotune profile`` measures such pairs with the trainer on ``tp`` devices;
 ``--from-landscape`` reads them from a published table.
 
+``autotune profile`` also measures each shape's peak memory at both layer counts: the
+slope is one layer's bytes, its model states plus the activations it stores for one
+micro-batch (:class:`LayerMemory`; the fit is :func:`autotune.models.profile_fit.
+fit_layer_profile`'s, the split into states and activations the memory model's,
+:func:`autotune.models.memory.measured_layer_activation`).
+
 A profile is a tagged JSON file (``"kind": "autotune-layer-profile"``), written atomically.
-A study names one in ``cluster.profile``; :func:`load_cluster_profile` reads it once, when
-the study is loaded, and its callers hand it to the cost model
-(``estimate_step(..., profile=...)``).
+Version 2 adds the optional ``memory`` of an entry; a version-1 file (times only) still
+reads, without memory. A study names one in ``cluster.profile``;
+:func:`load_cluster_profile` reads it once, when the study is loaded, and its callers hand
+it to the cost model (``estimate_step(..., profile=...)``) and the memory model
+(``estimate_memory(..., profile=...)``, through the study's
+:class:`~autotune.feasibility.MemoryBudget`).
 """
 
 from __future__ import annotations
@@ -43,14 +52,19 @@ from autotune.errors import SpecError, short_repr
 from autotune.hardware import HARDWARE
 from autotune.layout import RECOMPUTE_CHOICES, Layout, Recompute
 
-__all__ = ["LayerShape", "ProfileEntry", "LayerProfile", "PROFILE_KIND", "PROFILE_VERSION",
-           "load_profile", "load_cluster_profile"]
+__all__ = ["LayerShape", "LayerMemory", "ProfileEntry", "LayerProfile", "PROFILE_KIND",
+           "PROFILE_VERSION", "PEAK_KINDS", "load_profile", "load_cluster_profile"]
 
 PROFILE_KIND = "autotune-layer-profile"
 DTYPES = ("fp32", "bf16", "fp16")
 TP_LINKS = ("none", "intra_card", "intra_node", "inter_node")
 """The links of :func:`autotune.models.cost.link_level`."""
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+"""Version 2: entries may carry ``memory``. Version 1 files (no memory) are still read."""
+READABLE_VERSIONS = (1, 2)
+PEAK_KINDS = ("allocated", "rss")
+"""What a measured peak is: the caching allocator's peak allocated bytes (GPU/XPU) or the
+process's peak resident set (CPU; :func:`trainer.distributed.peak_memory`)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -103,8 +117,52 @@ class LayerShape:
 
 
 @dataclass(frozen=True)
+class LayerMemory:
+    """One layer's measured bytes: the slope of the peak over the layer count.
+
+    ``layer_bytes`` is what one more layer adds to a ``pp = dp = 1``, ZeRO-0 step's peak:
+    its model states (weights, gradients, Adam states) and the activations it stores for
+    one micro-batch, as the device measured them (``peak``). Which part is which is the
+    memory model's to say (:func:`autotune.models.memory.measured_layer_activation`): the
+    file holds the measurement, not an attribution that would go stale with the model.
+    """
+
+    layer_bytes: float
+    """Bytes per layer (model states + stored activations of one micro-batch)."""
+    stderr_bytes: float | None = None
+    """Standard error of ``layer_bytes`` (``None`` when only one series measured it)."""
+    peak: str = "allocated"
+    """What was measured: ``"allocated"`` (the allocator's peak, GPU/XPU) or ``"rss"``
+    (peak resident set, CPU): see :data:`PEAK_KINDS`."""
+
+    def __post_init__(self) -> None:
+        b = self.layer_bytes
+        if isinstance(b, bool) or not (isinstance(b, (int, float)) and b > 0
+                                       and math.isfinite(b)):
+            raise SpecError("layer_bytes", b, "allowed: a positive number of bytes")
+        if self.stderr_bytes is not None:
+            check_float("stderr_bytes", self.stderr_bytes)
+        check_choice("peak", self.peak, PEAK_KINDS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer_bytes": self.layer_bytes, "stderr_bytes": self.stderr_bytes,
+                "peak": self.peak}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> LayerMemory:
+        item = check_keys("memory", data, ("layer_bytes", "stderr_bytes", "peak"))
+        if "layer_bytes" not in item:
+            raise SpecError("memory.layer_bytes", None, "required key is missing")
+        try:
+            return cls(item["layer_bytes"], item.get("stderr_bytes"),
+                       item.get("peak", "allocated"))
+        except SpecError as err:
+            raise SpecError(f"memory.{err.field}", err.value, err.allowed) from None
+
+
+@dataclass(frozen=True)
 class ProfileEntry:
-    """One measured layer time."""
+    """One measured layer time (and, from ``autotune profile``, the layer's bytes)."""
 
     shape: LayerShape
     layer_time_s: float
@@ -117,6 +175,9 @@ class ProfileEntry:
     stderr_s: float | None = None
     """Standard error of ``layer_time_s`` from the spread of the timed steps behind it
     (``None`` when the source gave single numbers, e.g. a published table)."""
+    memory: LayerMemory | None = None
+    """The layer's measured bytes (``None``: not measured, e.g. a version-1 file or a
+    published table)."""
 
     @property
     def noisy(self) -> bool:
@@ -166,6 +227,18 @@ class LayerProfile:
         entry = self._index.get(shape)
         return entry.layer_time_s if entry is not None else None
 
+    def layer_memory(self, model: ModelConfig, layout: Layout, *, device: str,
+                     dtype: str) -> LayerMemory | None:
+        """The measured bytes of ``model``'s layer in ``layout``'s shape on ``device``, or
+        ``None``. The TP link is not part of the match: the tensors a layer holds do not
+        depend on the link its all-reduces cross (of several links, the first entry in
+        the profile's order answers)."""
+        probe = LayerShape.of(model, layout, device=device, dtype=dtype, tp_link="none")
+        for e in self.entries:
+            if e.memory is not None and replace(e.shape, tp_link="none") == probe:
+                return e.memory
+        return None
+
     def covers(self, model: ModelConfig, *, device: str, dtype: str) -> bool:
         """Whether any entry is for this model's layer on this device and dtype."""
         probe = LayerShape.of(model, Layout(1, 1, 1, 1, 1), device=device, dtype=dtype,
@@ -182,7 +255,8 @@ class LayerProfile:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": PROFILE_KIND, "version": PROFILE_VERSION, "source": self.source,
                 "entries": [{**asdict(e.shape), "layer_time_s": e.layer_time_s,
-                             "n_fits": e.n_fits, "spread": e.spread, "stderr_s": e.stderr_s}
+                             "n_fits": e.n_fits, "spread": e.spread, "stderr_s": e.stderr_s,
+                             **({"memory": e.memory.to_dict()} if e.memory else {})}
                             for e in self.entries]}
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -194,19 +268,23 @@ class LayerProfile:
             raise SpecError("kind", data.get("kind") if isinstance(data, dict) else data,
                             f"allowed: {PROFILE_KIND!r} (a file written by autotune profile)",
                             source=source)
-        if data.get("version") != PROFILE_VERSION:
-            raise SpecError("version", data.get("version"), f"allowed: {PROFILE_VERSION}",
+        version = data.get("version")
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
+            raise SpecError("version", version,
+                            f"allowed: {' or '.join(map(str, READABLE_VERSIONS))}",
                             source=source)
         raw = data.get("entries")
         if not isinstance(raw, list):
             raise SpecError("entries", raw, "allowed: a list of entries", source=source)
         names = [f for f in LayerShape.__dataclass_fields__]
+        # Version 1 knew no memory: a "memory" key there is as unknown as a typo.
+        keys = [*names, "layer_time_s", "n_fits", "spread", "stderr_s",
+                *(["memory"] if version >= 2 else [])]
         entries = []
         for i, item in enumerate(raw):
             where = f"entries[{i}]"
             try:
-                item = check_keys(where, item, [*names, "layer_time_s", "n_fits", "spread",
-                                                 "stderr_s"])
+                item = check_keys(where, item, keys)
                 missing = [n for n in (*names, "layer_time_s") if n not in item]
                 if missing:
                     raise SpecError(f"{where}.{missing[0]}", None, "required key is missing")
@@ -214,10 +292,12 @@ class LayerProfile:
                 se = item.get("stderr_s")
                 if se is not None:
                     se = check_float("stderr_s", se)
+                raw_memory = item.get("memory")
+                memory = LayerMemory.from_dict(raw_memory) if raw_memory is not None else None
                 entries.append(ProfileEntry(shape, item["layer_time_s"],
                                             check_int("n_fits", item.get("n_fits", 1)),
                                             check_float("spread", item.get("spread", 0.0)),
-                                            stderr_s=se))
+                                            stderr_s=se, memory=memory))
             except SpecError as err:
                 field_ = err.field if err.field.startswith(where) else f"{where}.{err.field}"
                 raise SpecError(field_, err.value, err.allowed, source=source) from None

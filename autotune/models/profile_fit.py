@@ -6,6 +6,10 @@ In 1F1B with ``m`` micro-batches over ``p`` stages the critical path of a step h
 micro-batch; embeddings, logits, the optimizer and per-step overheads fall elsewhere
 (:func:`_series_time`). Samples come from ``autotune profile``'s trainer runs
 (:mod:`autotune.profiling`) or from a published table (:func:`landscape_samples`).
+
+Where the samples also carry their measured peak memory (``autotune profile``'s runs, with
+``pp = dp = 1`` and ZeRO 0), the slope of the peak over the layer count is one layer's
+bytes, states plus the activations of one micro-batch (:func:`_series_layer_bytes`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 from autotune.config.model import ModelConfig
 from autotune.layout import Layout
 from autotune.models.cost import tp_link
-from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
+from autotune.models.profile import LayerMemory, LayerProfile, LayerShape, ProfileEntry
 
 if TYPE_CHECKING:
     from autotune.landscape import LandscapeGroup
@@ -50,6 +54,11 @@ class LayerSample:
     step_time_se_s: float | None = None
     """Standard error of ``step_time_s`` (:func:`median_standard_error` of the timed
     steps), when known: it gives the fitted layer time its error bar."""
+    peak_memory_bytes: int | None = None
+    """The run's measured peak memory per device (the trainer's ``peak_memory_bytes``),
+    when known: with ``pp = dp = 1`` and ZeRO 0 it gives the layer's bytes."""
+    memory_peak: str = "allocated"
+    """What ``peak_memory_bytes`` is (:data:`autotune.models.profile.PEAK_KINDS`)."""
 
 
 def landscape_samples(groups: Iterable[LandscapeGroup]) -> list[LayerSample]:
@@ -66,6 +75,8 @@ class _Point(NamedTuple):
     step_s: float
     se_s: float | None
     """Standard error of ``step_s``, when the steps behind it are known."""
+    peak_bytes: float | None = None
+    """Measured peak memory (median over repeats), when every repeat has one."""
 
 
 def _series_time(points: list[_Point]) -> tuple[float, float | None] | None:
@@ -98,6 +109,36 @@ def _series_time(points: list[_Point]) -> tuple[float, float | None] | None:
                                   for w, v in zip(weights, ses, strict=True))))
 
 
+def _series_layer_bytes(points: list[_Point]) -> tuple[float, float | None] | None:
+    """One layer's bytes (and their standard error) from one series' measured peaks.
+
+    With ``pp = 1`` the micro-batches of a step run one after another, so the peak holds
+    one micro-batch's activations whatever the accumulation, and every layer adds the same
+    bytes: ``P(L, m) = B L + k_m``. Each accumulation ``m`` measured at two or more layer
+    counts gives a slope ``B_m`` (least squares over ``L``); ``B`` is their mean. What
+    separates them is noise (CPU: the resident set's run-to-run variation) and whether the
+    previous micro-batch's gradients are resident beside the activations at the peak
+    (with ``m = 1`` they are not yet, with ``m >= 2`` they are), so their spread is the
+    error bar: ``sd(B_m) / sqrt(k)`` over ``k >= 2`` accumulations, i.e. half the
+    difference of the two slopes in ``autotune profile``'s 2 x 2 design (its interaction
+    contrast). ``None`` without two layer counts at one accumulation.
+    """
+    slopes = []
+    for m in sorted({p.micro_batches for p in points}):
+        same = [p for p in points if p.micro_batches == m and p.peak_bytes is not None]
+        if len({p.stage_layers for p in same}) < 2:
+            continue
+        layers = np.array([p.stage_layers for p in same], dtype=float)
+        peaks = np.array([p.peak_bytes for p in same], dtype=float)
+        slopes.append(float(np.polyfit(layers, peaks, 1)[0]))
+    if not slopes:
+        return None
+    mean = statistics.fmean(slopes)
+    if len(slopes) < 2:
+        return mean, None
+    return mean, statistics.stdev(slopes) / math.sqrt(len(slopes))
+
+
 def median_standard_error(step_times_s: Sequence[float]) -> float | None:
     """Standard error of the median of ``n`` timed steps, ``1.2533 sd / sqrt(n)`` (the
     large-sample value for normal noise); ``None`` below 2 steps."""
@@ -124,6 +165,11 @@ def fit_layer_profile(samples: Iterable[LayerSample], *, source: str = "") -> La
     (:func:`_series_time`). Each layer shape gets the median over its series (robust to
     one noisy series) and the spread between them. Non-positive times (noise swamping a
     tiny layer) are dropped; a shape left without any is not in the profile.
+
+    Series run with ``pp = dp = 1`` and ZeRO 0 whose samples all carry a measured peak
+    also give the layer's bytes (:func:`_series_layer_bytes`; the median over series, the
+    pooled error bar), stored as the entry's ``memory``; a non-positive slope gives none.
+    The memory rides on the time: a shape without a layer time has no entry to hold it.
     """
     series: dict[tuple[Any, ...], dict[tuple[int, int, int], list[LayerSample]]] = (
         defaultdict(lambda: defaultdict(list)))
@@ -141,10 +187,22 @@ def fit_layer_profile(samples: Iterable[LayerSample], *, source: str = "") -> La
         point = (layer_slots(s.model.n_layer, lay), stage_layers, lay.grad_accum)
         series[key][point].append(s)
     times: dict[LayerShape, list[tuple[float, float | None]]] = defaultdict(list)
+    layer_bytes: dict[LayerShape, list[tuple[float, float | None]]] = defaultdict(list)
+    peak_kind: dict[LayerShape, str] = {}
     for key, by_point in series.items():
         points = [_Point(*pt, statistics.median(x.step_time_s for x in same),
-                         _pooled_se([x.step_time_se_s for x in same]))
+                         _pooled_se([x.step_time_se_s for x in same]), _median_peak(same))
                   for pt, same in sorted(by_point.items())]
+        _, _, pp, dp, zero = key
+        kinds = {x.memory_peak for same in by_point.values() for x in same}
+        if (pp, dp, zero) == (1, 1, 0) and len(kinds) == 1:
+            # Only the profile's own design: with a pipeline, replicas or ZeRO the layers'
+            # bytes are split and in flight in ways the states/activations split (at
+            # pp = dp = 1, ZeRO 0) does not describe.
+            fitted = _series_layer_bytes(points)
+            if fitted is not None and fitted[0] > 0:
+                layer_bytes[key[0]].append(fitted)
+                peak_kind[key[0]] = kinds.pop()
         # A slope at rounding level (a series flat within float precision) is no
         # measurement of a layer: keep only times above a millionth of the step.
         floor = 1e-6 * max(p.step_s for p in points)
@@ -164,5 +222,23 @@ def fit_layer_profile(samples: Iterable[LayerSample], *, source: str = "") -> La
         med = statistics.median(vals)
         se = _pooled_se(ses)
         entries.append(ProfileEntry(shape, med, len(vals), (max(vals) - min(vals)) / med,
-                                    stderr_s=se))
+                                    stderr_s=se, memory=_layer_memory(
+                                        layer_bytes.get(shape), peak_kind.get(shape))))
     return LayerProfile(tuple(entries), source=source)
+
+
+def _median_peak(same: list[LayerSample]) -> float | None:
+    """Median measured peak of the repeats of one point; ``None`` unless all have one."""
+    peaks = [x.peak_memory_bytes for x in same]
+    if any(p is None or p <= 0 for p in peaks):
+        return None
+    return float(statistics.median(p for p in peaks if p is not None))
+
+
+def _layer_memory(fits: list[tuple[float, float | None]] | None,
+                  peak: str | None) -> LayerMemory | None:
+    """A shape's bytes over its series: the median, with the pooled error bar."""
+    if not fits or peak is None:
+        return None
+    return LayerMemory(statistics.median(b for b, _ in fits),
+                       _pooled_se([se for _, se in fits]), peak)

@@ -1,5 +1,7 @@
-"""Measured layer profiles: the file format, the fit from step times, the cost model's use
-of a measured layer time, and the held-out check against the published vTrain table."""
+"""Measured layer profiles: the file format, the fit from step times (and from measured
+peaks, the layer's bytes), the cost model's use of a measured layer time, and the held-out
+check against the published vTrain table. The memory model's use of the bytes is
+``tests/models/test_memory_profile.py``."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from autotune.models.cost import tp_link
 from autotune.models.profile import (
     PROFILE_KIND,
     PROFILE_VERSION,
+    LayerMemory,
     LayerProfile,
     LayerShape,
     ProfileEntry,
@@ -50,7 +53,8 @@ def shape(layout: Layout = TP2, model: ModelConfig = M, **changes: Any) -> Layer
 
 def three_entries() -> LayerProfile:
     return LayerProfile((ProfileEntry(shape(), 1e-3, n_fits=3, spread=0.1),
-                         ProfileEntry(shape(micro_batch=4), 2e-3),
+                         ProfileEntry(shape(micro_batch=4), 2e-3,
+                                      memory=LayerMemory(3.5e8, 2e6, "allocated")),
                          ProfileEntry(shape(tp=4), 0.6e-3)), source="unit test")
 
 
@@ -62,7 +66,10 @@ def test_save_then_load_gives_an_equal_profile(tmp_path: Path) -> None:
     prof.save(path)
     data = json.loads(path.read_text())
     assert data["kind"] == PROFILE_KIND == "autotune-layer-profile"
-    assert data["version"] == PROFILE_VERSION == 1
+    assert data["version"] == PROFILE_VERSION == 2
+    assert "memory" not in data["entries"][0]
+    assert data["entries"][1]["memory"] == {"layer_bytes": 3.5e8, "stderr_bytes": 2e6,
+                                            "peak": "allocated"}
     assert load_profile(path) == prof
     # atomic: written beside the target and renamed, nothing left over; a save replaces
     LayerProfile((ProfileEntry(shape(), 5e-3),)).save(path)
@@ -103,7 +110,8 @@ def _duplicate(d: dict) -> None:
 @pytest.mark.parametrize("mutate, field", [
     (lambda d: d.__setitem__("kind", "autotune-result"), "kind"),
     (lambda d: d.pop("kind"), "kind"),
-    (lambda d: d.__setitem__("version", 2), "version"),
+    (lambda d: d.__setitem__("version", 3), "version"),
+    (lambda d: d.__setitem__("version", True), "version"),
     (lambda d: d.__setitem__("entries", {"a": 1}), "entries"),
     (_drop("tp"), "entries[0].tp"),
     (_drop("layer_time_s", 2), "entries[2].layer_time_s"),
@@ -114,9 +122,17 @@ def _duplicate(d: dict) -> None:
     (_set("layer_time_s", math.inf), "entries[0].layer_time_s"),
     (_set("layer_time_s", "fast"), "entries[0].layer_time_s"),
     (_duplicate, "entries"),
-], ids=["kind", "no-kind", "version", "entries-not-list", "missing-tp", "missing-time",
-        "unknown-key", "zero-time", "negative-time", "nan-time", "inf-time", "str-time",
-        "duplicate-shape"])
+    (_set("memory", {"layer_bytes": -1.0}, 1), "entries[1].memory.layer_bytes"),
+    (_set("memory", {"stderr_bytes": 1.0}, 1), "entries[1].memory.layer_bytes"),
+    (_set("memory", {"layer_bytes": 1e6, "peak": "vram"}, 1), "entries[1].memory.peak"),
+    (_set("memory", {"layer_bytes": 1e6, "colour": 1}, 1), "entries[1].memory.colour"),
+    (_set("memory", {"layer_bytes": 1e6, "stderr_bytes": math.nan}, 1),
+     "entries[1].memory.stderr_bytes"),
+    (_set("memory", [1e6], 1), "entries[1].memory"),
+], ids=["kind", "no-kind", "version", "version-bool", "entries-not-list", "missing-tp",
+        "missing-time", "unknown-key", "zero-time", "negative-time", "nan-time", "inf-time",
+        "str-time", "duplicate-shape", "negative-bytes", "missing-bytes", "peak-kind",
+        "memory-unknown-key", "nan-stderr", "memory-not-a-mapping"])
 def test_bad_files_name_the_field(tmp_path: Path, mutate, field: str) -> None:
     data = three_entries().to_dict()
     mutate(data)
@@ -125,6 +141,36 @@ def test_bad_files_name_the_field(tmp_path: Path, mutate, field: str) -> None:
     with pytest.raises(SpecError) as err:
         load_profile(path)
     assert err.value.field == field, str(err.value)
+
+
+def test_a_version_1_file_still_loads_without_memory(tmp_path: Path) -> None:
+    """A file written before profiles measured memory: the same entries, no memory; a
+    ``memory`` key is unknown in version 1, as any other would be."""
+    v1 = {"kind": PROFILE_KIND, "version": 1, "source": "old",
+          "entries": [{**shape().__dict__, "layer_time_s": 1e-3, "n_fits": 3, "spread": 0.1,
+                       "stderr_s": None}]}
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(v1))
+    prof = load_profile(path)
+    assert prof.layer_time_s(shape()) == 1e-3 and prof.entries[0].memory is None
+    assert prof.layer_memory(M, TP2, device="a100-80gb", dtype="bf16") is None
+    prof.save(path)  # rewritten (e.g. extended by autotune profile) as version 2
+    assert json.loads(path.read_text())["version"] == 2 and load_profile(path) == prof
+    v1["entries"][0]["memory"] = {"layer_bytes": 1e6}
+    path.write_text(json.dumps(v1))
+    with pytest.raises(SpecError) as err:
+        load_profile(path)
+    assert err.value.field == "entries[0].memory"
+
+
+def test_layer_memory_ignores_the_tp_link() -> None:
+    """The tensors a layer holds do not depend on the link its all-reduces cross."""
+    mem = LayerMemory(1e6, None, "rss")
+    prof = LayerProfile((ProfileEntry(shape(tp_link="inter_node"), 1e-3, memory=mem),))
+    assert prof.layer_memory(M, TP2, device="a100-80gb", dtype="bf16") == mem
+    assert prof.layer_memory(M, replace(TP2, micro_batch=4), device="a100-80gb",
+                             dtype="bf16") is None
+    assert prof.layer_memory(M, TP2, device="h100", dtype="bf16") is None
 
 
 def test_missing_file_invalid_json_and_not_an_object(tmp_path: Path) -> None:
@@ -234,6 +280,65 @@ def test_non_positive_slopes_and_bad_samples_are_dropped() -> None:
             for v in (0.0, -1.0, math.nan, math.inf)]
     entry = only_entry(fit_layer_profile(falling + good + junk))
     assert entry.n_fits == 1 and math.isclose(entry.layer_time_s, 2e-3, rel_tol=1e-9)
+
+
+# -- the fit of the layer's bytes --------------------------------------------------------------
+
+def profile_run_samples(layer_bytes: float, *, base: float = 4e8, grads: float = 0.0,
+                        noise: tuple[float, float, float, float] = (0, 0, 0, 0),
+                        layout: Layout = TP2, peak: str = "allocated") -> list[LayerSample]:
+    """``autotune profile``'s 2 x 2 runs (L in {1, 3}, m in {1, 2}) of one shape, with peaks
+    ``P = layer_bytes * L + base + grads * L * (m - 1) + noise`` (``grads``: the previous
+    micro-batch's gradients resident at the peak only with m >= 2)."""
+    out = []
+    for i, (n, m) in enumerate(((1, 1), (1, 2), (3, 1), (3, 2))):
+        lay = replace(layout, pp=1, dp=1, zero_stage=0, grad_accum=m)
+        peak_bytes = layer_bytes * n + base + grads * n * (m - 1) + noise[i]
+        out.append(replace(sample(n, lay, 1e-3 * m * n + 1e-2), peak_memory_bytes=int(
+            peak_bytes), memory_peak=peak))
+    return out
+
+
+def test_fit_recovers_the_layer_bytes_with_no_spread() -> None:
+    entry = only_entry(fit_layer_profile(profile_run_samples(5e7, peak="rss")))
+    assert entry.memory is not None
+    assert entry.memory.layer_bytes == pytest.approx(5e7, abs=1)
+    assert entry.memory.stderr_bytes == pytest.approx(0, abs=1)
+    assert entry.memory.peak == "rss"
+    assert math.isclose(entry.layer_time_s, 1e-3, rel_tol=1e-6)  # the time is unchanged
+
+
+def test_the_error_bar_is_half_the_difference_of_the_accumulation_slopes() -> None:
+    """Slopes 5e7 (m = 1) and 5e7 + 4e6 (m = 2, the gradients beside the activations): the
+    mean, and half their difference as its standard error; noise alike."""
+    entry = only_entry(fit_layer_profile(profile_run_samples(5e7, grads=4e6)))
+    assert entry.memory is not None
+    assert entry.memory.layer_bytes == pytest.approx(5.2e7, abs=1)
+    assert entry.memory.stderr_bytes == pytest.approx(2e6, abs=1)
+    noisy = only_entry(fit_layer_profile(profile_run_samples(5e7, noise=(0, 0, 0, 8e5))))
+    assert noisy.memory is not None
+    assert noisy.memory.layer_bytes == pytest.approx(5e7 + 2e5, abs=1)  # (0 + 4e5) / 2
+    assert noisy.memory.stderr_bytes == pytest.approx(2e5, abs=1)
+
+
+def test_no_layer_bytes_without_a_profile_design_or_a_growing_peak() -> None:
+    # a peak that does not grow with the layers (noise swamped a tiny layer)
+    flat = only_entry(fit_layer_profile(profile_run_samples(0.0, noise=(0, 0, -1e5, -1e5))))
+    assert flat.memory is None
+    # a pipeline: the layers are split over stages; not the split the model inverts
+    piped = [replace(s, peak_memory_bytes=int(1e9 + 1e7 * s.model.n_layer))
+             for s in published_series(1e-3, pp=2)]
+    assert only_entry(fit_layer_profile(piped)).memory is None
+    # one run without a peak: the other accumulation's slope alone, without an error bar
+    samples = profile_run_samples(5e7, grads=4e6)
+    samples[3] = replace(samples[3], peak_memory_bytes=None)
+    memory = only_entry(fit_layer_profile(samples)).memory
+    assert memory is not None and memory.stderr_bytes is None
+    assert memory.layer_bytes == pytest.approx(5e7, abs=1)  # the m = 1 series'
+    samples[0] = replace(samples[0], peak_memory_bytes=None)
+    assert only_entry(fit_layer_profile(samples)).memory is None
+    # published tables carry no peaks
+    assert only_entry(fit_layer_profile(published_series(1e-3))).memory is None
 
 
 # -- the cost model ---------------------------------------------------------------------------
