@@ -129,7 +129,8 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
          n_trials: int | None, timeout_s: float | None,
          progress: Progress | None) -> RunSummary:
     n_trials = n_trials or spec.search.n_trials
-    constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial)
+    constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
+                                           profile=spec.profile)
     table = launchers[0].fixed_layouts()
     if table is None:
         candidates = rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
