@@ -9,7 +9,10 @@ override the peak, the memory and the links (``cluster.peak_tflops``,
 ``cluster.memory_gb``, ``cluster.links``); see ``docs/clusters.md``.
 
 Bandwidths are per device, per direction, in GB/s (1e9 bytes/s), the figure that an
-NCCL/oneCCL ring all-reduce's bus bandwidth approaches. A "card" is what sits in one
+NCCL/oneCCL ring all-reduce's bus bandwidth approaches. Between nodes the table's
+``inter_node`` is a device's share of its node's NICs when all the node's devices send at
+once; a :class:`NetworkSpec` (the node's NICs together, one device's reach) is what the
+cross-node terms of the cost model use (``ClusterConfig.network``). A "card" is what sits in one
 socket: a Max 1550 card holds two tiles, and in FLAT mode (``ZE_FLAT_DEVICE_HIERARCHY=FLAT``)
 each tile is one PyTorch device.
 
@@ -29,8 +32,8 @@ from dataclasses import dataclass
 
 from autotune.errors import SpecError
 
-__all__ = ["DeviceSpec", "LinkSpec", "HARDWARE", "get_device", "peak_flops_for_device_name",
-           "GiB", "MiB", "DEFAULT_RUNTIME_BYTES"]
+__all__ = ["DeviceSpec", "LinkSpec", "NetworkSpec", "HARDWARE", "get_device",
+           "peak_flops_for_device_name", "GiB", "MiB", "DEFAULT_RUNTIME_BYTES"]
 
 MiB = 1024**2
 GiB = 1024**3
@@ -53,6 +56,27 @@ class LinkSpec:
 
 
 @dataclass(frozen=True)
+class NetworkSpec:
+    """A node's attachment to the network between nodes, as the cost model's cross-node
+    terms use it (:mod:`autotune.models.network`); built by
+    :meth:`autotune.config.cluster.ClusterConfig.network` from the device entry, the
+    node's device count and the study's ``cluster.links`` overrides.
+
+    >>> dgx_a100 = NetworkSpec(node_gbps=8 * 25.0, device_gbps=25.0, latency_us=10.0)
+    >>> dgx_a100.node_gbps / 8  # every GPU of the node sending at once: one HDR NIC each
+    25.0
+    """
+
+    node_gbps: float
+    """All the node's NICs together, per direction, GB/s (DGX A100: 8 x HDR200 = 200)."""
+    device_gbps: float
+    """The most one device can drive into the network while fewer of its node's devices
+    communicate across nodes (its own NIC or its host link), GB/s per direction."""
+    latency_us: float
+    """Per-message latency of one network hop, microseconds."""
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """One kind of device, as a PyTorch rank sees it: everything the planner, the cost and
     memory models and the trainer's MFU know about it."""
@@ -71,7 +95,9 @@ class DeviceSpec:
     intra_node: LinkSpec
     """Between cards of one node (Xe Link, NVLink)."""
     inter_node: LinkSpec
-    """Between nodes (Slingshot, InfiniBand), per device."""
+    """Between nodes (Slingshot, InfiniBand), per device: the device's share of its node's
+    NICs when every device of the node sends across nodes at once, i.e. the node's NIC
+    bandwidth over its devices (DGX A100: 8 x 25 GB/s over 8 GPUs = 25)."""
     gemm_efficiency_max: float
     """Fraction of the dense peak a large GEMM reaches (published measurements)."""
     hbm_gbps: float
@@ -86,6 +112,10 @@ class DeviceSpec:
     runtime_bytes: int = DEFAULT_RUNTIME_BYTES
     """Fixed per-rank memory of the runtime (context, communication channels), charged by
     the memory model (:func:`autotune.models.memory.runtime_bytes`)."""
+    nic_gbps: float | None = None
+    """One device's reach into the network, GB/s per direction: what it can drive while
+    fewer of its node's devices use the NICs (one NIC: NCCL binds a device to its nearest
+    NIC). ``None``: ``inter_node.gbps`` (sharing less gains nothing)."""
     torch_names: tuple[str, ...] = ()
     """Substrings of ``torch.<device>.get_device_name()``, most specific first."""
     source: str = ""
@@ -103,15 +133,30 @@ class DeviceSpec:
 
 _NVLINK3 = LinkSpec(gbps=300.0, latency_us=5.0)    # A100 NVLink3: 600 GB/s bidirectional
 _NVLINK4 = LinkSpec(gbps=450.0, latency_us=5.0)    # H100/H200 NVLink4: 900 GB/s bidirectional
+# Between nodes, per device = the node's NIC bandwidth over its devices (NetworkSpec): DGX
+# A100 has 8 single-port ConnectX-6 HDR InfiniBand 200 Gb/s (25 GB/s per direction) for the
+# compute fabric, one per GPU (NVIDIA DGX A100 User Guide, "Hardware Overview"); DGX H100
+# and DGX H200 8 ConnectX-7 at 400 Gb/s NDR (50 GB/s), one per GPU (NVIDIA DGX H100/H200
+# User Guide, "Hardware Overview"). A GPU alone reaches one NIC (nic_gbps): NCCL's topology
+# search binds each GPU to its nearest NIC (NCCL docs, "Environment variables",
+# NCCL_CROSS_NIC), and an A100's PCIe Gen4 x16 link (~32 GB/s raw) leaves little beyond one.
 _IB_HDR = LinkSpec(gbps=25.0, latency_us=10.0)     # one HDR200 NIC per GPU (DGX A100)
 _IB_NDR = LinkSpec(gbps=50.0, latency_us=10.0)     # one NDR400 NIC per GPU (DGX H100)
+_HDR_NIC_GBPS = 25.0
+_NDR_NIC_GBPS = 50.0
 # Max 1550: tile<->tile on one card ~185 GB/s, card<->card over Xe Link 15-19 GB/s per pair
-# (ALCF Aurora node performance overview, data/landscapes/README.md). Inter-node: Aurora
-# has 8 Slingshot-11 NICs (25 GB/s each) for 12 tiles; SuperMUC-NG Phase 2's per-tile
-# share is not published: estimate.
+# (ALCF Aurora node performance overview, data/landscapes/README.md). Inter-node: an Aurora
+# node has 8 HPE Slingshot-11 NICs of 200 Gb/s (25 GB/s per direction) for 6 cards = 12
+# tiles (ALCF, "Aurora Machine Overview"): 200 GB/s per node, 200/12 = 16.7 GB/s per tile,
+# 200/6 = 33.3 per card, one NIC (25 GB/s) the most one tile drives. SuperMUC-NG Phase 2
+# (4 Max 1550 per node, LRZ) does not publish its NICs in the sources at hand: estimate,
+# Aurora's per-tile share (8 tiles: 133 GB/s per node); a site that knows its NICs sets
+# cluster.links.node_nic_gbps (docs/clusters.md).
 _XE_TILE = LinkSpec(gbps=185.0, latency_us=10.0)
 _XE_LINK = LinkSpec(gbps=18.0, latency_us=15.0)
-_SLINGSHOT = LinkSpec(gbps=16.0, latency_us=20.0)  # estimate: 8 x 25 GB/s over 12 tiles
+_SLINGSHOT_NODE_GBPS = 8 * 25.0                     # Aurora: 8 Slingshot-11 NICs per node
+_SLINGSHOT = LinkSpec(gbps=_SLINGSHOT_NODE_GBPS / 12, latency_us=20.0)  # per tile
+_SLINGSHOT_NIC_GBPS = 25.0
 
 # Large-GEMM efficiency (gemm_efficiency_max): A100 cuBLAS BF16/FP16 ~250 of 312 TFLOPS
 # (NVIDIA, "A100 Tensor Core GPU architecture" whitepaper and cuBLAS benchmarks); H100 SXM
@@ -131,6 +176,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="max1550-tile", peak_bf16_tflops=419.0, peak_fp32_tflops=26.2,
         memory_bytes=64 * GiB, devices_per_card=2,
         intra_card=_XE_TILE, intra_node=_XE_LINK, inter_node=_SLINGSHOT,
+        nic_gbps=_SLINGSHOT_NIC_GBPS,
         gemm_efficiency_max=0.49, hbm_gbps=1638.0, kernel_overhead_s=8e-6,
         torch_names=("Max 1550", "Data Center GPU Max"),
         source="Intel datasheet: 832 BF16 TFLOPS per 2-tile card at 1.6 GHz; 128 GB HBM2e",
@@ -138,14 +184,15 @@ HARDWARE: dict[str, DeviceSpec] = {
     "max1550-card": DeviceSpec(
         name="max1550-card", peak_bf16_tflops=838.0, peak_fp32_tflops=52.4,
         memory_bytes=128 * GiB, devices_per_card=1,
-        intra_card=_XE_TILE, intra_node=_XE_LINK, inter_node=LinkSpec(32.0, 20.0),
+        intra_card=_XE_TILE, intra_node=_XE_LINK,
+        inter_node=LinkSpec(_SLINGSHOT_NODE_GBPS / 6, 20.0),  # per card: 8 NICs over 6
         gemm_efficiency_max=0.49, hbm_gbps=3277.0, kernel_overhead_s=8e-6,
         source="Intel datasheet (COMPOSITE mode: one device = one card)",
     ),
     "a100-40gb": DeviceSpec(
         name="a100-40gb", peak_bf16_tflops=312.0, peak_fp32_tflops=19.5,
         memory_bytes=40 * GiB, devices_per_card=1,
-        intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR,
+        intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR, nic_gbps=_HDR_NIC_GBPS,
         gemm_efficiency_max=0.80, hbm_gbps=1555.0,
         torch_names=("A100-SXM4-40GB", "A100-PCIE-40GB"),
         source="NVIDIA A100 datasheet",
@@ -153,7 +200,7 @@ HARDWARE: dict[str, DeviceSpec] = {
     "a100-80gb": DeviceSpec(
         name="a100-80gb", peak_bf16_tflops=312.0, peak_fp32_tflops=19.5,
         memory_bytes=80 * GiB, devices_per_card=1,
-        intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR,
+        intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR, nic_gbps=_HDR_NIC_GBPS,
         gemm_efficiency_max=0.80, hbm_gbps=2039.0,
         torch_names=("A100",),
         source="NVIDIA A100 datasheet",
@@ -161,7 +208,7 @@ HARDWARE: dict[str, DeviceSpec] = {
     "h100": DeviceSpec(
         name="h100", peak_bf16_tflops=989.0, peak_fp32_tflops=67.0,
         memory_bytes=80 * GiB, devices_per_card=1,
-        intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR,
+        intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR, nic_gbps=_NDR_NIC_GBPS,
         gemm_efficiency_max=0.72, hbm_gbps=3350.0,
         torch_names=("H100",),
         source="NVIDIA H100 SXM datasheet (dense, without sparsity)",
@@ -169,7 +216,7 @@ HARDWARE: dict[str, DeviceSpec] = {
     "h200": DeviceSpec(
         name="h200", peak_bf16_tflops=989.0, peak_fp32_tflops=67.0,
         memory_bytes=141 * 10**9, devices_per_card=1,
-        intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR,
+        intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR, nic_gbps=_NDR_NIC_GBPS,
         gemm_efficiency_max=0.72, hbm_gbps=4800.0,
         torch_names=("H200",),
         source="NVIDIA H200 SXM datasheet (dense, without sparsity)",

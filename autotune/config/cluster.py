@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.config._fields import check_float, check_int, check_keys, check_text
 from autotune.errors import SpecError
-from autotune.hardware import DeviceSpec, GiB, LinkSpec, get_device
+from autotune.hardware import DeviceSpec, GiB, LinkSpec, NetworkSpec, get_device
 
 __all__ = ["ClusterConfig", "LinkConfig", "profile_path"]
 
@@ -40,17 +40,29 @@ class LinkConfig:
     intra_node_gbps: float | None = None
     """Card to card within a node, GB/s per direction."""
     inter_node_gbps: float | None = None
-    """Node to node, per device, GB/s per direction."""
+    """Node to node, per device, GB/s per direction: a device's share of its node's NICs
+    when all the node's devices send across nodes at once (node NIC bandwidth / devices
+    per node). Without ``node_nic_gbps``, the node's NICs are this times
+    ``devices_per_node``."""
     intra_card_latency_us: float | None = None
     """Device to device on one card, latency per message in microseconds."""
     intra_node_latency_us: float | None = None
     """Card to card within a node, latency per message in microseconds."""
     inter_node_latency_us: float | None = None
     """Node to node, latency per message in microseconds."""
+    node_nic_gbps: float | None = None
+    """All NICs of one node together, GB/s per direction (DGX A100: 8 x 25 = 200). Shared by
+    the node's devices that cross the network at the same time (docs/models.md, "Across
+    nodes"). Default: ``inter_node_gbps`` times ``devices_per_node``."""
+    nic_gbps: float | None = None
+    """The most one device can drive into the network while fewer of its node's devices
+    use it (one NIC's bandwidth), GB/s per direction. Default: the device table's
+    ``nic_gbps``; never below the per-device share."""
 
     @classmethod
     def from_dict(cls, data: Any) -> LinkConfig:
         allowed = [f"{lvl}_{unit}" for lvl in _LEVELS for unit in ("gbps", "latency_us")]
+        allowed += ["node_nic_gbps", "nic_gbps"]
         data = check_keys("cluster.links", data, allowed)
         values = {k: check_float(f"cluster.links.{k}", v, strict=True,
                                  maximum=MAX_LINK_GBPS if k.endswith("gbps")
@@ -112,6 +124,25 @@ class ClusterConfig:
                 changes[level] = LinkSpec(gbps if gbps is not None else base.gbps,
                                           lat if lat is not None else base.latency_us)
         return replace(spec, **changes) if changes else spec
+
+    def network(self) -> NetworkSpec:
+        """The node's NICs as the cost model's cross-node terms see them: ``links.node_nic_gbps``
+        (else the per-device ``inter_node`` share times ``devices_per_node``), one device's
+        reach ``links.nic_gbps`` (else the table's ``nic_gbps``; at least the per-device
+        share, at most the node's), the ``inter_node`` latency.
+
+        >>> net = ClusterConfig(nodes=8, devices_per_node=8, device="a100-80gb").network()
+        >>> net.node_gbps, net.device_gbps
+        (200.0, 25.0)
+        """
+        spec = self.device_spec()
+        share = spec.inter_node.gbps
+        node = (self.links.node_nic_gbps if self.links.node_nic_gbps is not None
+                else share * self.devices_per_node)
+        reach = (self.links.nic_gbps if self.links.nic_gbps is not None
+                 else max(spec.nic_gbps or share, share))
+        return NetworkSpec(node_gbps=node, device_gbps=min(reach, node),
+                           latency_us=spec.inter_node.latency_us)
 
     @classmethod
     def from_dict(cls, data: Any, *, base_dir: str | Path | None = None) -> ClusterConfig:

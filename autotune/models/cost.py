@@ -10,7 +10,9 @@ TP all-reduces, its point-to-point sends): with equal stages this is the textboo
 ``(m + p - 1) t``, i.e. a bubble fraction ``(p - 1) / m``. ``T_dp`` is the exposed part
 of the data-parallel gradient reduction and ``T_opt`` the memory-bound optimizer step.
 
-Every term is one function below, citing its source. Constants are physical (datasheet
+Every term is one function below, citing its source; what crosses nodes (where a group's
+ranks sit, their share of the node's NICs, NCCL's ring or tree) is
+:mod:`autotune.models.network`. Constants are physical (datasheet
 peaks, published GEMM efficiencies, launch latencies: the device's entry in
 :data:`autotune.hardware.HARDWARE`), never fitted to a landscape; the hooks for
 measurements are :func:`calibrate`, a single scale factor that leaves the ranking alone,
@@ -39,6 +41,16 @@ from autotune.hardware import DeviceSpec, LinkSpec
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.models.memory import dtype_bytes, params_per_rank
+from autotune.models.network import (
+    GroupPlacement,
+    allreduce_time_s,
+    dp_group_placements,
+    network_link,
+    p2p_message_time_s,
+    pipeline_placement,
+    ring_allreduce_time_s,
+    tp_group_placements,
+)
 from autotune.models.profile import LayerProfile, LayerShape
 
 __all__ = [
@@ -49,9 +61,13 @@ __all__ = [
     "layer_forward_time_s",
     "logits_forward_time_s",
     "ring_allreduce_time_s",
+    "group_allreduce_time_s",
     "tp_allreduce_time_s",
     "p2p_time_s",
+    "stage_p2p_times_s",
     "dp_reduce_time_s",
+    "dp_overlaps_backward",
+    "dp_exposed_time_s",
     "zero3_gather_time_s",
     "optimizer_time_s",
     "pipeline_time_s",
@@ -71,10 +87,13 @@ GEMM_RAMP_S = 5e-6
 """A GEMM reaches ``gemm_efficiency_max`` only when its ideal time is long against the
 launch, the fill of the first wave and the tail of the last (a few microseconds)."""
 
-DP_OVERLAP_STAGES = (2, 3)
-"""ZeRO stages whose gradient reduction DeepSpeed overlaps with the backward pass
-(``overlap_comm`` defaults to true for stages 2 and 3; stages 0-1 and the pipeline engine
-reduce after the backward / after the flush)."""
+DP_OVERLAP_STAGES = (3,)
+"""ZeRO stages for which DeepSpeed turns ``overlap_comm`` on by default: only stage 3
+(deepspeedai/DeepSpeed ``deepspeed/runtime/zero/config.py`` @cbf3d661,
+``overlap_comm_valid``: ``self.overlap_comm = self.stage == ZeroStageEnum.weights``), whose
+traffic :func:`zero3_gather_time_s` prices. Before: ``(2, 3)``, which hid ZeRO-2's
+reduction behind the backward although the trainer's config (``autotune/dsconfig.py``)
+leaves ``overlap_comm`` at that default. See :func:`dp_overlaps_backward`."""
 
 
 def link_level(span: int, cluster: ClusterConfig, devices_per_card: int) -> str:
@@ -83,7 +102,8 @@ def link_level(span: int, cluster: ClusterConfig, devices_per_card: int) -> str:
     TP groups are consecutive ranks, a DP group spans ``tp * dp`` ranks and a pipeline
     spans the world (rank order of :mod:`autotune.layout`): a group that fits one card
     talks over the card's tile link, one that fits a node over the node's fabric, any
-    larger one over the network, whose per-device bandwidth is then the ring's bottleneck.
+    larger one over the network, priced by :mod:`autotune.models.network` (where its ranks
+    sit, how many NICs they use, the ring or tree NCCL picks).
     """
     if span <= 1:
         return "none"
@@ -95,8 +115,42 @@ def link_level(span: int, cluster: ClusterConfig, devices_per_card: int) -> str:
 
 
 def tp_link(layout: Layout, cluster: ClusterConfig) -> str:
-    """The link ``layout``'s TP group crosses on ``cluster`` (:func:`link_level`)."""
-    return link_level(layout.tp, cluster, cluster.device_spec().devices_per_card)
+    """The link ``layout``'s TP groups cross on ``cluster`` (:func:`link_level`); the
+    network also when a group of ``tp <= devices_per_node`` straddles two nodes (``tp``
+    not dividing ``devices_per_node``: tp = 8 on 12-tile Aurora nodes)."""
+    level = link_level(layout.tp, cluster, cluster.device_spec().devices_per_card)
+    if level != "inter_node" and layout.tp > 1 and any(
+            g.crosses_nodes for g in tp_group_placements(
+                layout.tp, layout.world_size, cluster.devices_per_node)):
+        return "inter_node"
+    return level
+
+
+def _intra_link(spec: DeviceSpec, cluster: ClusterConfig, span: int) -> LinkSpec:
+    """The link inside a node between ranks at most ``span`` consecutive ranks apart."""
+    level = link_level(max(2, min(span, cluster.devices_per_node)), cluster,
+                       spec.devices_per_card)
+    return _link(spec, level)
+
+
+def _node_ranks(layout: Layout, cluster: ClusterConfig) -> int:
+    """Ranks of one node that take part in a collective every rank runs at once (the TP
+    all-reduces of every group; the DP reduction of every stage and TP rank)."""
+    return min(cluster.devices_per_node, layout.world_size)
+
+
+def group_allreduce_time_s(n_bytes: float, groups: tuple[GroupPlacement, ...], span: int,
+                           layout: Layout, cluster: ClusterConfig) -> float:
+    """One all-reduce of ``n_bytes`` in every group of a kind at once (all TP groups, or
+    all DP groups), timed by the slowest group's placement: inside a node the ring over
+    the link its ``span`` consecutive ranks cross; across nodes
+    :func:`autotune.models.network.allreduce_time_s` (ring or tree, each rank at its
+    share of the node's NICs with every rank of the node in a group)."""
+    spec = cluster.device_spec()
+    intra = _intra_link(spec, cluster, span)
+    network = cluster.network()
+    return max(allreduce_time_s(n_bytes, g, intra, network, _node_ranks(layout, cluster))
+               for g in groups)
 
 
 def _link(spec: DeviceSpec, level: str) -> LinkSpec:
@@ -217,59 +271,141 @@ def logits_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     return gemm + 3 * b * s * vocab * 4 / (spec.hbm_gbps * 1e9) + 4 * spec.kernel_overhead_s
 
 
-def ring_allreduce_time_s(n_bytes: float, ranks: int, link: LinkSpec) -> float:
-    """Ring all-reduce (Patarasuk and Yuan 2009; NCCL): ``2(n-1)/n`` of the bytes cross
-    each device's link, in ``2(n-1)`` latency-bound steps."""
-    if ranks <= 1:
-        return 0.0
-    return (2 * (ranks - 1) / ranks * n_bytes / (link.gbps * 1e9)
-            + 2 * (ranks - 1) * link.latency_us * 1e-6)
-
-
 def tp_allreduce_time_s(model: ModelConfig, layout: Layout, spec: DeviceSpec,
-                        level: str, dtype: str) -> float:
+                        level: str, dtype: str, *, cluster: ClusterConfig | None = None) -> float:
     """TP communication of one layer and one micro-batch (forward, backward, recompute).
 
     Megatron TP (Shoeybi et al. 2019, fig. 4) all-reduces the ``s b h`` output of the
     attention and of the MLP block in the forward pass and their input gradients in the
     backward: 4 all-reduces per layer, 6 with the recompute forward. Not overlapped.
+    Each is a ring over ``level``'s link; a TP group across nodes (``level`` the network,
+    with ``cluster``) is timed as the network's all-reduce (:func:`group_allreduce_time_s`:
+    ring or hierarchical tree, every rank of the node in a TP group at once, sharing the
+    node's NICs), Narayanan et al. 2021 (sec. 3.3) on why TP stays inside a node.
     """
     if layout.tp == 1:
         return 0.0
     n_bytes = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
     count = 6 if layout.recompute == "full" else 4
-    return count * ring_allreduce_time_s(n_bytes, layout.tp, _link(spec, level))
+    return count * _tp_one_allreduce_s(n_bytes, layout, spec, level, cluster)
 
 
-def p2p_time_s(model: ModelConfig, layout: Layout, spec: DeviceSpec, level: str,
-               dtype: str) -> float:
-    """Point-to-point traffic of one stage for one micro-batch: the ``s b h`` activation
-    sent forward and its gradient sent back (Narayanan et al. 2021, section 4.1, without
-    the scatter/gather optimisation, as DeepSpeed's pipeline engine does)."""
+def _tp_one_allreduce_s(n_bytes: float, layout: Layout, spec: DeviceSpec, level: str,
+                        cluster: ClusterConfig | None) -> float:
+    if layout.tp == 1:
+        return 0.0
+    if level == "inter_node" and cluster is not None:
+        groups = tp_group_placements(layout.tp, layout.world_size, cluster.devices_per_node)
+        return group_allreduce_time_s(n_bytes, groups, layout.tp, layout, cluster)
+    return ring_allreduce_time_s(n_bytes, layout.tp, _link(spec, level))
+
+
+def p2p_time_s(model: ModelConfig, layout: Layout, link: LinkSpec, dtype: str, *,
+               gather_s: float = 0.0) -> float:
+    """Point-to-point traffic of one stage for one micro-batch over ``link``: the ``s b h``
+    activation sent forward and its gradient sent back (Narayanan et al. 2021, sec. 4.1),
+    each split over the ``t`` TP ranks and all-gathered on arrival in ``gather_s``
+    (:func:`autotune.models.network.p2p_message_time_s`: Megatron's scatter/gather, and
+    DeepSpeed's ``pipe_partitioned``, both on by default)."""
     if layout.pp == 1:
         return 0.0
-    link = _link(spec, level)
     n_bytes = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
-    return 2 * (n_bytes / (link.gbps * 1e9) + link.latency_us * 1e-6)
+    return 2 * p2p_message_time_s(n_bytes, layout.tp, link, gather_s)
 
 
-def dp_reduce_time_s(n_params: int, layout: Layout, link: LinkSpec, dtype: str) -> float:
-    """Data-parallel gradient reduction per step: a ring all-reduce of the stage's
-    gradients (ZeRO-1/2: a reduce-scatter plus the all-gather of the updated weights, the
-    same volume; Rajbhandari et al. 2020, section 7)."""
-    return ring_allreduce_time_s(n_params * dtype_bytes(dtype), layout.dp, link)
+def stage_p2p_times_s(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
+                      dtype: str) -> list[float]:
+    """Per stage, the point-to-point time of one micro-batch (:func:`p2p_time_s`) over the
+    slower of its two boundaries.
+
+    A boundary between stages on one node runs over the card or node link; one that
+    crosses nodes (:func:`autotune.models.network.pipeline_placement`: stage blocks of
+    ``tp dp >= devices_per_node`` ranks, or a node boundary inside the pair) over the
+    network, each sending rank at its share of the NICs with all of its node's senders
+    at once (in 1F1B's steady state every stage exchanges in the same slot). The
+    receivers' all-gather of the split activation is half a TP all-reduce. The stage
+    next to the slowest boundary is the slowest stage, which sets 1F1B's steady state
+    (:func:`pipeline_time_s`).
+    """
+    p = layout.pp
+    if p == 1:
+        return [0.0]
+    spec = cluster.device_spec()
+    place = pipeline_placement(layout.tp, layout.dp, p, cluster.devices_per_node,
+                               spec.devices_per_card)
+    n_bytes = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+    gather = 0.5 * _tp_one_allreduce_s(n_bytes, layout, spec, tp_link(layout, cluster),
+                                       cluster)
+    network = network_link(place.senders_per_node, cluster.network())
+    per_boundary = []
+    for crosses, card in zip(place.crosses_nodes, place.within_card, strict=True):
+        link = network if crosses else spec.intra_card if card else spec.intra_node
+        per_boundary.append(p2p_time_s(model, layout, link, dtype, gather_s=gather))
+    return [max(per_boundary[max(0, s - 1)], per_boundary[min(s, p - 2)]) for s in range(p)]
 
 
-def zero3_gather_time_s(n_params: int, layout: Layout, link: LinkSpec, dtype: str) -> float:
+def dp_reduce_time_s(n_params: int, layout: Layout, cluster: ClusterConfig,
+                     dtype: str) -> float:
+    """Data-parallel gradient reduction per step: an all-reduce of the stage's gradients
+    (ZeRO-1/2: a reduce-scatter plus the all-gather of the updated weights, the same
+    volume; Rajbhandari et al. 2020, section 7) in every DP group at once, timed by the
+    slowest group (:func:`group_allreduce_time_s`): a ring over the card or node link
+    inside a node; across nodes the ring or the hierarchical tree with every rank of the
+    node reducing at once and sharing its NICs (all TP ranks' groups, and with a pipeline
+    all stages': DeepSpeed's pipeline engine reduces after the last micro-batch on every
+    stage, :func:`dp_overlaps_backward`)."""
+    if layout.dp == 1:
+        return 0.0
+    groups = dp_group_placements(layout.tp, layout.dp, layout.pp, cluster.devices_per_node)
+    return group_allreduce_time_s(n_params * dtype_bytes(dtype), groups,
+                                  layout.tp * layout.dp, layout, cluster)
+
+
+def dp_overlaps_backward(layout: Layout, *, overlap_comm: bool | None = None) -> bool:
+    """Whether the gradient reduction runs beside the last micro-batch's backward, as the
+    trainer's engine (DeepSpeed) schedules it.
+
+    With a pipeline, never: DeepSpeed's ``TrainSchedule`` issues ``ReduceGrads`` in the
+    last step of the batch, after the flush, on every stage (deepspeedai/DeepSpeed
+    ``deepspeed/runtime/pipe/schedule.py`` @83fd8f87; ``engine.py`` ``_exec_reduce_grads``
+    @03f6f75c, which calls ``allreduce_gradients`` with the engine's own backward
+    all-reduce switched off). Without one, only with ``overlap_comm`` (ZeRO's bucketed
+    reduction on a side stream during the backward), which DeepSpeed turns on by default
+    for ZeRO-3 alone (:data:`DP_OVERLAP_STAGES`); ZeRO-0 all-reduces after the backward,
+    and ZeRO-1/2 without ``overlap_comm`` reduce on the compute stream.
+
+    Megatron-LM, for comparison: ``--overlap-grad-reduce`` is off by default
+    (``megatron/core/distributed/distributed_data_parallel_config.py``,
+    ``overlap_grad_reduce: bool = False``); on, the non-pipelined schedule reduces buckets
+    during the last micro-batch's backward, and the pipelined 1F1B schedule enables grad
+    sync for the last micro-batch only (``megatron/core/pipeline_parallel/schedules.py``
+    @00611e6e, ``forward_backward_pipelining_without_interleaving``): in both the window
+    is that one micro-batch's backward (:func:`dp_exposed_time_s`).
+    """
+    if layout.pp > 1 or layout.dp == 1:
+        return False
+    on = layout.zero_stage in DP_OVERLAP_STAGES if overlap_comm is None else overlap_comm
+    return on
+
+
+def dp_exposed_time_s(dp_s: float, window_s: float, overlapped: bool) -> float:
+    """The part of the gradient reduction ``dp_s`` the step waits for: all of it, or what
+    the last micro-batch's backward (``window_s``: its backward and recompute, during
+    which buckets fill and are reduced) does not hide."""
+    return max(0.0, dp_s - window_s) if overlapped else dp_s
+
+
+def zero3_gather_time_s(n_params: int, layout: Layout, cluster: ClusterConfig,
+                        dtype: str) -> float:
     """ZeRO-3 traffic of one micro-batch: all-gather the weights for the forward and again
     for the backward (and for the recompute forward), reduce-scatter the gradients; each
-    moves ``(n-1)/n`` of the stage's 16-bit weights (Rajbhandari et al. 2020, section 7.2.2:
-    1.5x the data-parallel volume)."""
+    moves ``(n-1)/n`` of the stage's 16-bit weights, half an all-reduce of them
+    (:func:`dp_reduce_time_s`; Rajbhandari et al. 2020, section 7.2.2: 1.5x the
+    data-parallel volume)."""
     if layout.zero_stage < 3 or layout.dp == 1:
         return 0.0
     passes = 4 if layout.recompute == "full" else 3
-    per_pass = (layout.dp - 1) / layout.dp * n_params * dtype_bytes(dtype) / (link.gbps * 1e9)
-    return passes * (per_pass + (layout.dp - 1) * link.latency_us * 1e-6)
+    return passes * 0.5 * dp_reduce_time_s(n_params, layout, cluster, dtype)
 
 
 def optimizer_time_s(n_params: int, layout: Layout, spec: DeviceSpec, dtype: str) -> float:
@@ -348,7 +484,8 @@ def analytic_layer(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
     peak = spec.peak_flops_or_fallback(dtype)
     rc = 1.0 if layout.recompute == "full" else 0.0
     compute = (3.0 + rc) * layer_forward_time_s(model, layout, peak, spec, dtype)
-    tp_comm = tp_allreduce_time_s(model, layout, spec, tp_link(layout, cluster), dtype)
+    tp_comm = tp_allreduce_time_s(model, layout, spec, tp_link(layout, cluster), dtype,
+                                  cluster=cluster)
     host = host_exposed_time_s(compute + tp_comm, host_layer_time_s(layout, spec))
     return LayerTime(compute, tp_comm, host)
 
@@ -432,7 +569,6 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     with measured layer times where ``profile`` has them (:func:`layer_terms`)."""
     spec = cluster.device_spec()
     peak = spec.peak_flops_or_fallback(dtype)
-    dpc = spec.devices_per_card
     lay, m, p = layout, layout.grad_accum, layout.pp
     rc = 1.0 if lay.recompute == "full" else 0.0
     layers = math.ceil(model.n_layer / p)
@@ -440,32 +576,28 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     layer = layer_terms(model, lay, cluster, dtype, profile=profile)
     layer_compute, tp_comm, exposed_host = layer.compute_s, layer.tp_comm_s, layer.host_s
     logits = 3.0 * logits_forward_time_s(model, lay, peak, spec)
-    p2p = p2p_time_s(model, lay, spec, link_level(lay.world_size, cluster, dpc), dtype)
-    dp_link = _link(spec, link_level(lay.tp * lay.dp, cluster, dpc)) if lay.dp > 1 else None
+    p2p = stage_p2p_times_s(model, lay, cluster, dtype)
 
-    stages: dict[str, _Stage] = {}
-    for name in (["only"] if p == 1 else ["first", "last"]):
+    names = ["only"] if p == 1 else ["first", *["middle"] * (p - 2), "last"]
+    gathers = {n: zero3_gather_time_s(params_per_rank(model, lay, n), lay, cluster, dtype)
+               for n in set(names) - {"middle"}}
+    gathers["middle"] = gathers.get("first", 0.0)  # its layers; no embedding: conservative
+    stages: list[_Stage] = []
+    for i, name in enumerate(names):
         compute = layers * layer_compute + (logits if name in ("last", "only") else 0.0)
-        gather = (zero3_gather_time_s(params_per_rank(model, lay, name), lay, dp_link, dtype)
-                  if dp_link is not None else 0.0)
         # DeepSpeed prefetches the next layer's weights: gathers hide behind compute.
-        stages[name] = _Stage(compute, layers * tp_comm, layers * exposed_host, p2p,
-                              max(0.0, gather - compute))
-    slow_name = max(stages, key=lambda n: stages[n].total)
-    slow = stages[slow_name]
-    times = ([stages["only"].total] if p == 1
-             else [stages["first"].total, *[stages["first"].total] * (p - 2),
-                   stages["last"].total])
-    pipe = pipeline_time_s(times, m)
+        stages.append(_Stage(compute, layers * tp_comm, layers * exposed_host, p2p[i],
+                             max(0.0, gathers[name] - compute)))
+    slow = max(stages, key=lambda st: st.total)
+    pipe = pipeline_time_s([st.total for st in stages], m)
 
     # Data-parallel reduction and optimizer step of the largest shard.
-    n_max = max(params_per_rank(model, lay, n) for n in stages)
+    n_max = max(params_per_rank(model, lay, n) for n in set(names) - {"middle"})
     dp = 0.0
-    if dp_link is not None and lay.zero_stage < 3:
-        dp = dp_reduce_time_s(n_max, lay, dp_link, dtype)
-        if p == 1 and lay.zero_stage in DP_OVERLAP_STAGES:
-            # hidden behind the last backward (2 of the layer's 3 or 4 forward-equivalents)
-            dp = max(0.0, dp - layers * layer_compute * 2.0 / (3.0 + rc))
+    if lay.dp > 1 and lay.zero_stage < 3:
+        window = layers * layer_compute * (2.0 + rc) / (3.0 + rc)  # last backward + recompute
+        dp = dp_exposed_time_s(dp_reduce_time_s(n_max, lay, cluster, dtype), window,
+                               dp_overlaps_backward(lay))
     opt = optimizer_time_s(n_max, lay, spec, dtype)
     step = pipe + dp + opt
 

@@ -68,14 +68,17 @@ def test_p2p_dp_zero3_optimizer_terms() -> None:
     spec = get_device("a100-80gb")
     act = 1024 * 1 * 1024 * 2
     link = spec.inter_node
-    assert math.isclose(cost.p2p_time_s(M, lay(pp=2), spec, "inter_node", "bf16"),
+    assert math.isclose(cost.p2p_time_s(M, lay(pp=2), link, "bf16"),
                         2 * (act / (link.gbps * 1e9) + link.latency_us * 1e-6))
-    assert cost.p2p_time_s(M, lay(), spec, "none", "bf16") == 0.0
-    assert math.isclose(cost.dp_reduce_time_s(1000, lay(dp=4), link, "bf16"),
-                        cost.ring_allreduce_time_s(2000, 4, link))
-    z3 = cost.zero3_gather_time_s(1000, lay(dp=4, zero_stage=3), link, "bf16")
-    assert math.isclose(z3, 3 * (3 / 4 * 2000 / (link.gbps * 1e9) + 3 * link.latency_us * 1e-6))
-    assert cost.zero3_gather_time_s(1000, lay(dp=4, zero_stage=1), link, "bf16") == 0.0
+    assert cost.p2p_time_s(M, lay(), link, "bf16") == 0.0
+    # inside one node (A100: dp = 4 of 8 GPUs) a ring over NVLink
+    nvlink = spec.intra_node
+    assert math.isclose(cost.dp_reduce_time_s(1000, lay(dp=4), A100, "bf16"),
+                        cost.ring_allreduce_time_s(2000, 4, nvlink))
+    z3 = cost.zero3_gather_time_s(1000, lay(dp=4, zero_stage=3), A100, "bf16")
+    assert math.isclose(z3, 3 * (3 / 4 * 2000 / (nvlink.gbps * 1e9)
+                                 + 3 * nvlink.latency_us * 1e-6))
+    assert cost.zero3_gather_time_s(1000, lay(dp=4, zero_stage=1), A100, "bf16") == 0.0
     assert math.isclose(cost.optimizer_time_s(1000, lay(dp=4, zero_stage=1), spec, "bf16"),
                         250 * 30 / (spec.hbm_gbps * 1e9))
 
