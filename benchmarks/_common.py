@@ -10,8 +10,9 @@ and layer profiles fitted on held-out groups.
   the group's cluster, memory rule and placement included), and what it costs: the
   measured-ok layouts it excludes, whether the measured best is one of them, and the loss
   ``1 - best kept / best``.
-* :func:`held_out_clusters` (``--profile-cv``): each group's cluster with a layer profile
-  fitted only on groups of another layer count, device count or global batch.
+* :func:`held_out_profiles` (``--profile-cv``): for each group, a layer profile fitted only
+  on groups of another layer count, device count or global batch (handed to the cost model
+  as ``profile=``; the cluster names a profile's path only).
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.feasibility import Constraints, Reason
@@ -37,9 +37,8 @@ from autotune.models.profile import LayerProfile
 from autotune.models.profile_fit import fit_layer_profile, landscape_samples
 
 __all__ = ["CV_SCHEMES", "StudyCheck", "add_landscape_arguments", "add_profile_cv_argument",
-           "excluded_groups", "held_out_clusters", "held_out_profiles", "landscape_paths",
-           "load_groups", "parse_profile_cv", "print_study_check", "study_check",
-           "study_constraints"]
+           "excluded_groups", "held_out_profiles", "landscape_paths", "load_groups",
+           "parse_profile_cv", "print_study_check", "study_check", "study_constraints"]
 
 # ------------------------------------------------------------------------------ landscapes
 
@@ -199,10 +198,3 @@ def held_out_profiles(groups: Sequence[LandscapeGroup], scheme: str,
             landscape_samples(g for g in pool if key(g) != value),
             source=f"landscape groups with {scheme} != {value}")
     return [folds[key(g)] for g in groups]
-
-
-def held_out_clusters(groups: Sequence[LandscapeGroup], scheme: str,
-                      fit_on: Sequence[LandscapeGroup] | None = None) -> list[ClusterConfig]:
-    """Each group's cluster with its :func:`held_out_profiles` profile."""
-    return [replace(g.cluster, profile=prof)
-            for g, prof in zip(groups, held_out_profiles(groups, scheme, fit_on), strict=True)]

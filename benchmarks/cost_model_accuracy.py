@@ -37,7 +37,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.config.cluster import ClusterConfig
 from autotune.errors import SpecError
 from autotune.feasibility import MemoryBudget, check_layout
 from autotune.landscape import LandscapeGroup
@@ -85,15 +84,17 @@ def _flagged(group: LandscapeGroup, margin: float, status: str = "oom") -> int:
                        for r in check_layout(m.layout, group.model, memory=budget)))
 
 
-def rank_group(group: LandscapeGroup, cluster: ClusterConfig) -> dict[str, Any]:
-    """The cost model on ``cluster`` against the group's ``ok`` rows: Spearman's rho, whether
-    the measured best is in the predicted top 3, and the share of those layouts whose layer
-    time came from ``cluster.profile`` (``profiled_share``)."""
+def rank_group(group: LandscapeGroup, profile: LayerProfile | None = None) -> dict[str, Any]:
+    """The cost model on the group's cluster (with ``profile``'s measured layer times, if
+    given) against the group's ``ok`` rows: Spearman's rho, whether the measured best is in
+    the predicted top 3, and the share of those layouts whose layer time came from
+    ``profile`` (``profiled_share``)."""
     ok = group.ok()
     if not ok:
         return {"name": group.name, "n_layouts": 0, "spearman": None, "best_in_top3": False,
                 "profiled_share": 0.0}
-    estimates = [estimate_step(group.model, m.layout, cluster, dtype=group.dtype) for m in ok]
+    estimates = [estimate_step(group.model, m.layout, group.cluster, dtype=group.dtype,
+                               profile=profile) for m in ok]
     predicted = [e.model_tflops_per_device for e in estimates]
     measured = [float(m.model_tflops_per_device or 0.0) for m in ok]
     best = int(np.argmax(measured))
@@ -110,10 +111,10 @@ def rank_group(group: LandscapeGroup, cluster: ClusterConfig) -> dict[str, Any]:
 
 def evaluate_group(group: LandscapeGroup, *, margin: float,
                    check: common.StudyCheck | None = None) -> dict[str, Any]:
-    """:func:`rank_group` on the group's own cluster, the memory model on its rows, and the
+    """:func:`rank_group` with the analytic model, the memory model on its rows, and the
     study's feasibility check (``check``, computed when not given)."""
     check = check or common.study_check(group, memory_margin=margin)
-    return {**rank_group(group, group.cluster),
+    return {**rank_group(group),
             "n_oom": sum(m.status == "oom" for m in group.measurements),
             "oom_flagged": _flagged(group, margin),
             "ok_flagged_infeasible": _flagged(group, margin, status="ok") if group.ok() else 0,
@@ -134,10 +135,11 @@ def summarize(ranked: list[dict[str, Any]]) -> dict[str, Any]:
                                / n_layouts if n_layouts else 0.0)}
 
 
-def _profiled_variant(groups: list[LandscapeGroup], clusters: list[ClusterConfig]
+def _profiled_variant(groups: list[LandscapeGroup], profiles: list[LayerProfile]
                       ) -> dict[str, Any]:
-    """:func:`summarize` of the groups ranked on these clusters, with the per-group rows."""
-    ranked = [rank_group(g, c) for g, c in zip(groups, clusters, strict=True)]
+    """:func:`summarize` of the groups ranked with these profiles (one per group), with the
+    per-group rows."""
+    ranked = [rank_group(g, p) for g, p in zip(groups, profiles, strict=True)]
     return {**summarize(ranked), "groups": ranked}
 
 
@@ -185,10 +187,10 @@ def profiled_variants(ev: Evaluation, schemes: list[str], given: LayerProfile | 
     ``--profile`` (``file``). Every loaded group is fitted on (small ones too): a held-out
     group's own key value never is, so the only question is how much of the rest a user
     would have measured."""
-    clusters = {s: common.held_out_clusters(ev.selected, s, fit_on=ev.loaded) for s in schemes}
+    profiles = {s: common.held_out_profiles(ev.selected, s, fit_on=ev.loaded) for s in schemes}
     if given is not None:
-        clusters["file"] = [replace(g.cluster, profile=given) for g in ev.selected]
-    return {name: _profiled_variant(ev.selected, cl) for name, cl in clusters.items()}
+        profiles["file"] = [given] * len(ev.selected)
+    return {name: _profiled_variant(ev.selected, ps) for name, ps in profiles.items()}
 
 
 def print_groups(ev: Evaluation, analytic: dict[str, Any], min_layouts: int) -> None:

@@ -23,9 +23,9 @@ Optuna's GP refits per ask).
 
 ``--profile-cv SCHEME`` (``layers``, ``world``, ``batch``; repeatable or a comma list) also
 replays the strategies that use the cost model (``default``, ``cost-model-only``) with its
-layer times measured: each group's cluster gets the layer profile fitted on the groups
+layer times measured: each group's cost model gets the layer profile fitted on the groups
 whose layer count, device count or global batch differs from its own
-(``benchmarks/_common.py``, ``held_out_clusters``). Their rows are named
+(``benchmarks/_common.py``, ``held_out_profiles``). Their rows are named
 ``STRATEGY+SCHEME``; the JSON puts them under ``profiled`` (by scheme, then strategy).
 
 ``--min-improvement X`` (repeatable) also replays the default strategy with the early stop
@@ -51,26 +51,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import optuna
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.config.cluster import ClusterConfig
 from autotune.landscape import LandscapeGroup
 from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
+from autotune.models.profile import LayerProfile
 from autotune.search import (
-    PARAM_AXES,
     STRATEGIES,
     Observation,
     Predictor,
     Strategy,
     cost_model_predictor,
     make_strategy,
+    plan_order,
 )
 from benchmarks._common import (
     StudyCheck,
     add_landscape_arguments,
     add_profile_cv_argument,
-    held_out_clusters,
+    held_out_profiles,
     landscape_paths,
     load_groups,
     parse_profile_cv,
@@ -85,10 +87,8 @@ USES_COST_MODEL = {"default", "cost-model-only"}
 
 
 def candidates_of(group: LandscapeGroup) -> list[Layout]:
-    """The group's layouts in plan order (the order :func:`autotune.space.enumerate_layouts`
-    lists them: tp, pp, micro-batch, ZeRO stage, recompute)."""
-    return sorted(group.layouts(), key=lambda lay: (lay.tp, lay.pp, lay.micro_batch,
-                                                    lay.zero_stage, lay.recompute))
+    """The group's layouts in plan order, as the study runner hands them to a strategy."""
+    return plan_order(group.layouts())
 
 
 def threshold_of(group: LandscapeGroup, tolerance: float) -> float:
@@ -189,9 +189,9 @@ class Task:
     then also draws the error ``i``, the same for every strategy."""
     max_trials: int | None = None
     """Censor each replay after this many trials (``--max-trials``)."""
-    cluster: ClusterConfig | None = None
-    """The cluster the cost model predicts for (``--profile-cv``: the group's with a
-    held-out layer profile); ``None``: the group's own."""
+    profile: LayerProfile | None = None
+    """The layer profile the cost model predicts with (``--profile-cv``: one held out from
+    the group); ``None``: the analytic model."""
     label: str = ""
     """The row this replay is reported under (default: the strategy)."""
     check: StudyCheck | None = None
@@ -203,7 +203,7 @@ class Task:
 
 def run_task(task: Task) -> list[int | None]:
     g = task.group
-    predict = cost_model_predictor(g.model, task.cluster or g.cluster, dtype=g.dtype)
+    predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype, profile=task.profile)
     out = []
     for seed in task.seeds:
         pred = with_error(predict, g, task.cost_model_error, seed)
@@ -233,10 +233,9 @@ def perturbed(predict: Predictor, layouts: list[Layout], sd: float, seed: str) -
     """``predict`` times ``exp(N(0, sd^2))`` per axis value (tp=4, recompute=full, ...):
     a cost model that is wrong about whole axes, as real ones are (docs/models.md)."""
     rng = random.Random(seed)  # a str seed hashes the same in every process
-    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in PARAM_AXES
+    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in Layout.SEARCH_AXES
               for v in sorted({getattr(lay, a) for lay in layouts}, key=str)}
-    return lambda lay: predict(lay) * math.prod(factor[a, getattr(lay, a)]
-                                                 for a in PARAM_AXES)
+    return lambda lay: predict(lay) * math.prod(factor[a, v] for a, v in lay.params().items())
 
 
 def with_error(predict: Predictor, group: LandscapeGroup, sd: float, draw: int) -> Predictor:
@@ -376,10 +375,10 @@ def make_tasks(args: argparse.Namespace, groups: list[LandscapeGroup],
     for scheme in args.schemes:
         mine = [s for s in args.strategy_list if s in USES_COST_MODEL]
         profiled_rows[scheme] = {s: f"{s}+{scheme}" for s in mine}
-        clusters = held_out_clusters(groups, scheme, fit_on=every_group)
+        profiles = held_out_profiles(groups, scheme, fit_on=every_group)
         tasks += [Task(g, s, seeds_for(s, args), args.tolerance, args.cost_model_error,
-                       args.max_trials, cluster=cl, label=profiled_rows[scheme][s], check=c)
-                  for g, cl, c in zip(groups, clusters, checks, strict=True) for s in mine]
+                       args.max_trials, profile=p, label=profiled_rows[scheme][s], check=c)
+                  for g, p, c in zip(groups, profiles, checks, strict=True) for s in mine]
     return tasks, profiled_rows
 
 
@@ -527,6 +526,9 @@ def write_json(args: argparse.Namespace, summary: dict[str, Summary],
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # The TPE/GP strategies create an in-memory Optuna study per replay: without this,
+    # Optuna logs a line for each of them and for each of their trials.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     groups, every_group = select_groups(args)
     checks = [study_check(g, memory_margin=args.memory_margin) for g in groups]
     tasks, profiled_rows = make_tasks(args, groups, every_group, checks)

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from autotune.config import docgen
-from autotune.config.cluster import ClusterConfig
+from autotune.config._allowed import rules_of
+from autotune.config._fields import check_float, check_int
+from autotune.config.cluster import MAX_NODES, ClusterConfig
 from autotune.config.launcher import LauncherConfig
 from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, StorageConfig, TrainingConfig, TrialConfig
@@ -36,7 +38,7 @@ def test_every_section_and_field_is_documented_with_its_default() -> None:
                 continue
             assert path in keys, f"{path} is not documented"
             if f.default is not dataclasses.MISSING and not dataclasses.is_dataclass(f.default):
-                default = f"`{docgen._yaml(f.default)}`"
+                default = f"`{docgen.yaml_text(f.default)}`"
                 assert keys[path].default in (default, "required") or keys[path].default \
                     .startswith(f"{default} (required "), path
             assert f"**`{f.name}`**" in text or f"`{path}`" in text, path
@@ -51,6 +53,42 @@ def test_what_is_allowed_comes_from_the_validators() -> None:
     assert "a100-80gb" in keys["cluster.device"].allowed
     assert keys["launcher.replay"].default == "`null` (required when launcher.kind is `replay`)"
     assert keys["training.global_batch"].default == "required"
+
+
+def test_the_bounds_are_shown() -> None:
+    keys = {k.path: k for k in docgen.study_keys()}
+    assert keys["cluster.nodes"].allowed == f"an integer >= 1 and <= {MAX_NODES}"
+    assert keys["model.hidden"].allowed == "an integer >= 1 and <= 1000000"  # a loop's item
+    assert keys["cluster.peak_tflops"].allowed == "a number > 0 and <= 1000000, or `null`"
+    assert keys["cluster.links.inter_node_gbps"].allowed.startswith("a number > 0 and <= ")
+    assert keys["model.name"].allowed == "one line of printable text of at most 100 characters"
+    assert keys["search.tp"].allowed.startswith("a list of at most 1000 integers >= 1 and <= ")
+    assert "< 0.5" in keys["trial.memory_min_p_fit"].allowed
+    assert keys["cluster.profile"].default == "`null`"
+    assert keys["cluster.profile"].allowed.startswith("the path of a layer-profile JSON file")
+
+
+LIMITS = {"a": 10, "b": 20}
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """Validators whose bounds are module constants, loop variables and a local."""
+
+    a: int = 1
+    b: int = 2
+    c: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name, low in (("a", 0), ("b", 2)):
+            check_int(f"y.{name}", getattr(self, name), minimum=low, maximum=LIMITS[name])
+        check_float("y.c", self.c, maximum=self.a * LIMITS["b"])
+
+
+def test_a_bound_that_cannot_be_evaluated_is_shown_as_its_source() -> None:
+    assert rules_of(Bounded).allowed == {
+        "y.a": ["an integer >= 0 and <= 10"], "y.b": ["an integer >= 2 and <= 20"],
+        "y.c": ["a number >= 0 and <= `self.a * 20`"]}
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,11 @@
 For every section of a study file (:data:`autotune.spec.SECTIONS`) and every key its loader
 accepts (read from the loader itself: ``from_dict`` is asked with an unknown key and says
 which keys it allows), the reference gives the default (the dataclass field's), what is
-allowed, read from the validators the dataclass calls (``check_int``, ``check_float``,
-``check_choice`` and the ``SpecError`` messages with a fixed text, found with :mod:`ast`),
-else from the field's type, and the meaning (the docstring under the field). A key with
-neither a field nor an entry of :data:`EXTRA_KEYS` is an error, so a new field cannot go
-undocumented: ``tests/test_study_files_doc.py`` fails until the file is regenerated.
+allowed, read from the validators the dataclass calls with their bounds
+(:mod:`autotune.config._allowed`), else from the field's type, and the meaning (the
+docstring under the field). A key with neither a field nor an entry of :data:`EXTRA_KEYS`
+or :data:`FILE_KEYS` is an error, so a new field cannot go undocumented:
+``tests/test_study_files_doc.py`` fails until the file is regenerated.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ import inspect
 import re
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.config._allowed import rules_of, yaml_text
 from autotune.errors import SpecError
 from autotune.hardware import HARDWARE
 from autotune.spec import SECTIONS, STUDY_NAME_RE, StudySpec
@@ -51,12 +52,14 @@ EXTRA_KEYS: dict[str, tuple[str, str, str]] = {
 }
 """Keys without a dataclass field of their own: (default, allowed, meaning)."""
 NOT_IN_FILE = {"cluster.profile_path"}
-"""Dataclass fields the loader fills itself (no study-file key)."""
-FILE_FORM: dict[str, str] = {
-    "cluster.profile": "the path of a layer-profile JSON file (written by `autotune profile`); "
-                       "relative: from the working directory, else beside the study file",
+"""Dataclass fields the loader fills itself (no study-file key of that name)."""
+FILE_KEYS: dict[str, tuple[str, str]] = {
+    "cluster.profile": ("profile_path",
+                        "the path of a layer-profile JSON file (written by `autotune profile`); "
+                        "relative: from the working directory, else beside the study file"),
 }
-"""Keys whose file form is not their field's type (a path read into an object)."""
+"""Keys the loader reads into a field of another name: key -> (the field, which gives the
+default and the meaning; what the file may give)."""
 
 
 def _choices() -> dict[str, tuple[Any, ...]]:
@@ -75,20 +78,6 @@ class Key:
     meaning: str
     section: bool = False
     """A nested section (``cluster.links``): its own keys follow."""
-
-
-@dataclass
-class _Rules:
-    """What a dataclass's validators say about each of its keys."""
-
-    allowed: dict[str, list[str]] = field(default_factory=dict)
-    required: dict[str, str] = field(default_factory=dict)
-    """Key path -> the loader's words (``required when launcher.kind is 'replay'``)."""
-
-    def add(self, path: str, text: str) -> None:
-        texts = self.allowed.setdefault(path, [])
-        if text not in texts:
-            texts.append(text)
 
 
 # ------------------------------------------------------------------------ reading a class
@@ -144,140 +133,7 @@ def _nested(cls: type, name: str) -> type | None:
     return None
 
 
-def _rules(cls: type) -> _Rules:
-    """The constraints ``cls``'s validators state, by key path: every ``check_int``,
-    ``check_float``, ``check_choice`` and ``_int_list`` call and every ``SpecError`` with a
-    fixed message in its ``__post_init__`` and ``from_dict`` (loops over literal tuples
-    expanded; an f-string key such as ``f"search.zero_stage[{i}]"`` names each item)."""
-    rules = _Rules()
-    namespace = vars(sys.modules[cls.__module__])
-    for name in ("__post_init__", "from_dict"):
-        fn = cls.__dict__.get(name)
-        if fn is None:
-            continue
-        fn = getattr(fn, "__func__", fn)
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-        for node, loops in _calls(tree, {}):
-            _rule(node, loops, namespace, rules)
-    return rules
-
-
-def _calls(node: ast.AST, loops: dict[str, tuple[Any, ...]]
-           ) -> Iterator[tuple[ast.Call, dict[str, tuple[Any, ...]]]]:
-    """Every call under ``node`` with the values of the literal ``for`` loops around it."""
-    if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
-        try:
-            values = ast.literal_eval(node.iter)
-        except ValueError:
-            values = None
-        if isinstance(values, (tuple, list)):
-            loops = {**loops, node.target.id: tuple(values)}
-    if isinstance(node, ast.Call):
-        yield node, loops
-    for child in ast.iter_child_nodes(node):
-        yield from _calls(child, loops)
-
-
-def _paths(node: ast.expr, loops: dict[str, tuple[Any, ...]]) -> list[tuple[str, bool]]:
-    """The key paths a validator's first argument names, each with whether it is an item
-    of a list (``[...]``); empty when it cannot be read."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [(node.value, False)]
-    if not isinstance(node, ast.JoinedStr) or not node.values:
-        return []
-    head = node.values[0]
-    if not (isinstance(head, ast.Constant) and isinstance(head.value, str)):
-        return []
-    if head.value.endswith("["):
-        return [(head.value[:-1], True)]
-    if (len(node.values) == 2 and isinstance(node.values[1], ast.FormattedValue)
-            and isinstance(node.values[1].value, ast.Name)
-            and node.values[1].value.id in loops):
-        return [(f"{head.value}{v}", False) for v in loops[node.values[1].value.id]]
-    if head.value.endswith("."):
-        return [(head.value + "*", False)]  # every key of the section
-    return []
-
-
-def _rule(call: ast.Call, loops: dict[str, tuple[Any, ...]], namespace: dict[str, Any],
-          rules: _Rules) -> None:
-    fn = call.func.id if isinstance(call.func, ast.Name) else None
-    if fn is None or not call.args:
-        return
-    kwargs = {k.arg: _value(k.value, namespace) for k in call.keywords if k.arg}
-    text = None
-    if fn == "check_int":
-        text = f"an integer >= {kwargs.get('minimum', 1)}"
-    elif fn == "check_float":
-        low = kwargs.get("minimum", 0.0)
-        text = f"a number {'>' if kwargs.get('strict') else '>='} {low:g}"
-        if kwargs.get("maximum") is not None:
-            text += f" and <= {kwargs['maximum']:g}"
-    elif fn == "check_choice" and len(call.args) == 3:
-        choices = _value(call.args[2], namespace)
-        text = "one of " + ", ".join(f"`{_yaml(c)}`" for c in choices)
-    elif fn == "_int_list":
-        text = f"a list of integers >= {kwargs.get('minimum', 1)}"
-        if kwargs.get("allow_auto", True):
-            text += ", or `auto`"
-    elif fn == "SpecError" and len(call.args) == 3:
-        message = _fixed_text(call.args[2])
-        if message is None:
-            return
-        for path, _ in _paths(call.args[0], loops):
-            if message.startswith("required"):
-                rules.required[path] = ("required" if message.startswith("required:")
-                                        else message.replace("'", "`"))
-            elif message.startswith("allowed: "):
-                rules.add(path, message.removeprefix("allowed: "))
-        return
-    if text is None:
-        return
-    for path, item in _paths(call.args[0], loops):
-        rules.add(path, f"each item {text}" if item else text)
-
-
-def _value(node: ast.expr, namespace: dict[str, Any]) -> Any:
-    """An argument of a validator call in our own source (a literal or a module constant
-    such as ``ZERO_STAGES``), evaluated in its module."""
-    return eval(compile(ast.Expression(node), "<docgen>", "eval"), dict(namespace))
-
-
-def _fixed_text(node: ast.expr) -> str | None:
-    """A message that does not depend on the value: a literal, or an f-string whose only
-    fields are ``X={self.X}`` (read as ``X``)."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if not isinstance(node, ast.JoinedStr):
-        return None
-    out = ""
-    for part in node.values:
-        if isinstance(part, ast.Constant):
-            out += str(part.value)
-        elif (isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Attribute)
-              and isinstance(part.value.value, ast.Name) and part.value.value.id == "self"
-              and out.endswith(part.value.attr + "=")):
-            out = out[:-1]
-        else:
-            return None
-    return out
-
-
 # ------------------------------------------------------------------------------ rendering
-
-
-def _yaml(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (tuple, list)):
-        return "[" + ", ".join(_yaml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_yaml(v)}" for k, v in value.items()) + "}"
-    if value == "":
-        return '""'
-    return str(value)
 
 
 def _type_text(annotation: str) -> str:
@@ -292,12 +148,12 @@ def _type_text(annotation: str) -> str:
 
 def _default(f: dataclasses.Field[Any], path: str) -> str:
     if f.default is not dataclasses.MISSING:
-        return f"`{_yaml(f.default)}`"
+        return f"`{yaml_text(f.default)}`"
     if f.default_factory is not dataclasses.MISSING:
         value = f.default_factory()
         if dataclasses.is_dataclass(value):
             return f"see `{path}`"
-        return f"`{_yaml(value)}`"
+        return f"`{yaml_text(value)}`"
     return "required"
 
 
@@ -320,7 +176,7 @@ def study_keys() -> list[Key]:
 
 def _section_keys(cls: type, section: str) -> list[Key]:
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    docs, rules, choices = _field_docs(cls), _rules(cls), _choices()
+    docs, rules, choices = _field_docs(cls), rules_of(cls), _choices()
     keys = _file_keys(cls, section)
     unknown = [n for n in fields if n not in keys and f"{section}.{n}" not in NOT_IN_FILE]
     if unknown:
@@ -332,6 +188,10 @@ def _section_keys(cls: type, section: str) -> list[Key]:
     names.sort(key=lambda n: n in fields and _nested(cls, n) is not None)
     for name in names:
         path = f"{section}.{name}"
+        if path in FILE_KEYS:
+            field_name, allowed = FILE_KEYS[path]
+            out.append(Key(path, _default(fields[field_name], path), allowed, docs[field_name]))
+            continue
         if name not in fields:
             if path not in EXTRA_KEYS:
                 raise AssertionError(f"{path}: a key of the file with no field and no entry "
@@ -356,9 +216,7 @@ def _section_keys(cls: type, section: str) -> list[Key]:
                            "a mapping", meaning, section=True))
             out += _section_keys(nested, path)
             continue
-        if path in FILE_FORM:
-            allowed = FILE_FORM[path]
-        elif path in choices:
+        if path in choices:
             allowed = "one of " + ", ".join(f"`{c}`" for c in choices[path])
         else:
             texts = rules.allowed.get(path) or rules.allowed.get(f"{section}.*") or []
