@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import optuna
 import pytest
 
 ENV_FILE = Path(os.environ.get("AUTOTUNE_CI_ENV", "/tmp/autotune-ci/env"))
@@ -132,3 +133,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unmarked:
         raise pytest.UsageError("service fixtures need their marker (so that -m 'not ...' "
                                 "deselects the test):\n  " + "\n  ".join(unmarked))
+
+
+@pytest.fixture
+def seeded_db(tmp_path: Path) -> Path:
+    """A database with one study of one trial: a refused run must leave it as it is."""
+    db = tmp_path / "keep.db"
+    study = optuna.create_study(study_name="keep", storage=f"sqlite:///{db}")
+    study.add_trial(optuna.trial.create_trial(value=1.0, params={}, distributions={}))
+    return db

@@ -65,15 +65,6 @@ def refused(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
         assert needle in out, out
 
 
-@pytest.fixture
-def seeded_db(tmp_path: Path) -> Path:
-    """A database with one study of one trial: a refused run must leave it as it is."""
-    db = tmp_path / "keep.db"
-    study = optuna.create_study(study_name="keep", storage=f"sqlite:///{db}")
-    study.add_trial(optuna.trial.create_trial(value=1.0, params={}, distributions={}))
-    return db
-
-
 def nothing_stored(tmp_path: Path, db: Path) -> None:
     summaries = optuna.get_all_study_summaries(f"sqlite:///{db}")
     assert [(s.study_name, s.n_trials) for s in summaries] == [("keep", 1)]

@@ -15,15 +15,6 @@ import yaml
 from tests.helpers import run_cli, write_study
 
 
-@pytest.fixture
-def seeded_db(tmp_path: Path) -> Path:
-    """A database holding one study with one finished trial, to check nothing changes."""
-    db = tmp_path / "keep.db"
-    study = optuna.create_study(study_name="keep", storage=f"sqlite:///{db}")
-    study.add_trial(optuna.trial.create_trial(value=1.0, params={}, distributions={}))
-    return db
-
-
 def _unchanged(db: Path) -> None:
     summaries = optuna.get_all_study_summaries(f"sqlite:///{db}")
     assert [(s.study_name, s.n_trials) for s in summaries] == [("keep", 1)]
