@@ -239,6 +239,14 @@ class Constraints:
         no candidate at all (:class:`autotune.launchers.replay.ReplayLauncher`)."""
         return replace(self, placement=None, memory=None)
 
+    def with_memory_correction(self, correction: float, sigma: float) -> Constraints:
+        """These constraints with the memory budget's calibration correction and its log-sd
+        (:mod:`autotune.models.calibration`); unchanged without a memory rule."""
+        if self.memory is None:
+            return self
+        return replace(self, memory=replace(self.memory, correction=correction,
+                                            correction_sigma=sigma))
+
     def check(self, layout: Layout, model: ModelConfig) -> list[Reason]:
         """:func:`check_layout` under these constraints."""
         return check_layout(layout, model, world_size=self.world_size,
