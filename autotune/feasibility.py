@@ -96,6 +96,16 @@ class MemoryBudget:
     a study's own measured peaks; 1 until something has been measured."""
     correction_sigma: float = 0.0
     """sd of ``ln(correction)``: how well the correction itself is known."""
+    stage_corrections: tuple[tuple[int, float, float], ...] = ()
+    """``(zero stage, correction, correction_sigma)``: a stage's own correction, which
+    replaces the two above for its layouts (:mod:`autotune.models.calibration`)."""
+
+    def correction_of(self, layout: Layout) -> tuple[float, float]:
+        """The correction and its log-sd that apply to ``layout`` (its ZeRO stage's)."""
+        for stage, correction, sigma in self.stage_corrections:
+            if stage == layout.zero_stage:
+                return correction, sigma
+        return self.correction, self.correction_sigma
 
     @property
     def usable_bytes(self) -> int:
@@ -123,11 +133,11 @@ class MemoryBudget:
 
         est = estimate_memory(model, layout, dtype=self.dtype, device=self.device)
         unc = estimate_uncertainty(model, layout, est, dtype=self.dtype, device=self.device)
+        correction, correction_sigma = self.correction_of(layout)
         p = fit_probability(est.peak_bytes, self.usable_bytes, unc.relative_sigma,
-                            correction=self.correction,
-                            correction_sigma=self.correction_sigma)
-        s = log_sigma(unc.relative_sigma, self.correction_sigma)
-        median = self.correction * est.peak_bytes
+                            correction=correction, correction_sigma=correction_sigma)
+        s = log_sigma(unc.relative_sigma, correction_sigma)
+        median = correction * est.peak_bytes
         # sd of a log-normal with median m and log-sd s: m * exp(s^2/2) * sqrt(exp(s^2) - 1)
         sigma = median * math.exp(s * s / 2) * math.sqrt(math.expm1(s * s))
         return MemoryVerdict(verdict=classify_fit(p, self.min_p_fit), p_fit=p,
@@ -239,13 +249,17 @@ class Constraints:
         no candidate at all (:class:`autotune.launchers.replay.ReplayLauncher`)."""
         return replace(self, placement=None, memory=None)
 
-    def with_memory_correction(self, correction: float, sigma: float) -> Constraints:
-        """These constraints with the memory budget's calibration correction and its log-sd
-        (:mod:`autotune.models.calibration`); unchanged without a memory rule."""
+    def with_memory_correction(self, correction: float, sigma: float, *,
+                               by_stage: tuple[tuple[int, float, float], ...] = ()
+                               ) -> Constraints:
+        """These constraints with the memory budget's calibration correction and its log-sd,
+        and per ZeRO stage (:mod:`autotune.models.calibration`); unchanged without a
+        memory rule."""
         if self.memory is None:
             return self
         return replace(self, memory=replace(self.memory, correction=correction,
-                                            correction_sigma=sigma))
+                                            correction_sigma=sigma,
+                                            stage_corrections=by_stage))
 
     def check(self, layout: Layout, model: ModelConfig) -> list[Reason]:
         """:func:`check_layout` under these constraints."""

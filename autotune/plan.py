@@ -113,8 +113,9 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
                                            spec.trial)
     factor = 1.0
     if calibration is not None:
-        constraints = constraints.with_memory_correction(calibration.memory_factor,
-                                                         calibration.memory_sd)
+        constraints = constraints.with_memory_correction(
+            calibration.memory_factor, calibration.memory_sd,
+            by_stage=calibration.memory_stage_corrections())
         factor = calibration.throughput_factor
     model, cluster, profile = spec.model, spec.cluster, spec.profile
     feasible, excluded = partition_space(model, cluster, spec.training, spec.search,

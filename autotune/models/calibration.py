@@ -2,9 +2,10 @@
 layouts measured so far, and what that says of the untried ones (issue #13, part 2).
 
 Per *key* (:class:`CalibrationKey`: device type, dtype, workload) each model gets one
-correction in log space, shared by every layout of the key. Pure arithmetic: the rows come
-from the ``measurements`` table (:mod:`autotune.runner.learning` reads them), the results
-go into :class:`~autotune.feasibility.MemoryBudget` and the default strategy's prior.
+correction in log space, shared by every layout of the key (the memory one refined per
+ZeRO stage, below). Pure arithmetic: the rows come from the ``measurements`` table
+(:mod:`autotune.runner.learning` reads them), the results go into
+:class:`~autotune.feasibility.MemoryBudget` and the default strategy's prior.
 
 **Memory.** ``u = ln(c)``, ``c`` = true peak / predicted peak. An ``ok`` trial observes
 ``r = ln(measured / predicted)``; an OOM only says that its peak exceeded the usable memory
@@ -21,6 +22,16 @@ and one layout measured says about as much of the shared correction as the prior
 (one measurement moves it halfway). An OOM where the model expected room (``b > 0``)
 pushes the correction up hard; one it expected (``b < m0``) barely moves it.
 
+**Per ZeRO stage.** The memory model's largest unknowns are the optimizer wrapper
+DeepSpeed picks and its buffers (the gradient accumulation and flat partition terms of
+:mod:`~autotune.models.memory_uncertainty`), and the wrapper is chosen by the ZeRO stage:
+on CPU, ZeRO-0 layouts measure ~0.78 of their prediction where ZeRO-1 layouts measure
+~1.03 (docs/models.md). So each stage ``z`` has its own correction ``u_z``: its prior is
+the correction fitted on the *other* stages' points, carried over (below) with the
+correlation :data:`STAGE_CORRELATION`, then its own points update it. A stage nothing has
+measured takes half the others' correction; an error the stages share (an OOM on any
+stage) moves every stage, and a stage's own measurements soon decide its own.
+
 **Step time.** The same shape with ``y = ln(measured TFLOPS / predicted TFLOPS)`` =
 ``ln(predicted step time / measured step time)`` (model TFLOPS is the model's FLOPs over
 the step time: the ratio of the one is the inverse ratio of the other), conjugate-normal
@@ -32,12 +43,12 @@ same residuals (:class:`Residual`, its warm start).
 
 **Across studies** (:func:`carry_over`): what earlier studies of the key learned becomes
 the new study's prior, but not one for one (another model, another world size). The
-correction is taken to move between two studies as a stationary autoregression,
-``u_new = rho · u_old + sqrt(1 - rho^2) · xi`` with ``xi`` drawn from the fresh prior and
-``rho`` = :data:`STUDY_CORRELATION`: the prior mean is ``rho · mean``, its variance
-``rho^2 · sd^2 + (1 - rho^2) · s0^2``. A correction the earlier studies knew well keeps at
-least ``sqrt(1 - rho^2)`` = 44% of the fresh prior's width; one they did not inform stays
-the fresh prior exactly (no widening beyond it).
+correction is taken to move between two studies as a stationary autoregression around
+the fresh prior ``N(m0, s0^2)``, ``u_new = m0 + rho · (u_old - m0) + sqrt(1 - rho^2) · xi``
+with ``xi ~ N(0, s0^2)`` and ``rho`` = :data:`STUDY_CORRELATION`: the prior mean is ``m0 +
+rho · (mean - m0)``, its variance ``rho^2 · sd^2 + (1 - rho^2) · s0^2``. A correction the
+earlier studies knew well keeps at least ``sqrt(1 - rho^2)`` = 44% of the fresh prior's
+width; one they did not inform stays the fresh prior exactly (no widening beyond it).
 
 >>> ok = [MemoryPoint(1000.0, measured_bytes=900.0)] * 4
 >>> round(fit_memory(ok, prior_sd=0.1, noise_sd=0.1).factor, 3)  # 4 of 5 parts the data's
@@ -60,7 +71,7 @@ import numpy as np
 
 from autotune.layout import Layout
 
-__all__ = ["BUILTIN_WORKLOAD", "STUDY_CORRELATION", "THROUGHPUT_PRIOR_SD",
+__all__ = ["BUILTIN_WORKLOAD", "STUDY_CORRELATION", "STAGE_CORRELATION", "THROUGHPUT_PRIOR_SD",
            "THROUGHPUT_NOISE_SD", "CalibrationKey", "LogCorrection", "MemoryPoint",
            "MeasuredRow", "Residual", "Calibration", "fit_memory", "fit_throughput",
            "carry_over", "carry_over_gaussian", "comparable_peak_bytes", "calibrate"]
@@ -75,6 +86,12 @@ stack; what differs is the model, the world size and the space. 0.9 keeps 19% of
 fresh prior's variance (44% of its sd) however well the earlier studies knew the
 correction: their knowledge is trusted to about half the width of the model's own
 ignorance. A generic statement, not fitted to any table."""
+
+STAGE_CORRELATION = 0.5
+"""How much of the memory correction two ZeRO stages share: half. Some of the model's
+unknowns are the same on every stage (the runtime, activations, fragmentation), others
+are the stage's own (the optimizer wrapper DeepSpeed picks for it, its buffers); with no
+way to know the split beforehand, each half. A generic statement, not fitted."""
 
 THROUGHPUT_PRIOR_SD = 1.0
 """Prior sd of the log throughput correction: the default strategy's ``INTERCEPT_SD`` (the
@@ -127,6 +144,8 @@ class MemoryPoint:
     predicted_bytes: float
     measured_bytes: float | None = None
     exceeded_bytes: float | None = None
+    zero_stage: int = 0
+    """The layout's ZeRO stage (its group in the per-stage corrections)."""
 
     def __post_init__(self) -> None:
         if (self.measured_bytes is None) == (self.exceeded_bytes is None):
@@ -187,14 +206,14 @@ def fit_throughput(log_ratios: Iterable[float], *, prior_mean: float = 0.0,
     return LogCorrection(mean, math.sqrt(1.0 / precision), n_ok=len(ys))
 
 
-def carry_over(earlier: LogCorrection, fresh_sd: float, *,
+def carry_over(earlier: LogCorrection, fresh_sd: float, *, fresh_mean: float = 0.0,
                rho: float = STUDY_CORRELATION) -> tuple[float, float]:
     """The new study's prior (mean, sd) from what earlier studies learned (module
-    docstring); the fresh prior ``(0, fresh_sd)`` when they learned nothing."""
+    docstring); the fresh prior ``(fresh_mean, fresh_sd)`` when they learned nothing."""
     if earlier.n == 0:
-        return 0.0, fresh_sd
+        return fresh_mean, fresh_sd
     var = rho**2 * earlier.sd**2 + (1.0 - rho**2) * fresh_sd**2
-    return rho * earlier.mean, math.sqrt(var)
+    return fresh_mean + rho * (earlier.mean - fresh_mean), math.sqrt(var)
 
 
 def carry_over_gaussian(mean: np.ndarray, cov: np.ndarray, fresh_cov: np.ndarray, *,
@@ -253,6 +272,8 @@ class Calibration:
     key: CalibrationKey
     memory: LogCorrection = LogCorrection()
     """Posterior of the log memory correction (``n``: earlier and own observations)."""
+    memory_by_stage: tuple[tuple[int, LogCorrection], ...] = ()
+    """Per ZeRO stage (module docstring): each ``n`` counts that stage's own points."""
     throughput: LogCorrection = LogCorrection()
     """Posterior of the log throughput correction."""
     learned_from: tuple[tuple[str, int], ...] = ()
@@ -273,6 +294,13 @@ class Calibration:
         own error bar is the whole error then)."""
         return self.memory.sd if self.memory.n else 0.0
 
+    def memory_stage_corrections(self) -> tuple[tuple[int, float, float], ...]:
+        """``(zero stage, factor, log-sd)`` of each stage, for the memory budget; none
+        until something was measured."""
+        if not self.memory.n:
+            return ()
+        return tuple((z, c.factor, c.sd) for z, c in self.memory_by_stage)
+
     @property
     def throughput_factor(self) -> float:
         """measured / predicted model TFLOPS, the median; 1 until something was measured."""
@@ -286,13 +314,38 @@ def _memory_points(rows: Iterable[MeasuredRow], usable_bytes: float | None,
         pred = row.predicted_memory_bytes
         if not pred or pred <= 0:
             continue
+        stage = row.layout.zero_stage
         if row.oom:
             if usable_bytes:
-                out.append(MemoryPoint(pred, exceeded_bytes=usable_bytes))
+                out.append(MemoryPoint(pred, exceeded_bytes=usable_bytes, zero_stage=stage))
         elif row.peak_memory_bytes and row.peak_memory_bytes > 0:
             out.append(MemoryPoint(pred, measured_bytes=comparable_peak_bytes(
-                row.peak_memory_bytes, device)))
+                row.peak_memory_bytes, device), zero_stage=stage))
     return out
+
+
+def _two_studies(earlier: Sequence[MemoryPoint], own: Sequence[MemoryPoint],
+                 prior: tuple[float, float], noise_sd: float) -> LogCorrection:
+    """``earlier`` fitted from ``prior``, carried over, then ``own`` from that; the
+    counts are both's."""
+    e = fit_memory(earlier, prior_mean=prior[0], prior_sd=prior[1], noise_sd=noise_sd)
+    m0, s0 = carry_over(e, prior[1], fresh_mean=prior[0])
+    o = fit_memory(own, prior_mean=m0, prior_sd=s0, noise_sd=noise_sd)
+    return LogCorrection(o.mean, o.sd, o.n_ok + e.n_ok, o.n_censored + e.n_censored)
+
+
+def _by_stage(earlier: Sequence[MemoryPoint], own: Sequence[MemoryPoint],
+              stages: Iterable[int], memory_sd: float) -> tuple[tuple[int, LogCorrection], ...]:
+    """Each stage's correction: the other stages' carried over, then its own points."""
+    fresh = (0.0, memory_sd)
+    out = []
+    for z in sorted(set(stages) | {p.zero_stage for p in (*earlier, *own)}):
+        others = _two_studies([p for p in earlier if p.zero_stage != z],
+                              [p for p in own if p.zero_stage != z], fresh, memory_sd)
+        prior = carry_over(others, memory_sd, rho=STAGE_CORRELATION)
+        out.append((z, _two_studies([p for p in earlier if p.zero_stage == z],
+                                    [p for p in own if p.zero_stage == z], prior, memory_sd)))
+    return tuple(out)
 
 
 def _throughput_ratios(rows: Iterable[MeasuredRow]) -> list[float]:
@@ -318,10 +371,11 @@ def _residuals(rows: Sequence[MeasuredRow]) -> tuple[Residual, ...]:
 
 def calibrate(key: CalibrationKey, earlier: Sequence[MeasuredRow],
               own: Sequence[MeasuredRow] = (), *, memory_sd: float,
-              usable_bytes: float | None) -> Calibration:
+              usable_bytes: float | None, zero_stages: Iterable[int] = ()) -> Calibration:
     """Both corrections of a study of ``key``: ``earlier`` (other studies' rows of the key)
     fitted from the fresh priors and carried over (:func:`carry_over`), then ``own`` (the
-    study's rows) fitted from that prior.
+    study's rows) fitted from that prior; the memory correction per ZeRO stage too (of
+    ``zero_stages``, the study's, and of every stage measured).
 
     ``memory_sd``: the memory model's typical stated log-sd for the study's layouts (prior
     width and per-layout scatter of the memory correction). ``usable_bytes``: the study's
@@ -329,13 +383,10 @@ def calibrate(key: CalibrationKey, earlier: Sequence[MeasuredRow],
     device type has one memory); ``None`` (no memory rule) leaves OOMs out.
     """
     device = key.device_type
-    mem_earlier = fit_memory(_memory_points(earlier, usable_bytes, device),
-                             prior_sd=memory_sd, noise_sd=memory_sd)
-    m0, s0 = carry_over(mem_earlier, memory_sd)
-    mem_own = fit_memory(_memory_points(own, usable_bytes, device), prior_mean=m0,
-                         prior_sd=s0, noise_sd=memory_sd)
-    memory = LogCorrection(mem_own.mean, mem_own.sd, mem_own.n_ok + mem_earlier.n_ok,
-                           mem_own.n_censored + mem_earlier.n_censored)
+    mem_earlier = _memory_points(earlier, usable_bytes, device)
+    mem_own = _memory_points(own, usable_bytes, device)
+    memory = _two_studies(mem_earlier, mem_own, (0.0, memory_sd), memory_sd)
+    by_stage = _by_stage(mem_earlier, mem_own, zero_stages, memory_sd)
     tp_earlier = fit_throughput(_throughput_ratios(earlier))
     t0, ts = carry_over(tp_earlier, THROUGHPUT_PRIOR_SD)
     tp_own = fit_throughput(_throughput_ratios(own), prior_mean=t0, prior_sd=ts)
@@ -343,5 +394,6 @@ def calibrate(key: CalibrationKey, earlier: Sequence[MeasuredRow],
     counts: dict[str, int] = {}
     for row in earlier:
         counts[row.study] = counts.get(row.study, 0) + 1
-    return Calibration(key, memory, throughput, tuple(counts.items()), len(own),
-                       _residuals(earlier))
+    return Calibration(key, memory=memory, memory_by_stage=by_stage, throughput=throughput,
+                       learned_from=tuple(counts.items()), own=len(own),
+                       residuals=_residuals(earlier))

@@ -133,11 +133,13 @@ class StudyLearning:
 
     def _fit(self, own: Sequence[MeasuredRow]) -> Calibration:
         return calibrate(self.key, self.earlier, own, memory_sd=self.memory_log_sd,
-                         usable_bytes=self.usable_bytes)
+                         usable_bytes=self.usable_bytes,
+                         zero_stages=self.spec.search.zero_stage)
 
     def _constraints(self) -> Constraints:
         cal = self.calibration
-        return self.base.with_memory_correction(cal.memory_factor, cal.memory_sd)
+        return self.base.with_memory_correction(cal.memory_factor, cal.memory_sd,
+                                                by_stage=cal.memory_stage_corrections())
 
     def _rank(self, constraints: Constraints, ooms: Sequence[Layout] = ()) -> list[Candidate]:
         spec = self.spec

@@ -341,7 +341,9 @@ def learned_from_record(cal: Calibration, *, enabled: bool) -> dict[str, Any]:
             "workload": key.workload,
             "studies": [{"study": name, "measurements": n} for name, n in cal.learned_from],
             "measurements": sum(n for _, n in cal.learned_from), "own": cal.own,
-            "memory": _correction(cal.memory, ok=cal.memory.n_ok, oom=cal.memory.n_censored),
+            "memory": {**_correction(cal.memory, ok=cal.memory.n_ok, oom=cal.memory.n_censored),
+                       "by_zero_stage": {str(z): _correction(c, ok=c.n_ok, oom=c.n_censored)
+                                         for z, c in cal.memory_by_stage}},
             "throughput": _correction(cal.throughput, ok=cal.throughput.n_ok)}
 
 
@@ -374,7 +376,10 @@ def learned_from_line(record: Any) -> str | None:
     parts = []
     mem, tp = record.get("memory") or {}, record.get("throughput") or {}
     if mem.get("ok") or mem.get("oom"):
-        parts.append(f"memory x{mem['factor']:.3g} (+-{100 * mem['log_sd']:.0f}%)")
+        stages = mem.get("by_zero_stage") or {}
+        each = ", ".join(f"ZeRO {z} x{c['factor']:.3g}" for z, c in sorted(stages.items()))
+        parts.append(f"memory x{mem['factor']:.3g} (+-{100 * mem['log_sd']:.0f}%"
+                     + (f"; {each})" if len(stages) > 1 else ")"))
     if tp.get("ok"):
         parts.append(f"step time x{1 / tp['factor']:.3g} (+-{100 * tp['log_sd']:.0f}%)")
     own = record.get("own") or 0

@@ -15,6 +15,7 @@ from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.feasibility import Constraints
 from autotune.layout import Layout
 from autotune.models.calibration import (
+    STAGE_CORRELATION,
     STUDY_CORRELATION,
     THROUGHPUT_NOISE_SD,
     THROUGHPUT_PRIOR_SD,
@@ -112,8 +113,9 @@ def test_peaks_are_compared_in_the_models_terms() -> None:
 
 
 def _row(study: str, *, peak_ratio: float | None = None, oom: bool = False,
-         tflops_ratio: float | None = None) -> MeasuredRow:
-    return MeasuredRow(study, LAY, oom, predicted_memory_bytes=4e9,
+         tflops_ratio: float | None = None, zero_stage: int = 2) -> MeasuredRow:
+    return MeasuredRow(study, replace(LAY, zero_stage=zero_stage), oom,
+                       predicted_memory_bytes=4e9,
                        peak_memory_bytes=None if peak_ratio is None else 4e9 * peak_ratio,
                        predicted_tflops=100.0,
                        measured_tflops=None if tflops_ratio is None else 100.0 * tflops_ratio)
@@ -164,3 +166,27 @@ def test_the_memory_correction_changes_p_fit_and_the_verdict_of_untried_layouts(
     low = fit_memory([ok(0.8)] * 3, prior_sd=SD, noise_sd=SD)
     relaxed = replace(cons.memory, correction=low.factor, correction_sigma=low.sd)
     assert relaxed.verdict(model, probe).p_fit > before.p_fit
+
+
+def test_each_zero_stage_has_its_own_memory_correction() -> None:
+    # ZeRO-0 measured at 0.78 of its prediction, ZeRO-1 as predicted (the CPU study's
+    # pattern): each stage follows its own points, and the study's stage 2 has none.
+    key = CalibrationKey("cpu", "fp32")
+    own = ([_row("me", peak_ratio=0.78, zero_stage=0)] * 6
+           + [_row("me", peak_ratio=1.0, zero_stage=1)] * 6)
+    cal = calibrate(key, [], own, memory_sd=SD, usable_bytes=8e9, zero_stages=(0, 1, 2))
+    by = dict(cal.memory_by_stage)
+    assert set(by) == {0, 1, 2}
+    assert by[0].factor == pytest.approx(0.78, rel=0.05) and by[0].n_ok == 6
+    assert by[1].factor == pytest.approx(1.0, abs=0.04) and by[1].n_ok == 6
+    # Stage 2: half of what the other stages share (their pooled correction), wider.
+    assert by[2].n == 0 and by[2].mean == pytest.approx(
+        STAGE_CORRELATION * cal.memory.mean, abs=0.02)
+    assert by[2].sd > max(by[0].sd, by[1].sd)
+    stages = {z: (f, sd) for z, f, sd in cal.memory_stage_corrections()}
+    assert stages[0][0] == pytest.approx(by[0].factor)
+    # An OOM on one stage moves the others, less than its own.
+    oomed = calibrate(key, [], [_row("me", oom=True, zero_stage=1)], memory_sd=SD,
+                      usable_bytes=4.4e9, zero_stages=(0, 1))
+    moved = dict(oomed.memory_by_stage)
+    assert moved[1].mean > moved[0].mean > 0

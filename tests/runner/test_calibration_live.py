@@ -117,10 +117,12 @@ def test_an_oom_on_a_layout_predicted_to_fit_moves_its_siblings(
     assert all(after.get(lay, 0.0) == 0.0 for lay in before if lay != first
                and lay.micro_batch >= first.micro_batch and lay.recompute == "none"
                and lay.zero_stage <= first.zero_stage)
-    # Layouts it does not dominate moved too: the memory correction is shared.
+    # Layouts it does not dominate moved too: the memory correction is shared (half of it
+    # with the other ZeRO stage), and some verdicts went from fits to uncertain.
     other = [lay for lay in after if lay.recompute == "full"]
     assert any(after[lay] < before[lay] - 0.01 for lay in other)
-    assert len(after) < len(before)  # some are excluded on memory now
+    assert any(before[lay] >= 0.975 and 0.025 <= after.get(lay, 0.0) < 0.975
+               for lay in before if lay.zero_stage != first.zero_stage)
 
     # The second trial ran under the corrected prediction, and the study says so.
     optuna_study = optuna.load_study(study_name=spec.name, storage=spec.storage.url)
@@ -128,6 +130,8 @@ def test_an_oom_on_a_layout_predicted_to_fit_moves_its_siblings(
     assert second[TrialAttr.CALIBRATED_MEMORY_GIB] > 1.2 * second[TrialAttr.PREDICTED_MEMORY_GIB]
     record = optuna_study.user_attrs[StudyAttr.LEARNED_FROM]
     assert record["memory"]["oom"] == 1 and record["memory"]["factor"] > 1.2
+    by_stage = record["memory"]["by_zero_stage"]
+    assert by_stage["2"]["factor"] > by_stage["1"]["factor"] > 1.05
     assert record["own"] == 2 and record["studies"] == []
     line = learned_from_line(record)
     assert line is not None and line.startswith("no earlier study of a100-40gb/bf16/builtin")
