@@ -73,6 +73,7 @@ from autotune.runner.progress import Progress
 from autotune.runner.records import (
     StudyAttr,
     TrialFacts,
+    learned_from_line,
     learned_from_record,
     measurement_row,
     search_stop_of,
@@ -165,9 +166,10 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
         raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")
     study = open_study(spec, storage)  # once, before worker threads could race to create it
-    set_user_attrs(study, {StudyAttr.LEARNED_FROM: learned_from_record(
-        learning.calibration, enabled=learn)})
+    record = learned_from_record(learning.calibration, enabled=learn)
+    set_user_attrs(study, {StudyAttr.LEARNED_FROM: record})
     progress = progress or Progress(total=n_trials, enabled=False)
+    progress.message(f"calibration: {learned_from_line(record)}")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
     workers = [_Worker(spec, storage, study, launcher, learning.copy(), n_trials,
                        progress, name_suffix=f"/{i}" if len(launchers) > 1 else "")
