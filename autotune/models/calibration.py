@@ -103,6 +103,7 @@ strategy's ``LAYOUT_SD`` (interactions a shared correction cannot explain)."""
 
 _GRID_POINTS = 4001
 _GRID_HALF_WIDTH_SD = 10.0
+_CHUNK = 512  # censored points per grid evaluation (4001 x 512 floats: 16 MB)
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,9 @@ def _log_norm_cdf(z: np.ndarray) -> np.ndarray:
 
 def fit_memory(points: Iterable[MemoryPoint], *, prior_mean: float = 0.0, prior_sd: float,
                noise_sd: float) -> LogCorrection:
-    """The grid posterior of the log memory correction (module docstring)."""
+    """The grid posterior of the log memory correction (module docstring): evaluated over
+    the span of the prior and the points, then once more over its mean +- 12 sd, so that a
+    posterior narrower than the first grid's step (thousands of points) is resolved."""
     points = list(points)
     if prior_sd <= 0 or noise_sd <= 0:
         raise ValueError(f"fit_memory: sds must be positive, got {prior_sd}, {noise_sd}")
@@ -180,18 +183,26 @@ def fit_memory(points: Iterable[MemoryPoint], *, prior_mean: float = 0.0, prior_
     bounds = np.array([p.log_ratio for p in points if p.exceeded_bytes is not None])
     if not len(ok) and not len(bounds):
         return LogCorrection(prior_mean, prior_sd)
+
+    def moments(lo: float, hi: float) -> tuple[float, float, float]:
+        grid = np.linspace(lo, hi, _GRID_POINTS)
+        log_post = -0.5 * ((grid - prior_mean) / prior_sd) ** 2
+        if len(ok):  # sum_i (u - r_i)^2 from the points' count, sum and sum of squares
+            log_post -= 0.5 * (len(ok) * grid**2 - 2 * grid * ok.sum()
+                               + (ok**2).sum()) / noise_sd**2
+        for start in range(0, len(bounds), _CHUNK):  # a grid x points array, bounded
+            chunk = bounds[start:start + _CHUNK]
+            log_post += _log_norm_cdf((grid[:, None] - chunk[None, :]) / noise_sd).sum(axis=1)
+        weights = np.exp(log_post - log_post.max())
+        weights /= weights.sum()
+        mean = float(weights @ grid)
+        return mean, float(math.sqrt(max(weights @ (grid - mean) ** 2, 0.0))), grid[1] - grid[0]
+
     anchors = np.concatenate([[prior_mean], ok, bounds])
     width = _GRID_HALF_WIDTH_SD * max(prior_sd, noise_sd)
-    grid = np.linspace(anchors.min() - width, anchors.max() + width, _GRID_POINTS)
-    log_post = -0.5 * ((grid - prior_mean) / prior_sd) ** 2
-    if len(ok):
-        log_post -= 0.5 * (((grid[:, None] - ok[None, :]) / noise_sd) ** 2).sum(axis=1)
-    if len(bounds):
-        log_post += _log_norm_cdf((grid[:, None] - bounds[None, :]) / noise_sd).sum(axis=1)
-    weights = np.exp(log_post - log_post.max())
-    weights /= weights.sum()
-    mean = float(weights @ grid)
-    sd = float(math.sqrt(max(weights @ (grid - mean) ** 2, 0.0)))
+    mean, sd, step = moments(anchors.min() - width, anchors.max() + width)
+    span = 12.0 * max(sd, 2.0 * step)
+    mean, sd, _ = moments(mean - span, mean + span)
     return LogCorrection(mean, sd, n_ok=len(ok), n_censored=len(bounds))
 
 

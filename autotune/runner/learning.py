@@ -41,9 +41,12 @@ from autotune.storage.db import Storage
 __all__ = ["MAX_EARLIER_ROWS", "DEFAULT_MEMORY_LOG_SD", "workload_of", "key_of",
            "earlier_rows", "own_rows", "memory_log_sd", "StudyLearning", "plan_calibration"]
 
-MAX_EARLIER_ROWS = 20_000
-"""Most rows of earlier studies a warm start reads (the most recent): a bound on one query
-of a large shared database, far more than the corrections need."""
+MAX_EARLIER_ROWS = 2_000
+"""Most rows of earlier studies a warm start reads, the most recent: a bound on one query
+of a large shared database (and on each refit, ~0.1 s), and far more than the corrections
+need: carried over, what earlier studies know is worth at most ~4 of the study's own
+trials (:func:`~autotune.models.calibration.carry_over`: the prior keeps 44% of the fresh
+sd), and a few dozen rows come within a few percent of that."""
 
 DEFAULT_MEMORY_LOG_SD = 0.15
 """The memory correction's prior sd when the study has no layout to take its memory
