@@ -8,7 +8,13 @@ A candidate's worth is its *expected* throughput, the predicted TFLOPS times the
 probability that it fits the device (:attr:`Candidate.expected_tflops`): a layout whose
 memory is *uncertain* stays in the space but ranks by what it is expected to give (an
 OOM trial gives nothing, costs one short failed step, and rules out its hungrier
-siblings). Ranking and the strategies' ``predict`` both use it.
+siblings). The ranking uses it; the strategies get the two factors apart (``predict``
+and ``p_fit``: :func:`autotune.search.make_strategy`), since a layout that ran is a
+residual of its prediction alone.
+
+The memory rule is the study's :class:`~autotune.feasibility.Constraints`, calibrated or
+not (:mod:`autotune.runner.learning`); ``ooms``, the layouts measured to run out of
+memory, condition each ``p_fit`` (:meth:`~autotune.feasibility.Constraints.memory_verdict`).
 
 Each function takes the configs it reads and the study's measured layer times
 (``profile``, :attr:`autotune.spec.StudySpec.profile`), never the whole study.
@@ -16,7 +22,7 @@ Each function takes the configs it reads and the study's measured layer times
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from autotune.config.cluster import ClusterConfig
@@ -41,9 +47,12 @@ class Candidate:
     predicted_step_time_s: float
     predicted_memory_bytes: int
     p_fit: float = 1.0
-    """Probability that the layout fits the device (1 without a memory rule)."""
+    """Probability that the layout fits the device (1 without a memory rule), conditioned
+    on the measured OOMs given to the ranking."""
     memory_verdict: Verdict = Verdict.FITS
-    """*fits* or *uncertain* (an *exceeds* layout is no candidate)."""
+    """*fits* or *uncertain*; *exceeds* only through measured OOMs (a dominating one:
+    ``p_fit`` 0, which the strategies skip; siblings conditioned below the threshold keep
+    their small ``p_fit``). A layout whose prediction alone exceeds is no candidate."""
 
     @property
     def expected_tflops(self) -> float:
@@ -69,23 +78,26 @@ def partition_space(model: ModelConfig, cluster: ClusterConfig, training: Traini
 
 def rank_candidates(model: ModelConfig, cluster: ClusterConfig, training: TrainingConfig,
                     search: SearchConfig, constraints: Constraints, *,
-                    profile: LayerProfile | None) -> list[Candidate]:
+                    profile: LayerProfile | None, ooms: Sequence[Layout] = ()
+                    ) -> list[Candidate]:
     """Feasible layouts, best expected throughput first (ties: fewer devices per model)."""
     feasible, _ = partition_space(model, cluster, training, search, constraints)
     return rank_layouts(model, cluster, feasible, dtype=training.dtype, profile=profile,
-                        constraints=constraints)
+                        constraints=constraints, ooms=ooms)
 
 
 def rank_layouts(model: ModelConfig, cluster: ClusterConfig, layouts: Iterable[Layout], *,
                  dtype: str, profile: LayerProfile | None,
-                 constraints: Constraints | None = None) -> list[Candidate]:
+                 constraints: Constraints | None = None,
+                 ooms: Sequence[Layout] = ()) -> list[Candidate]:
     """``layouts`` with their predictions, best expected throughput first (ties: fewer
     devices per model, then layout order). The probability of fitting comes from
-    ``constraints``' memory rule; without one (a replayed table) every layout has 1."""
+    ``constraints``' memory rule, conditioned on the measured ``ooms``; without one (a
+    replayed table) every layout has 1."""
     out = []
     for layout in layouts:
         step = estimate_step(model, layout, cluster, dtype=dtype, profile=profile)
-        fit = constraints.memory_verdict(layout, model) if constraints else None
+        fit = constraints.memory_verdict(layout, model, ooms=ooms) if constraints else None
         if fit is None:
             mem = estimate_memory(model, layout, dtype=dtype, device=cluster.device,
                                   profile=profile).peak_bytes

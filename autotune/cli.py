@@ -74,6 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = spec.with_storage_url(args.storage)
     if args.n_trials:
         spec = replace(spec, search=replace(spec.search, n_trials=args.n_trials))
+    if args.no_learn:
+        spec = replace(spec, search=replace(spec.search, learn_from_database=False))
     # first: a bad launcher section touches no database
     launchers = make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,
                                source=spec.source)
@@ -180,10 +182,16 @@ def _port(text: str) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from autotune.plan import plan_study, render_plan
+    from autotune.runner.learning import plan_calibration
     from autotune.spec import load_study
 
     spec = load_study(args.study)
-    print(render_plan(plan_study(spec, top=args.top), args.format))
+    learn = spec.search.learn_from_database and not args.no_learn
+    calibration, ooms, note = plan_calibration(spec, learn=learn)
+    if note:
+        print(f"autotune: {note}", file=sys.stderr)
+    print(render_plan(plan_study(spec, top=args.top, calibration=calibration,
+                                 ooms=tuple(ooms), learn_enabled=learn), args.format))
     return EXIT_OK
 
 
@@ -250,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=_positive_float, metavar="S",
                    help="stop launching new trials after S seconds")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.add_argument("--no-learn", action="store_true",
+                   help="do not warm-start the calibration from earlier studies in the "
+                   "database (search.learn_from_database: false)")
     r.set_defaults(func=cmd_run)
 
     s = sub.add_parser("status", help="trials by outcome, best so far, running trials")
@@ -270,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("study", metavar="STUDY.yaml")
     pl.add_argument("--top", type=_positive_int, default=20, metavar="K")
     pl.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    pl.add_argument("--no-learn", action="store_true",
+                    help="calibrate on the study's own measurements only, not on earlier "
+                    "studies' (search.learn_from_database: false)")
     pl.set_defaults(func=cmd_plan)
 
     pf = sub.add_parser("profile", help="measure the layer times of a study's shapes (or "

@@ -102,6 +102,16 @@ class MemoryBudget:
     layer shape, the memory model's stored activations per layer are the measured ones,
     with the measured error bar (:func:`autotune.models.memory.measured_layer_activation`).
     The ``correction`` applies on top, to the whole peak."""
+    stage_corrections: tuple[tuple[int, float, float], ...] = ()
+    """``(zero stage, correction, correction_sigma)``: a stage's own correction, which
+    replaces the two above for its layouts (:mod:`autotune.models.calibration`)."""
+
+    def correction_of(self, layout: Layout) -> tuple[float, float]:
+        """The correction and its log-sd that apply to ``layout`` (its ZeRO stage's)."""
+        for stage, correction, sigma in self.stage_corrections:
+            if stage == layout.zero_stage:
+                return correction, sigma
+        return self.correction, self.correction_sigma
 
     @property
     def usable_bytes(self) -> int:
@@ -132,11 +142,11 @@ class MemoryBudget:
         est = estimate_memory(model, layout, dtype=self.dtype, device=self.device,
                               profile=self.profile)
         unc = estimate_uncertainty(model, layout, est, dtype=self.dtype, device=self.device)
+        correction, correction_sigma = self.correction_of(layout)
         p = fit_probability(est.peak_bytes, self.usable_bytes, unc.relative_sigma,
-                            correction=self.correction,
-                            correction_sigma=self.correction_sigma)
-        s = log_sigma(unc.relative_sigma, self.correction_sigma)
-        median = self.correction * est.peak_bytes
+                            correction=correction, correction_sigma=correction_sigma)
+        s = log_sigma(unc.relative_sigma, correction_sigma)
+        median = correction * est.peak_bytes
         # sd of a log-normal with median m and log-sd s: m * exp(s^2/2) * sqrt(exp(s^2) - 1)
         sigma = median * math.exp(s * s / 2) * math.sqrt(math.expm1(s * s))
         return MemoryVerdict(verdict=classify_fit(p, self.min_p_fit), p_fit=p,
@@ -250,6 +260,18 @@ class Constraints:
         needs, since its rows say themselves what ran, what ran out of memory and what is
         no candidate at all (:class:`autotune.launchers.replay.ReplayLauncher`)."""
         return replace(self, placement=None, memory=None)
+
+    def with_memory_correction(self, correction: float, sigma: float, *,
+                               by_stage: tuple[tuple[int, float, float], ...] = ()
+                               ) -> Constraints:
+        """These constraints with the memory budget's calibration correction and its log-sd,
+        and per ZeRO stage (:mod:`autotune.models.calibration`); unchanged without a
+        memory rule."""
+        if self.memory is None:
+            return self
+        return replace(self, memory=replace(self.memory, correction=correction,
+                                            correction_sigma=sigma,
+                                            stage_corrections=by_stage))
 
     def check(self, layout: Layout, model: ModelConfig) -> list[Reason]:
         """:func:`check_layout` under these constraints."""

@@ -7,8 +7,12 @@ devices (the space is a few thousand layouts; each check and estimate is arithme
 the predicted one times the probability of fitting) and the excluded layouts grouped by the
 first reason code of :mod:`autotune.feasibility`; each feasible row carries its memory
 verdict (*fits* or *uncertain*) and probability of fitting, and the header counts the
-verdicts of every layout the memory rule judged. :func:`render_plan` prints it as an
-aligned table, CSV or JSON.
+verdicts of every layout the memory rule judged. With a :class:`~autotune.models.
+calibration.Calibration` (what ``autotune plan`` learned from the study's database:
+:func:`autotune.runner.learning.plan_calibration`), the memory verdicts use the corrected
+budget, ``p_fit`` is conditioned on the study's measured OOMs, each row also carries its
+calibrated peak and throughput, and the header says what it learned from.
+:func:`render_plan` prints it as an aligned table, CSV or JSON.
 
 >>> from autotune.spec import load_study
 >>> result = plan_study(load_study("studies/cpu_demo.yaml"), top=3)
@@ -30,6 +34,7 @@ from autotune.errors import SpecError
 from autotune.feasibility import REASON_CODES, Constraints
 from autotune.hardware import GiB
 from autotune.layout import Layout
+from autotune.models.calibration import Calibration
 from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
 from autotune.models.memory_uncertainty import Verdict
@@ -54,6 +59,10 @@ class PlanRow:
     """Probability that the layout fits the device."""
     memory_sigma_bytes: int = 0
     """sd of the predicted peak (the error bar behind ``p_fit``)."""
+    calibrated_memory_bytes: int | None = None
+    """The predicted peak times the memory correction (``None``: no memory rule)."""
+    calibrated_tflops: float | None = None
+    """The predicted model TFLOPS per device times the throughput correction."""
 
 
 @dataclass(frozen=True)
@@ -88,20 +97,39 @@ class PlanResult:
     valid ones): fits and uncertain are feasible, exceeds excluded."""
     memory_min_p_fit: float | None = None
     """``trial.memory_min_p_fit`` the verdicts used."""
+    calibration: str | None = None
+    """What the plan learned from the database, one line (``None``: not calibrated)."""
+    calibration_record: dict[str, Any] | None = None
+    """The same as :func:`autotune.runner.records.learned_from_record` (JSON output)."""
 
 
-def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
-    """Rank the study's feasible layouts and count the excluded ones by reason."""
+def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | None = None,
+               ooms: tuple[Layout, ...] = (), learn_enabled: bool = True) -> PlanResult:
+    """Rank the study's feasible layouts and count the excluded ones by reason; with a
+    ``calibration``, under its corrections and conditioned on the measured ``ooms``."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise SpecError("--top", top, "allowed: an integer >= 1")
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
                                            spec.trial, profile=spec.profile)
+    factor = 1.0
+    if calibration is not None:
+        constraints = constraints.with_memory_correction(
+            calibration.memory_factor, calibration.memory_sd,
+            by_stage=calibration.memory_stage_corrections())
+        factor = calibration.throughput_factor
     model, cluster, profile = spec.model, spec.cluster, spec.profile
     feasible, excluded = partition_space(model, cluster, spec.training, spec.search,
                                          constraints)
     ranked = rank_layouts(model, cluster, feasible, dtype=spec.training.dtype,
-                          profile=profile, constraints=constraints)
-    rows = tuple(_row(spec, constraints, i + 1, c) for i, c in enumerate(ranked[:top]))
+                          profile=profile, constraints=constraints, ooms=ooms)
+    rows = tuple(_row(spec, constraints, i + 1, c, factor)
+                 for i, c in enumerate(ranked[:top]))
+    record, line = None, None
+    if calibration is not None:
+        from autotune.runner.records import learned_from_line, learned_from_record  # optuna
+
+        record = learned_from_record(calibration, enabled=learn_enabled)
+        line = learned_from_line(record)
     verdicts = Counter(c.memory_verdict.value for c in ranked)
     verdicts["exceeds"] = sum(reasons[0].code == "memory" for _, reasons in excluded)
     counts: Counter[str] = Counter()
@@ -120,10 +148,12 @@ def plan_study(spec: StudySpec, top: int = 20) -> PlanResult:
         excluded=exclusions,
         profile=profile.label if profile is not None else None,
         memory_verdicts=tuple((v.value, verdicts[v.value]) for v in Verdict),
-        memory_min_p_fit=constraints.memory.min_p_fit if constraints.memory else None)
+        memory_min_p_fit=constraints.memory.min_p_fit if constraints.memory else None,
+        calibration=line, calibration_record=record)
 
 
-def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate) -> PlanRow:
+def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate,
+         throughput_factor: float = 1.0) -> PlanRow:
     dtype, device = spec.training.dtype, spec.cluster.device
     fit = constraints.memory_verdict(cand.layout, spec.model)
     return PlanRow(rank, cand.layout,
@@ -131,13 +161,16 @@ def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate) 
                                  profile=spec.profile),
                    estimate_memory(spec.model, cand.layout, dtype=dtype, device=device,
                                    profile=spec.profile),
-                   cand.memory_verdict, cand.p_fit, fit.sigma_bytes if fit else 0)
+                   cand.memory_verdict, cand.p_fit, fit.sigma_bytes if fit else 0,
+                   fit.corrected_bytes if fit else None,
+                   cand.predicted_tflops * throughput_factor)
 
 
 _COLUMNS = ("rank", "layout", "tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage",
             "recompute", "model_tflops_per_device", "step_time_s", "peak_memory_gib",
             "bubble_s", "comm_s", "layer_time", "memory_verdict", "p_fit",
-            "peak_memory_sigma_gib", "layer_memory")
+            "peak_memory_sigma_gib", "layer_memory", "calibrated_model_tflops_per_device",
+            "calibrated_peak_memory_gib")
 
 
 def _row_values(row: PlanRow) -> list[Any]:
@@ -149,7 +182,10 @@ def _row_values(row: PlanRow) -> list[Any]:
             round(st.bubble_s, 6), round(comm, 6), "measured" if st.profiled else "model",
             row.memory_verdict.value, round(row.p_fit, 4),
             round(row.memory_sigma_bytes / GiB, 3),
-            "measured" if row.memory.profiled else "model"]
+            "measured" if row.memory.profiled else "model",
+            None if row.calibrated_tflops is None else round(row.calibrated_tflops, 4),
+            None if row.calibrated_memory_bytes is None
+            else round(row.calibrated_memory_bytes / GiB, 3)]
 
 
 def _fit_cell(row: PlanRow) -> str:
@@ -177,12 +213,15 @@ def _to_json(result: PlanResult) -> dict[str, Any]:
         "profile": result.profile,
         "memory_verdicts": dict(result.memory_verdicts),
         "memory_min_p_fit": result.memory_min_p_fit,
+        "calibration": result.calibration_record,
         "feasible": [{"rank": r.rank, "layout": r.layout.to_dict(), "key": r.layout.key(),
                       "model_tflops_per_device": r.step.model_tflops_per_device,
                       "step_time_s": r.step.step_time_s,
                       "peak_memory_bytes": r.memory.peak_bytes,
                       "memory_verdict": r.memory_verdict.value, "p_fit": r.p_fit,
                       "peak_memory_sigma_bytes": r.memory_sigma_bytes,
+                      "calibrated_model_tflops_per_device": r.calibrated_tflops,
+                      "calibrated_peak_memory_bytes": r.calibrated_memory_bytes,
                       "step": r.step.to_dict(),
                       "memory": {k: v for k, v in r.memory.__dict__.items()}}
                      for r in result.rows],
@@ -216,6 +255,14 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
     cols = ["rank", "layout", "TFLOPS/dev", "step_s", "mem_GiB", "+-GiB", "memory",
             "bubble_s", "comm_s"]
     picks = [0, 1, 9, 10, 11, 17, -1, 12, 13]
+    if result.calibration is not None:
+        head += ("\ncalibration: " + result.calibration
+                 + " (cal_* columns: the predictions corrected; the ranking is unchanged"
+                 " by the throughput factor, the memory verdicts use the correction)")
+        cols[4:4] = ["cal_TFLOPS"]
+        picks[4:4] = [19]
+        cols[6:6] = ["cal_mem"]
+        picks[6:6] = [20]
     if result.profile is not None:
         n = sum(r.step.profiled for r in result.rows)
         n_mem = sum(r.memory.profiled for r in result.rows)

@@ -18,6 +18,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import UsageError
 from autotune.layout import Layout
 from autotune.runner.records import (
+    learned_from_line,
+    learned_from_of,
     search_stop_line,
     search_stop_of,
     study_fingerprint,
@@ -46,6 +48,9 @@ class StudyStatus:
     search_stop_record: dict[str, Any] | None = None
     """The same as recorded (:func:`autotune.runner.records.search_stop_record`): what
     :func:`autotune.runner.budget.study_done` decides on."""
+    learned_from: str | None = None
+    """What the study's calibration learned from (earlier studies and their measurements,
+    the corrections): :func:`autotune.runner.records.learned_from_line`."""
 
     @property
     def waiting(self) -> int:
@@ -98,6 +103,7 @@ def study_status(study: optuna.Study) -> StudyStatus:
         fingerprint=study_fingerprint(study),
         search_stop=search_stop_line(record),
         search_stop_record=record,
+        learned_from=learned_from_line(learned_from_of(study)),
     )
 
 
@@ -116,4 +122,6 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
                            "running", "waiting", "best layout", "best TFLOPS/dev"], rows)]
     lines += [f"{st.name}: search stopped: {st.search_stop}" for st in statuses
               if st.search_stop]
+    lines += [f"{st.name}: calibration: {st.learned_from}" for st in statuses
+              if st.learned_from]
     return "\n".join(lines)

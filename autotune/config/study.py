@@ -132,6 +132,11 @@ class SearchConfig:
     """Wall-time budget for the whole run, in seconds."""
     seed: int = 0
     """Sampler seed."""
+    learn_from_database: bool = True
+    """Warm-start the memory and step-time corrections from the ``measurements`` of earlier
+    studies of the same device type, dtype and workload in the study's database (issue
+    #13; docs/models.md, "Calibration from measurements"). ``false`` (or ``--no-learn``)
+    starts from the models alone; the study still calibrates on its own trials."""
 
     def __post_init__(self) -> None:
         for i, z in enumerate(self.zero_stage):
@@ -146,7 +151,7 @@ class SearchConfig:
         if self.timeout_s is not None:
             check_float("search.timeout_s", self.timeout_s, strict=True,
                         maximum=MAX_RUN_TIMEOUT_S)
-        for name in ("tp_across_nodes", "tp_across_cards"):
+        for name in ("tp_across_nodes", "tp_across_cards", "learn_from_database"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"search.{name}", getattr(self, name), "allowed: true or false")
 

@@ -24,7 +24,13 @@ from autotune.report.export import megatron_deepspeed_args
 from autotune.report.files import ReportPaths, write_text_atomic
 from autotune.report.frames import measurements_frame, trials_frame, write_exports
 from autotune.report.render import Code, Image, Report, Section, Table, Text, render
-from autotune.runner.records import StudyAttr, study_device_memory_gib, study_fingerprint
+from autotune.runner.records import (
+    StudyAttr,
+    learned_from_line,
+    learned_from_of,
+    study_device_memory_gib,
+    study_fingerprint,
+)
 from autotune.storage.db import Storage
 
 __all__ = ["study_report"]
@@ -107,6 +113,9 @@ def _meta(study: optuna.Study, storage: Storage, trials: pd.DataFrame,
              + ", ".join(f"{n} {o}" for o, n in an.outcome_counts(trials).itertuples(index=False))
              + ")",
              f"generated: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"]
+    learned = learned_from_line(learned_from_of(study))
+    if learned:
+        lines.insert(-1, f"calibration: {learned}")
     return lines
 
 

@@ -42,6 +42,7 @@ TRIAL_COLUMNS: dict[str, str] = {
     "mfu": "float64", "step_time_s": "float64", "step_time_iqr_s": "float64",
     "tokens_per_s": "float64", "peak_memory_gib": "float64",
     "predicted_memory_gib": "float64", "predicted_tflops_per_device": "float64",
+    "calibrated_memory_gib": "float64", "calibrated_tflops_per_device": "float64",
     "elapsed_s": "float64", "reason": "str", "device_name": "str", "launcher": "str",
     "worker": "str", "hosts": "str", "retry_of": "float64",
     "datetime_start": "datetime64[us]", "datetime_complete": "datetime64[us]",
@@ -51,7 +52,8 @@ TRIAL_COLUMNS: dict[str, str] = {
 _FLOAT_ATTRS = (TrialAttr.MODEL_TFLOPS, TrialAttr.HARDWARE_TFLOPS, TrialAttr.MFU,
                 TrialAttr.STEP_TIME_S, TrialAttr.STEP_TIME_IQR_S, TrialAttr.TOKENS_PER_S,
                 TrialAttr.PEAK_MEMORY_GIB, TrialAttr.PREDICTED_MEMORY_GIB,
-                TrialAttr.PREDICTED_TFLOPS, TrialAttr.ELAPSED_S, TrialAttr.RETRY_OF)
+                TrialAttr.PREDICTED_TFLOPS, TrialAttr.CALIBRATED_MEMORY_GIB,
+                TrialAttr.CALIBRATED_TFLOPS, TrialAttr.ELAPSED_S, TrialAttr.RETRY_OF)
 """Trial attributes that are frame columns of the same name, as floats."""
 
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from autotune.hardware import GiB
 from autotune.layout import Layout
+from autotune.models.calibration import BUILTIN_WORKLOAD, Calibration, LogCorrection
 from autotune.runner.outcome import Outcome
 from autotune.trial import TrialResult
 
@@ -30,7 +31,8 @@ __all__ = ["TrialAttr", "StudyAttr", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR", "RES
            "study_attrs", "set_user_attrs", "trial_layout", "trial_layout_key",
            "trial_outcome", "trial_reason", "is_retry", "study_fingerprint",
            "study_device_memory_gib", "search_stop_record",
-           "search_stop_of", "search_stop_threshold", "search_stop_line"]
+           "search_stop_of", "search_stop_threshold", "search_stop_line",
+           "learned_from_record", "learned_from_of", "learned_from_line"]
 
 
 class TrialAttr:
@@ -54,6 +56,11 @@ class TrialAttr:
     ELAPSED_S = "elapsed_s"
     PREDICTED_TFLOPS = "predicted_tflops_per_device"
     PREDICTED_MEMORY_GIB = "predicted_memory_gib"
+    CALIBRATED_TFLOPS = "calibrated_tflops_per_device"
+    """The predicted TFLOPS times the study's throughput correction when it was launched
+    (:mod:`autotune.models.calibration`); the ``predicted_*`` keys stay the models' own."""
+    CALIBRATED_MEMORY_GIB = "calibrated_memory_gib"
+    """The predicted peak times the study's memory correction when it was launched."""
     TRIAL_DIR = "trial_dir"
     HOSTS = "hosts"
     MODEL_TFLOPS = "model_tflops_per_device"
@@ -98,6 +105,9 @@ class StudyAttr:
     SEARCH_STOP = "search_stop"
     """Why the strategy last stopped before the budget (a dict from
     :func:`search_stop_record`), or ``None`` once a later proposal was made."""
+    LEARNED_FROM = "learned_from"
+    """What the study's calibration rests on (a dict from :func:`learned_from_record`):
+    the earlier studies and their measurements, and the corrections last fitted."""
 
 
 
@@ -133,11 +143,14 @@ class TrialFacts:
     predicted_tflops_per_device: float | None
     predicted_memory_bytes: float | None
     trial_dir: str | None = None
+    calibrated_tflops_per_device: float | None = None
+    calibrated_memory_bytes: float | None = None
 
 
 def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch: int,
-                    dtype: str) -> dict[str, Any]:
-    """A row of the ``measurements`` table (``autotune.storage.schema.Measurement``)."""
+                    dtype: str, workload: str = BUILTIN_WORKLOAD) -> dict[str, Any]:
+    """A row of the ``measurements`` table (``autotune.storage.schema.Measurement``). Its
+    predictions are the models' own, uncalibrated: what the next calibration fits."""
     lay, res = facts.layout, facts.result
     return {
         "study_name": facts.study_name, "trial_number": facts.trial_number,
@@ -149,6 +162,7 @@ def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch
         "n_head": model.n_head, "seq_len": model.seq_len, "vocab_size": model.vocab_size,
         "n_params": float(model.n_params()), "device_type": cluster.device,
         "nodes": cluster.nodes, "devices_per_node": cluster.devices_per_node, "dtype": dtype,
+        "workload": workload,
         "outcome": facts.outcome.kind, "status": res.status if res else None,
         "reason": facts.outcome.reason or None,
         "model_tflops_per_device": res.model_tflops_per_device if res else None,
@@ -189,6 +203,10 @@ def user_attrs(facts: TrialFacts) -> dict[str, Any]:
         attrs[TrialAttr.PREDICTED_TFLOPS] = facts.predicted_tflops_per_device
     if facts.predicted_memory_bytes is not None:
         attrs[TrialAttr.PREDICTED_MEMORY_GIB] = round(facts.predicted_memory_bytes / GiB, 3)
+    if facts.calibrated_tflops_per_device is not None:
+        attrs[TrialAttr.CALIBRATED_TFLOPS] = facts.calibrated_tflops_per_device
+    if facts.calibrated_memory_bytes is not None:
+        attrs[TrialAttr.CALIBRATED_MEMORY_GIB] = round(facts.calibrated_memory_bytes / GiB, 4)
     if facts.trial_dir:
         attrs[TrialAttr.TRIAL_DIR] = facts.trial_dir
     if facts.hosts:
@@ -307,3 +325,64 @@ def search_stop_line(record: Any) -> str | None:
     threshold = search_stop_threshold(record)
     return str(record["reason"]) + (f" (search.min_improvement {threshold:g})"
                                     if threshold is not None else "")
+
+
+def _correction(c: LogCorrection, **counts: int) -> dict[str, Any]:
+    return {"factor": round(c.factor, 6), "log_sd": round(c.sd, 6), **counts}
+
+
+def learned_from_record(cal: Calibration, *, enabled: bool) -> dict[str, Any]:
+    """The study's :attr:`StudyAttr.LEARNED_FROM`: the key, the earlier studies learned
+    from with their measurements (none when ``enabled`` is false: ``search.
+    learn_from_database`` or ``--no-learn``), the study's own, and both corrections
+    (``factor``: measured / predicted, the median; ``log_sd``: its sd in log)."""
+    key = cal.key
+    return {"enabled": enabled, "device_type": key.device_type, "dtype": key.dtype,
+            "workload": key.workload,
+            "studies": [{"study": name, "measurements": n} for name, n in cal.learned_from],
+            "measurements": sum(n for _, n in cal.learned_from), "own": cal.own,
+            "memory": {**_correction(cal.memory, ok=cal.memory.n_ok, oom=cal.memory.n_censored),
+                       "by_zero_stage": {str(z): _correction(c, ok=c.n_ok, oom=c.n_censored)
+                                         for z, c in cal.memory_by_stage}},
+            "throughput": _correction(cal.throughput, ok=cal.throughput.n_ok)}
+
+
+def learned_from_of(study: _HasAttrs) -> dict[str, Any] | None:
+    """The study's recorded :func:`learned_from_record`, ``None`` if none."""
+    record = study.user_attrs.get(StudyAttr.LEARNED_FROM)
+    return record if isinstance(record, dict) else None
+
+
+def learned_from_line(record: Any) -> str | None:
+    """A :func:`learned_from_record` as one line for people; ``None`` when there is none.
+
+    ``learned from 2 earlier studies of cpu/fp32/builtin (a: 5, b: 3 measurements); with
+    this study's 4: memory x0.93 (+-5%), step time x2.2 (+-9%)``
+    """
+    if not isinstance(record, dict):
+        return None
+    what = f"{record.get('device_type')}/{record.get('dtype')}/{record.get('workload')}"
+    studies = record.get("studies") or []
+    if not record.get("enabled", True):
+        head = "not learning from earlier studies (search.learn_from_database: false)"
+    elif not studies:
+        head = f"no earlier study of {what} in the database"
+    else:
+        listed = ", ".join(f"{s.get('study')}: {s.get('measurements')}" for s in studies[:5])
+        more = f", and {len(studies) - 5} more" if len(studies) > 5 else ""
+        head = (f"learned from {len(studies)} earlier "
+                f"{'study' if len(studies) == 1 else 'studies'} of {what} "
+                f"({listed}{more} measurements)")
+    parts = []
+    mem, tp = record.get("memory") or {}, record.get("throughput") or {}
+    if mem.get("ok") or mem.get("oom"):
+        stages = mem.get("by_zero_stage") or {}
+        each = ", ".join(f"ZeRO {z} x{c['factor']:.3g}" for z, c in sorted(stages.items()))
+        parts.append(f"memory x{mem['factor']:.3g} (+-{100 * mem['log_sd']:.0f}%"
+                     + (f"; {each})" if len(stages) > 1 else ")"))
+    if tp.get("ok"):
+        parts.append(f"step time x{1 / tp['factor']:.3g} (+-{100 * tp['log_sd']:.0f}%)")
+    own = record.get("own") or 0
+    tail = (f"; with this study's {own}: " if own else "; ") + (
+        ", ".join(parts) if parts else "no correction yet")
+    return head + tail

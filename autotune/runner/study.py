@@ -22,9 +22,13 @@ trial here is an external process whose interruption must be handled precisely:
   history alone, so a resumed run reaches it again at once.
 
 Strategies get the candidates in plan order (:func:`autotune.search.plan_order`), the
-order the benchmark replays them in, whatever the cost model predicts of them. How each
-step reads and writes the Optuna study is :mod:`autotune.runner.optuna_io`; when a study
-is done, :mod:`autotune.runner.budget`.
+order the benchmark replays them in, whatever the cost model predicts of them, with the
+cost model's prediction and each candidate's probability of fitting apart. Whenever the
+study has judged more trials, the worker refits its memory and step-time corrections
+(:mod:`autotune.runner.learning`, warm-started from earlier studies of the device) and
+recomputes every candidate's probability of fitting, conditioned on the study's OOMs. How
+each step reads and writes the Optuna study is :mod:`autotune.runner.optuna_io`; when a
+study is done, :mod:`autotune.runner.budget`.
 """
 
 from __future__ import annotations
@@ -43,13 +47,14 @@ from enum import Enum
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.candidates import Candidate, rank_candidates, rank_layouts
+from autotune.candidates import Candidate
 from autotune.errors import UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.launchers.base import Launcher, TrialPaths
 from autotune.layout import Layout
 from autotune.results import best_trial
 from autotune.runner.budget import budget_reached, within_budget
+from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
 from autotune.runner.lifecycle import StopSignals, heartbeat
 from autotune.runner.optuna_io import (
     enqueue,
@@ -65,8 +70,23 @@ from autotune.runner.optuna_io import (
 )
 from autotune.runner.outcome import classify, infeasible
 from autotune.runner.progress import Progress
-from autotune.runner.records import TrialFacts, measurement_row, search_stop_of, search_stop_record
-from autotune.search import dominated_by_oom, make_strategy, plan_order
+from autotune.runner.records import (
+    StudyAttr,
+    TrialFacts,
+    learned_from_line,
+    learned_from_record,
+    measurement_row,
+    search_stop_of,
+    search_stop_record,
+    set_user_attrs,
+)
+from autotune.search import (
+    Observation,
+    cost_model_predictor,
+    dominated_by_oom,
+    make_strategy,
+    plan_order,
+)
 from autotune.spec import StudySpec
 from autotune.storage.db import ClaimResult, Storage
 from autotune.trial import TrialSpec
@@ -132,24 +152,27 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
                                            profile=spec.profile)
     table = launchers[0].fixed_layouts()
-    if table is None:
-        candidates = rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
-                                     constraints, profile=spec.profile)
-    else:
+    if table is not None:
         # A replayed table is the space: its rows say what ran and what ran out of memory,
         # so only the structural rules apply (the study's axes, placement and memory
         # model would hide rows that were measured).
         constraints = constraints.structural_only()
-        candidates = rank_layouts(spec.model, spec.cluster,
-                                  [lay for lay in table if not constraints.check(lay, spec.model)],
-                                  dtype=spec.training.dtype, profile=spec.profile)
+    key = key_of(spec, workload_of(launchers[0].kind))
+    learn = spec.search.learn_from_database
+    learning = StudyLearning(spec, constraints, key,
+                             earlier_rows(storage, key, spec.name) if learn else (),
+                             table=table, enabled=learn)
+    candidates = learning.candidates()
     if not candidates:
         raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")
     study = open_study(spec, storage)  # once, before worker threads could race to create it
+    record = learned_from_record(learning.calibration, enabled=learn)
+    set_user_attrs(study, {StudyAttr.LEARNED_FROM: record})
     progress = progress or Progress(total=n_trials, enabled=False)
+    progress.message(f"calibration: {learned_from_line(record)}")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
-    workers = [_Worker(spec, storage, study, launcher, candidates, constraints, n_trials,
+    workers = [_Worker(spec, storage, study, launcher, learning.copy(), n_trials,
                        progress, name_suffix=f"/{i}" if len(launchers) > 1 else "")
                for i, launcher in enumerate(launchers)]
     with StopSignals(launchers) as signals:
@@ -186,19 +209,23 @@ class _Worker:
     """One worker's loop over the shared study (see the module docstring)."""
 
     def __init__(self, spec: StudySpec, storage: Storage, study: optuna.Study,
-                 launcher: Launcher, candidates: list[Candidate], constraints: Constraints,
-                 n_trials: int, progress: Progress, *, name_suffix: str = "") -> None:
+                 launcher: Launcher, learning: StudyLearning, n_trials: int,
+                 progress: Progress, *, name_suffix: str = "") -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
-        self.constraints = constraints
-        self.plan = plan_order(c.layout for c in candidates)
+        self.learning = learning
+        self.constraints: Constraints = learning.constraints
+        self._set_candidates(learning.candidates())
+        self._judged: int | None = None  # ok + oom observations the calibration has seen
         self.n_trials, self.progress = n_trials, progress
-        self.by_key: dict[str, Candidate] = {c.layout.key(): c for c in candidates}
         self.study = study
         self.strategy = make_strategy(
             spec.search.strategy, seed=spec.search.seed,
-            predict=lambda lay: self.by_key[lay.key()].expected_tflops
-            if lay.key() in self.by_key else 0.0,
-            min_improvement=spec.search.min_improvement)
+            predict=cost_model_predictor(spec.model, spec.cluster, dtype=spec.training.dtype,
+                                         profile=spec.profile),
+            p_fit=lambda lay: self.by_key[lay.key()].p_fit if lay.key() in self.by_key
+            else 0.0,
+            min_improvement=spec.search.min_improvement,
+            warm_start=learning.calibration.residuals)
         self.name_suffix = name_suffix
         self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
         self.run_cfg = spec.run_config()
@@ -237,6 +264,7 @@ class _Worker:
                 continue
             idle = 0
             self._measure(trial, layout)
+        self._recalibrate(history(self.study, {}))  # the record holds the last trial too
         self.summary.best = best_trial(self.study)
         self.summary.trials = self.study.get_trials(deepcopy=False)
         return self.summary
@@ -250,7 +278,9 @@ class _Worker:
             return None
         if budget_reached(len(claimed), self.n_trials):
             return "budget"
-        proposal = self.strategy.propose(self.plan, history(self.study, claimed))
+        observed = history(self.study, claimed)
+        self._recalibrate(observed)
+        proposal = self.strategy.propose(self.plan, observed)
         stop = self.strategy.stop
         if proposal is None and stop is not None:
             self.summary.stop_reason = stop.reason
@@ -266,6 +296,23 @@ class _Worker:
             set_search_stop(self.study, None)
         enqueue(self.study, proposal)
         return None
+
+    def _set_candidates(self, candidates: list[Candidate]) -> None:
+        self.plan = plan_order(c.layout for c in candidates)
+        self.by_key: dict[str, Candidate] = {c.layout.key(): c for c in candidates}
+
+    def _recalibrate(self, observed: list[Observation]) -> None:
+        """Refit the corrections when the study has judged more trials (one query); every
+        untried layout gets its new probability of fitting, given the OOMs."""
+        judged = sum(o.status in ("ok", "oom") for o in observed)
+        if judged == self._judged:
+            return
+        self._judged = judged
+        ooms = [o.layout for o in observed if o.status == "oom"]
+        self._set_candidates(self.learning.refit(self.storage, ooms))
+        self.constraints = self.learning.constraints
+        set_user_attrs(self.study, {StudyAttr.LEARNED_FROM: learned_from_record(
+            self.learning.calibration, enabled=self.learning.enabled)})
 
     def _admit(self, trial: optuna.Trial) -> tuple[Admission, Layout]:
         """Check, claim and budget the trial's layout (and tell the trial if it is not
@@ -313,10 +360,14 @@ class _Worker:
             elapsed_s=report.elapsed_s, hosts=report.hosts,
             predicted_tflops_per_device=cand.predicted_tflops if cand else None,
             predicted_memory_bytes=cand.predicted_memory_bytes if cand else None,
-            trial_dir=str(paths.root))
+            trial_dir=str(paths.root),
+            calibrated_tflops_per_device=cand.predicted_tflops
+            * self.learning.calibration.throughput_factor if cand else None,
+            calibrated_memory_bytes=self.learning.calibrated_memory_bytes(layout))
         self.storage.add_measurement(measurement_row(
             facts, model=spec.model, cluster=spec.cluster,
-            global_batch=spec.training.global_batch, dtype=spec.training.dtype))
+            global_batch=spec.training.global_batch, dtype=spec.training.dtype,
+            workload=self.learning.key.workload))
         tell_outcome(self.study, trial, facts)
         if outcome.retry:
             enqueue(self.study, layout, retry_of=trial.number)

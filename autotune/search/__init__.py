@@ -18,9 +18,13 @@ benchmark (``benchmarks/search_efficiency.py``) drives the very same objects. Se
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from autotune.config.study import STRATEGIES, check_min_improvement
 from autotune.errors import SpecError
+from autotune.models.calibration import Residual
 from autotune.search._base import (
+    FitProbability,
     Observation,
     Predictor,
     Stop,
@@ -40,7 +44,7 @@ from autotune.search._residual import ResidualStrategy
 from autotune.search._seeding import cost_model_predictor
 from autotune.search._simple import CostModelOnlyStrategy, GridStrategy, RandomStrategy
 
-__all__ = ["STRATEGIES", "Observation", "Predictor", "Stop", "Strategy",
+__all__ = ["STRATEGIES", "Observation", "Predictor", "FitProbability", "Stop", "Strategy",
            "make_strategy", "dominated_by_oom", "needs_no_less_memory", "untried", "plan_order",
            "axis_distributions", "layout_from_params", "cost_model_predictor",
            "ResidualStrategy", "CostModelOnlyStrategy", "GridStrategy", "RandomStrategy",
@@ -67,19 +71,27 @@ def _gp(seed: int):
 
 
 def make_strategy(name: str, *, seed: int, predict: Predictor | None = None,
-                  min_improvement: float | None = None) -> Strategy:
+                  p_fit: FitProbability | None = None, min_improvement: float | None = None,
+                  warm_start: Sequence[Residual] = ()) -> Strategy:
     """A fresh strategy for one study. ``predict`` is the cost model's predicted throughput
-    of a layout; ``cost-model-only`` needs it, ``default`` uses it when given.
-    ``min_improvement`` (``search.min_improvement``): only ``default`` has an expected
-    improvement to compare with it; the others refuse it rather than ignore it."""
+    of a layout; ``cost-model-only`` needs it, ``default`` uses it when given. ``p_fit``:
+    each candidate's probability of fitting the device (``None``: all fit); the two rank by
+    expected throughput, prediction times ``p_fit``, and ``default`` learns its residuals
+    against the prediction alone. ``warm_start``: earlier studies' throughput residuals,
+    the prior of ``default``'s residual model (:mod:`autotune.models.calibration`).
+    ``random``, ``grid``, ``tpe`` and ``gp`` use neither: baselines, and samplers that
+    learn from the OOMs they are told. ``min_improvement`` (``search.min_improvement``):
+    only ``default`` has an expected improvement to compare with it; the others refuse it
+    rather than ignore it."""
     if min_improvement is not None:
         min_improvement = check_min_improvement(min_improvement, name)
     if name == "default":
-        return ResidualStrategy(seed=seed, predict=predict, min_improvement=min_improvement)
+        return ResidualStrategy(seed=seed, predict=predict, p_fit=p_fit,
+                                min_improvement=min_improvement, warm_start=warm_start)
     if name == "cost-model-only":
         if predict is None:
             raise SpecError("search.strategy", name, "needs a cost model (predict)")
-        return CostModelOnlyStrategy(seed=seed, predict=predict)
+        return CostModelOnlyStrategy(seed=seed, predict=predict, p_fit=p_fit)
     if name == "random":
         return RandomStrategy(seed=seed)
     if name == "grid":

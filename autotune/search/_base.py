@@ -33,11 +33,19 @@ from dataclasses import dataclass
 
 from autotune.layout import Layout
 
-__all__ = ["Observation", "Stop", "Strategy", "Predictor", "OBSERVATION_STATUSES",
-           "dominated_by_oom", "untried", "plan_order"]
+__all__ = ["Observation", "Stop", "Strategy", "Predictor", "FitProbability",
+           "OBSERVATION_STATUSES", "dominated_by_oom", "untried", "plan_order"]
 
 Predictor = Callable[[Layout], float]
-"""Predicted throughput of a layout (model TFLOPS per device; any positive scale)."""
+"""Predicted throughput of a layout (model TFLOPS per device; any positive scale), as the
+cost model gives it: not weighed by the probability of fitting (:data:`FitProbability`)."""
+
+FitProbability = Callable[[Layout], float]
+"""Probability that a candidate fits the device's memory (the memory verdict's ``p_fit``,
+conditioned on the study's OOMs). Kept apart from :data:`Predictor`: a layout that ran
+fitted, so what it measured is a residual against the prediction alone, while a trial
+not yet run is worth its throughput only with this probability (an OOM gives nothing).
+Asked anew at every proposal: it changes as the study measures."""
 
 OBSERVATION_STATUSES: tuple[str, ...] = ("ok", "oom", "error", "pending")
 

@@ -3,7 +3,9 @@
 The cost model is usually right about the shape of the landscape and wrong about a few
 axes (a slow interconnect, a kernel that is faster at one micro-batch). So the strategy
 
-1. measures the cost model's top :data:`SEED_TRIALS` layouts first, in predicted order;
+1. measures the cost model's top :data:`SEED_TRIALS` layouts first, in expected order:
+   the predicted throughput (corrected by the warm-start prior, below) times the
+   probability of fitting;
 2. then fits, on the measured layouts only, a Bayesian linear model of the residual
    ``r = log(measured) - log(predicted)`` with a trend per doubling of each numeric axis
    (tp, pp, dp, micro-batch, grad-accum), one coefficient per categorical value (ZeRO
@@ -11,10 +13,13 @@ axes (a slow interconnect, a kernel that is faster at one micro-batch). So the s
    overall scale error; see :class:`_Features`). Its Gaussian prior shrinks every
    correction towards zero, so one measurement moves the layouts that share its axis
    values a little and the rest not at all (ridge regression = the posterior mean;
-   Bishop 2006, section 3.3);
+   Bishop 2006, section 3.3). The residual is against the prediction alone: a layout
+   that ran did fit, whatever its probability of fitting was;
 3. proposes the untried layout with the largest expected improvement (Jones et al. 1998)
    of ``log(predicted) + r`` over the best measured, under the posterior variance plus a
-   per-layout term for what an additive correction cannot explain;
+   per-layout term for what an additive correction cannot explain, times its
+   probability of fitting (``p_fit``: an OOM improves nothing, so ``E[gain] = p_fit ·
+   E[gain | it fits]``, fitting and throughput taken as independent);
 4. skips layouts that need no less memory than a measured OOM;
 5. optionally stops early (issue #5): with ``min_improvement`` set, once
    :data:`SEED_TRIALS` trials have finished and at least one has a value, it proposes
@@ -33,7 +38,13 @@ The prior's widths are fixed, generic statements about cost models and measureme
 fitted to any landscape: ``AXIS_SD`` (an axis value may shift throughput by ~30% from
 the prediction), ``INTERCEPT_SD`` (the overall scale may be off by a factor ~e) and
 ``LAYOUT_SD`` (~20% unexplained per layout: interactions an additive correction
-misses). Everything else is fitted from the study's own trials.
+misses). Everything else is fitted from the study's own trials, and, with a warm start,
+from earlier studies': ``warm_start`` holds their residuals (:class:`~autotune.models.
+calibration.Residual`, same device type, dtype and workload); the same regression fitted
+on them from the generic prior gives a posterior that, carried over
+(:func:`~autotune.models.calibration.carry_over_gaussian`: mean ``rho · m``, covariance
+``rho^2 · S + (1 - rho^2) · prior``), is this study's prior (docs/models.md,
+"Calibration from measurements").
 """
 
 from __future__ import annotations
@@ -44,8 +55,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from autotune.layout import Layout
-from autotune.search._base import Observation, Predictor, Stop, Strategy
-from autotune.search._simple import log_predictions
+from autotune.models.calibration import Residual, carry_over_gaussian
+from autotune.search._base import FitProbability, Observation, Predictor, Stop, Strategy
+from autotune.search._simple import log_fit_probabilities, log_predictions
 
 __all__ = ["ResidualStrategy", "expected_improvement"]
 
@@ -103,12 +115,16 @@ class _Features:
         self.prior_precision = np.diag(1.0 / np.square(sds))
         self.log_prior = log_prior
 
-    def matrix(self, layouts: Sequence[Layout]) -> np.ndarray:
+    def matrix(self, layouts: Sequence[Layout],
+               slopes: Sequence[float] | None = None) -> np.ndarray:
+        """One row per layout; ``slopes``: the centred log predictions where they are not
+        this study's (another study's layouts, centred within it)."""
         rows = []
-        for lay in layouts:
+        for i, lay in enumerate(layouts):
             row = [1.0]
             if self.use_slope:
-                row.append(self.log_prior.get(lay, self.prior_centre) - self.prior_centre)
+                row.append(slopes[i] if slopes is not None else
+                           self.log_prior.get(lay, self.prior_centre) - self.prior_centre)
             row += [math.log2(getattr(lay, a)) - self.centre[a] for a in self.numeric]
             row += [1.0 if getattr(lay, a) == v else 0.0 for a, v in self.onehot]
             rows.append(row)
@@ -121,36 +137,65 @@ class ResidualStrategy(Strategy):
     name = "default"
 
     def __init__(self, *, seed: int = 0, predict: Predictor | None = None,
-                 min_improvement: float | None = None) -> None:
+                 p_fit: FitProbability | None = None, min_improvement: float | None = None,
+                 warm_start: Sequence[Residual] = ()) -> None:
         super().__init__(seed=seed)
         self._predict = predict
+        self._p_fit = p_fit
         self.min_improvement = min_improvement
         """Stop when the largest EI (a fraction of the best) is below this; ``None``: never."""
+        self._warm = tuple(warm_start) if predict is not None else ()
+        """Earlier studies' residuals (meaningless without a cost model to be residuals of)."""
         self._prior: dict[Layout, float] = {}
         self._features: _Features | None = None
+        self._prior_mean = np.zeros(0)
+        self._prior_precision = np.zeros((0, 0))
 
-    def _setup(self, candidates: Sequence[Layout]) -> None:
+    def _setup(self, candidates: Sequence[Layout], history: Sequence[Observation]) -> None:
         if self._features is None or any(c not in self._prior for c in candidates):
             self._prior = dict(zip(candidates, log_predictions(candidates, self._predict),
                                    strict=True))
             self._features = _Features(candidates, self._prior)
+            self._prior_mean, self._prior_precision = self._coefficient_prior(self._features)
+        # Measured layouts outside the candidates (a resumed study with other axes, or one
+        # the memory calibration now excludes) are residuals against their own prediction.
+        missing = list(dict.fromkeys(o.layout for o in history if o.layout not in self._prior))
+        if missing:
+            floor = min(self._prior.values()) - math.log(2.0)  # log_predictions' rule
+            for lay in missing:
+                self._prior[lay] = _log_prediction(self._predict, lay, floor)
+
+    def _coefficient_prior(self, feats: _Features) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and precision of the residual coefficients before this study's trials: the
+        generic prior, or the earlier studies' posterior carried over (module docstring)."""
+        fresh = feats.prior_precision
+        if not self._warm:
+            return np.zeros(feats.width), fresh
+        x = feats.matrix([w.layout for w in self._warm],
+                         slopes=[w.log_prediction for w in self._warm])
+        r = np.array([w.log_ratio for w in self._warm])
+        cov = np.linalg.inv(fresh + x.T @ x / LAYOUT_SD**2)
+        mean = cov @ (x.T @ r) / LAYOUT_SD**2
+        mean, cov = carry_over_gaussian(mean, cov, np.linalg.inv(fresh))
+        return mean, np.linalg.inv(cov)
 
     def scores(self, free: Sequence[Layout], history: Sequence[Observation]
                ) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and sd of ``log(throughput)`` of each of ``free``."""
+        """Posterior mean and sd of ``log(throughput)`` of each of ``free`` (given that it
+        runs: the probability of fitting is not in it)."""
         assert self._features is not None
         feats = self._features
         ok = [o for o in history if o.status == "ok" and o.value and o.value > 0]
         prior_free = np.array([self._prior.get(lay, min(self._prior.values())) for lay in free])
         x_free = feats.matrix(free)
-        precision = feats.prior_precision.copy()
-        rhs = np.zeros(feats.width)
+        precision = self._prior_precision.copy()
+        rhs = self._prior_precision @ self._prior_mean
         if ok:
             x = feats.matrix([o.layout for o in ok])
-            r = np.array([math.log(o.value) - self._prior.get(o.layout, 0.0)  # type: ignore[arg-type]
+            r = np.array([math.log(o.value) - self._prior[o.layout]  # type: ignore[arg-type]
                           for o in ok])
             precision += x.T @ x / LAYOUT_SD**2
-            rhs = x.T @ r / LAYOUT_SD**2
+            rhs = rhs + x.T @ r / LAYOUT_SD**2
         cov = np.linalg.inv(precision)
         mean = prior_free + x_free @ (cov @ rhs)
         var = np.einsum("ij,jk,ik->i", x_free, cov, x_free) + LAYOUT_SD**2
@@ -158,13 +203,17 @@ class ResidualStrategy(Strategy):
 
     def _choose(self, free: list[Layout], candidates: Sequence[Layout],
                 history: Sequence[Observation]) -> Layout | Stop:
-        self._setup(candidates)
+        self._setup(candidates, history)
+        log_p = np.array(log_fit_probabilities(free, self._p_fit))
         values = [o.value for o in history if o.status == "ok" and o.value and o.value > 0]
         judged = sum(o.status in ("ok", "oom", "error") for o in history)
-        if not values or judged < SEED_TRIALS:  # the cost model's favourites first
-            return max(free, key=lambda lay: self._prior[lay])
+        if not values or judged < SEED_TRIALS:
+            # The cost model's favourites first (corrected by a warm start, not yet by this
+            # study's trials), by expected throughput; argmax keeps the first of ties.
+            mean, _ = self.scores(free, [])
+            return free[int(np.argmax(mean + log_p))]
         mean, sd = self.scores(free, history)
-        ei = expected_improvement(mean, sd, math.log(max(values)))
+        ei = expected_improvement(mean, sd, math.log(max(values))) * np.exp(log_p)
         best = int(np.argmax(ei))
         # Only after the seeds and with a value to improve on (the branch above): before,
         # the residual model has too little to say that nothing better is left.
@@ -173,6 +222,17 @@ class ResidualStrategy(Strategy):
                         f"{_percent(self.min_improvement)} after {judged} trials "
                         f"({len(free)} layouts untried)", judged=judged)
         return free[best]
+
+
+def _log_prediction(predict: Predictor | None, layout: Layout, floor: float) -> float:
+    """``log(predict(layout))``; 0 without a model, ``floor`` where it refuses the layout."""
+    if predict is None:
+        return 0.0
+    try:
+        p = float(predict(layout))
+    except (ArithmeticError, ValueError):
+        return floor
+    return math.log(p) if p > 0 and math.isfinite(p) else floor
 
 
 def _percent(fraction: float) -> str:

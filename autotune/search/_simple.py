@@ -7,9 +7,10 @@ import random
 from collections.abc import Sequence
 
 from autotune.layout import Layout
-from autotune.search._base import Observation, Predictor, Strategy
+from autotune.search._base import FitProbability, Observation, Predictor, Strategy
 
-__all__ = ["RandomStrategy", "GridStrategy", "CostModelOnlyStrategy", "log_predictions"]
+__all__ = ["RandomStrategy", "GridStrategy", "CostModelOnlyStrategy", "log_predictions",
+           "log_fit_probabilities"]
 
 
 class RandomStrategy(Strategy):
@@ -59,15 +60,31 @@ def log_predictions(layouts: Sequence[Layout], predict: Predictor | None) -> lis
     return [floor if v is None else v for v in raw]
 
 
+def log_fit_probabilities(layouts: Sequence[Layout],
+                          p_fit: FitProbability | None) -> list[float]:
+    """``log`` of each layout's probability of fitting (``-inf`` for 0); zeros without
+    one (every layout taken to fit)."""
+    if p_fit is None:
+        return [0.0] * len(layouts)
+    out = []
+    for lay in layouts:
+        p = float(p_fit(lay))
+        out.append(math.log(p) if p > 0 and math.isfinite(p) else -math.inf)
+    return out
+
+
 class CostModelOnlyStrategy(Strategy):
-    """Measure in the cost model's predicted order (best first), skipping OOM-dominated
-    layouts; ties keep plan order. Learns nothing from the measurements."""
+    """Measure in the cost model's expected order, the predicted throughput times the
+    probability of fitting (best first), skipping OOM-dominated layouts; ties keep plan
+    order. Learns nothing from the measurements (``p_fit`` does: it is asked anew)."""
 
     name = "cost-model-only"
 
-    def __init__(self, *, seed: int = 0, predict: Predictor) -> None:
+    def __init__(self, *, seed: int = 0, predict: Predictor,
+                 p_fit: FitProbability | None = None) -> None:
         super().__init__(seed=seed)
         self._predict = predict
+        self._p_fit = p_fit
         self._cache: dict[Layout, float] = {}
 
     def _choose(self, free: list[Layout], candidates: Sequence[Layout],
@@ -75,4 +92,6 @@ class CostModelOnlyStrategy(Strategy):
         if any(lay not in self._cache for lay in free):
             self._cache = dict(zip(candidates, log_predictions(candidates, self._predict),
                                    strict=True))
-        return max(free, key=lambda lay: self._cache[lay])  # max keeps the first of ties
+        log_p = dict(zip(free, log_fit_probabilities(free, self._p_fit), strict=True))
+        # max keeps the first of ties
+        return max(free, key=lambda lay: self._cache[lay] + log_p[lay])

@@ -12,14 +12,14 @@ from __future__ import annotations
 import random
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
 import optuna
-from sqlalchemy import create_engine, delete, func, select, update
+from sqlalchemy import create_engine, delete, func, inspect, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -115,6 +115,28 @@ class Storage:
             raise StorageError(
                 f"the database {self.masked_url} has autotune schema v{found}, newer than "
                 f"this autotune (v{SCHEMA_VERSION}): upgrade autotune")
+        if found is not None and found < SCHEMA_VERSION:
+            self._migrate(found)
+
+    def _migrate(self, found: int) -> None:
+        """Bring a database of schema ``found`` up to :data:`SCHEMA_VERSION`, one step per
+        version (the history is :mod:`autotune.storage.schema`'s docstring). Each step
+        checks what exists first: workers opening one database at once may race through
+        it (the loser's "already exists" is retried by the caller)."""
+        if found < 2:
+            columns = {c["name"] for c in inspect(self.engine).get_columns("measurements")}
+            if "workload" not in columns:
+                with self.engine.begin() as conn:
+                    conn.execute(text("ALTER TABLE measurements ADD COLUMN workload "
+                                      "VARCHAR(64) NOT NULL DEFAULT 'builtin'"))
+                    conn.execute(text("UPDATE measurements SET workload = 'replay' "
+                                      "WHERE launcher = 'replay'"))
+        try:
+            with self.session() as s:
+                s.add(SchemaVersion(version=SCHEMA_VERSION))
+        except StorageError as err:
+            if not _is_unique_violation(err):
+                raise
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -138,6 +160,32 @@ class Storage:
     def add_measurement(self, row: dict[str, Any]) -> None:
         with self.session() as s:
             s.add(Measurement(**row))
+
+    def measurement_rows(self, columns: Sequence[str], *, device_type: str, dtype: str,
+                         workload: str, outcomes: Sequence[str], study: str | None = None,
+                         other_than: str | None = None,
+                         limit: int | None = None) -> list[dict[str, Any]]:
+        """``columns`` (and only those) of the measurements of one device type, dtype and
+        workload with one of ``outcomes``, oldest first: of ``study`` alone, or of every
+        study but ``other_than``; at most the ``limit`` most recent. One query, narrowed
+        by the ``device_type`` (or ``study_name``) index."""
+        try:
+            selected = [getattr(Measurement, c) for c in columns]
+        except AttributeError as err:
+            raise ValueError(f"measurement_rows: no column {err.name!r}") from None
+        query = select(*selected).where(
+            Measurement.device_type == device_type, Measurement.dtype == dtype,
+            Measurement.workload == workload, Measurement.outcome.in_(list(outcomes)))
+        if study is not None:
+            query = query.where(Measurement.study_name == study)
+        if other_than is not None:
+            query = query.where(Measurement.study_name != other_than)
+        query = query.order_by(Measurement.id.desc())
+        if limit is not None:
+            query = query.limit(limit)
+        with self.session() as s:
+            rows = s.execute(query).all()
+        return [dict(zip(columns, row, strict=True)) for row in reversed(rows)]
 
     # -- layout claims: each layout measured once per study, across workers ---------------
 

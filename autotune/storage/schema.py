@@ -10,6 +10,14 @@ that all measurements of one device type can be queried across studies with pand
 layout once" hold across concurrent workers on any backend.
 
 ``autotune_schema``: the schema version this package created; see :data:`SCHEMA_VERSION`.
+
+Version history (each step a migration in :mod:`autotune.storage.db`):
+
+1. the tables above;
+2. ``measurements.workload``: what ran the trial (``builtin``: the built-in trainer;
+   ``replay``: a replayed table), part of the calibration key with the device type and
+   the dtype (:mod:`autotune.models.calibration`). Rows of version 1 get ``replay`` where
+   their launcher was the replay launcher, ``builtin`` otherwise.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = ["Base", "Measurement", "LayoutClaim", "SchemaVersion", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bump with a migration in :mod:`autotune.storage.db` when a table changes."""
 
 
@@ -64,6 +72,9 @@ class Measurement(Base):
     nodes: Mapped[int] = mapped_column(Integer)
     devices_per_node: Mapped[int] = mapped_column(Integer)
     dtype: Mapped[str] = mapped_column(String(8))
+    workload: Mapped[str] = mapped_column(String(64), default="builtin",
+                                          server_default="builtin")
+    """What ran the trial (``autotune.models.calibration.BUILTIN_WORKLOAD``, ``replay``)."""
     outcome: Mapped[str] = mapped_column(String(16), index=True)
     status: Mapped[str | None] = mapped_column(String(16), nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)

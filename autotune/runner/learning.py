@@ -1,0 +1,214 @@
+"""What a study learns from measurements: the calibration's rows from the database, the
+refit after each trial, and the calibrated constraints and candidates (issue #13, part 2).
+
+The maths is :mod:`autotune.models.calibration`'s; this module reads and applies it.
+
+* The key of a study is its device type, dtype and workload (:func:`workload_of`: the
+  built-in trainer, or ``replay`` for a replayed table).
+* The warm start is one query at the start of a run (:func:`earlier_rows`): the ``ok``
+  and ``oom`` rows of *other* studies of the key, only the columns calibration reads, the
+  :data:`MAX_EARLIER_ROWS` most recent (``search.learn_from_database: false`` or
+  ``--no-learn`` skip it).
+* :class:`StudyLearning` is one worker's calibration. :meth:`~StudyLearning.refit` reads
+  the study's own rows (one query, by study name) and refits both corrections; the memory
+  correction goes into the memory budget, so every untried layout's probability of
+  fitting and verdict are recomputed (conditioned on the study's OOMs too), and the
+  feasible set with them. The runner refits whenever the study has judged more trials.
+* :func:`plan_calibration`: the same for ``autotune plan``, from a database that exists.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.candidates import Candidate, rank_candidates, rank_layouts
+from autotune.feasibility import Constraints
+from autotune.layout import Layout
+from autotune.models.calibration import (
+    BUILTIN_WORKLOAD,
+    Calibration,
+    CalibrationKey,
+    MeasuredRow,
+    calibrate,
+)
+from autotune.spec import StudySpec
+from autotune.storage.db import Storage
+
+__all__ = ["MAX_EARLIER_ROWS", "DEFAULT_MEMORY_LOG_SD", "workload_of", "key_of",
+           "earlier_rows", "own_rows", "memory_log_sd", "StudyLearning", "plan_calibration"]
+
+MAX_EARLIER_ROWS = 2_000
+"""Most rows of earlier studies a warm start reads, the most recent: a bound on one query
+of a large shared database (and on each refit, ~0.1 s), and far more than the corrections
+need: carried over, what earlier studies know is worth at most ~4 of the study's own
+trials (:func:`~autotune.models.calibration.carry_over`: the prior keeps 44% of the fresh
+sd), and a few dozen rows come within a few percent of that."""
+
+DEFAULT_MEMORY_LOG_SD = 0.15
+"""The memory correction's prior sd when the study has no layout to take its memory
+model's stated error from (a replayed table has no memory rule)."""
+
+_COLUMNS = ("study_name", "outcome", "tp", "pp", "dp", "micro_batch", "grad_accum",
+            "zero_stage", "recompute", "predicted_memory_bytes", "peak_memory_bytes",
+            "predicted_tflops_per_device", "model_tflops_per_device")
+_OUTCOMES = ("complete", "oom")
+_SAMPLE = 256  # layouts whose stated error the prior sd is the median of
+
+
+def workload_of(launcher_kind: str) -> str:
+    """What a launcher's trials measure: a replayed table (its own software stack) or the
+    built-in trainer."""
+    return "replay" if launcher_kind == "replay" else BUILTIN_WORKLOAD
+
+
+def key_of(spec: StudySpec, workload: str) -> CalibrationKey:
+    return CalibrationKey(spec.cluster.device, spec.training.dtype, workload)
+
+
+def _measured(row: dict[str, Any]) -> MeasuredRow:
+    layout = Layout(tp=row["tp"], pp=row["pp"], dp=row["dp"], micro_batch=row["micro_batch"],
+                    grad_accum=row["grad_accum"], zero_stage=row["zero_stage"],
+                    recompute=row["recompute"])
+    return MeasuredRow(row["study_name"], layout, row["outcome"] == "oom",
+                       row["predicted_memory_bytes"], row["peak_memory_bytes"],
+                       row["predicted_tflops_per_device"], row["model_tflops_per_device"])
+
+
+def earlier_rows(storage: Storage, key: CalibrationKey, study: str) -> list[MeasuredRow]:
+    """The ``ok`` and ``oom`` rows of every study of ``key`` but ``study``: one query."""
+    rows = storage.measurement_rows(_COLUMNS, device_type=key.device_type, dtype=key.dtype,
+                                    workload=key.workload, outcomes=_OUTCOMES,
+                                    other_than=study, limit=MAX_EARLIER_ROWS)
+    return [_measured(r) for r in rows]
+
+
+def own_rows(storage: Storage, key: CalibrationKey, study: str) -> list[MeasuredRow]:
+    """The ``ok`` and ``oom`` rows of ``study`` itself: one query."""
+    rows = storage.measurement_rows(_COLUMNS, device_type=key.device_type, dtype=key.dtype,
+                                    workload=key.workload, outcomes=_OUTCOMES, study=study)
+    return [_measured(r) for r in rows]
+
+
+def memory_log_sd(constraints: Constraints, spec: StudySpec,
+                  layouts: Sequence[Layout]) -> float:
+    """The memory model's typical stated error for the study: the median log-sd of its
+    uncalibrated verdicts (of at most 256 layouts, evenly spaced in plan order)."""
+    if constraints.memory is None or not layouts:
+        return DEFAULT_MEMORY_LOG_SD
+    step = max(1, len(layouts) // _SAMPLE)
+    sds = []
+    for layout in sorted(layouts)[::step]:
+        fit = constraints.memory_verdict(layout, spec.model)
+        if fit is not None and fit.log_sigma > 0:
+            sds.append(fit.log_sigma)
+    return statistics.median(sds) if sds else DEFAULT_MEMORY_LOG_SD
+
+
+class StudyLearning:
+    """One worker's calibration of its study (module docstring).
+
+    ``base``: the study's uncalibrated constraints (``structural_only`` for a replayed
+    table, whose ``table`` layouts are the space); ``earlier``: the warm start's rows.
+    """
+
+    def __init__(self, spec: StudySpec, base: Constraints, key: CalibrationKey,
+                 earlier: Sequence[MeasuredRow], *, table: Sequence[Layout] | None = None,
+                 enabled: bool = True) -> None:
+        self.spec, self.base, self.key, self.enabled = spec, base, key, enabled
+        self.earlier = tuple(earlier)
+        self.table = None if table is None else tuple(table)
+        uncalibrated = self._rank(base)
+        # The ranking of the constraints and OOMs it was last asked for (one per refit).
+        self._memo: tuple[tuple[Constraints, tuple[Layout, ...]], list[Candidate]] = (
+            (base, ()), uncalibrated)
+        self.memory_log_sd = memory_log_sd(base, spec, [c.layout for c in uncalibrated])
+        self.usable_bytes = base.memory.usable_bytes if base.memory is not None else None
+        self.calibration = self._fit(())
+        self.constraints = self._constraints()
+
+    def copy(self) -> StudyLearning:
+        """A learning of its own for another worker (the warm start is shared)."""
+        return copy.copy(self)
+
+    def _fit(self, own: Sequence[MeasuredRow]) -> Calibration:
+        return calibrate(self.key, self.earlier, own, memory_sd=self.memory_log_sd,
+                         usable_bytes=self.usable_bytes,
+                         zero_stages=self.spec.search.zero_stage)
+
+    def _constraints(self) -> Constraints:
+        cal = self.calibration
+        return self.base.with_memory_correction(cal.memory_factor, cal.memory_sd,
+                                                by_stage=cal.memory_stage_corrections())
+
+    def _rank(self, constraints: Constraints, ooms: Sequence[Layout] = ()) -> list[Candidate]:
+        spec = self.spec
+        if self.table is None:
+            return rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
+                                   constraints, profile=spec.profile, ooms=ooms)
+        return rank_layouts(spec.model, spec.cluster,
+                            [lay for lay in self.table if not constraints.check(lay, spec.model)],
+                            dtype=spec.training.dtype, profile=spec.profile)
+
+    def candidates(self, ooms: Sequence[Layout] = ()) -> list[Candidate]:
+        """The feasible layouts under the current calibration, ``p_fit`` conditioned on
+        the measured ``ooms``."""
+        memo = (self.constraints, tuple(ooms))
+        if self._memo[0] != memo:
+            self._memo = (memo, self._rank(self.constraints, ooms))
+        return list(self._memo[1])
+
+    def fit_own(self, own: Sequence[MeasuredRow]) -> Calibration:
+        """Refit both corrections on the study's own rows ``own`` (the warm start as the
+        prior); the constraints follow."""
+        self.calibration = self._fit(own)
+        self.constraints = self._constraints()
+        return self.calibration
+
+    def refit(self, storage: Storage, ooms: Sequence[Layout] = ()) -> list[Candidate]:
+        """Refit both corrections on the study's rows so far (one query) and return the
+        candidates they give."""
+        self.fit_own(own_rows(storage, self.key, self.spec.name))
+        return self.candidates(ooms)
+
+    def calibrated_memory_bytes(self, layout: Layout) -> float | None:
+        """The layout's predicted peak times the memory correction (``None``: no rule)."""
+        fit = self.constraints.memory_verdict(layout, self.spec.model)
+        return None if fit is None else float(fit.corrected_bytes)
+
+
+def plan_calibration(spec: StudySpec, *, learn: bool = True,
+                     ) -> tuple[Calibration | None, list[Layout], str | None]:
+    """What ``autotune plan`` learns from the study's database: the calibration (earlier
+    studies' rows unless ``learn`` is false, and the study's own), the study's measured
+    OOM layouts, and a note when the database could not be read. A SQLite file that does
+    not exist is not created (nothing to learn from)."""
+    from sqlalchemy.engine import make_url
+
+    from autotune.errors import StorageError
+    from autotune.storage.urls import backend_of, resolve_url
+
+    url = resolve_url(spec.storage.url)
+    if backend_of(url) == "sqlite":
+        path = make_url(url).database
+        if not path or path == ":memory:" or not Path(path).is_file():
+            return None, [], None
+    try:
+        storage = Storage(spec.storage)
+    except StorageError as err:
+        return None, [], f"not calibrated: {err}"
+    try:
+        base = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
+                                        profile=spec.profile)
+        key = key_of(spec, workload_of(spec.launcher.kind))
+        learning = StudyLearning(spec, base, key,
+                                 earlier_rows(storage, key, spec.name) if learn else (),
+                                 enabled=learn)
+        own = own_rows(storage, key, spec.name)
+        learning.fit_own(own)
+    finally:
+        storage.close()
+    return learning.calibration, [r.layout for r in own if r.oom], None
