@@ -1,5 +1,5 @@
 """What the benchmarks share: reading landscapes, the study's feasibility check of a group,
-and layer profiles fitted on held-out groups.
+a study of it replayed, and layer profiles fitted on held-out groups.
 
 * :func:`add_landscape_arguments` / :func:`load_groups`: ``--landscape FILE`` (repeatable;
   default the tables shipped in ``data/landscapes/``), ``--hardware``,
@@ -10,18 +10,32 @@ and layer profiles fitted on held-out groups.
   the group's cluster, memory rule and placement included), and what it costs: the
   measured-ok layouts it excludes, whether the measured best is one of them, and the loss
   ``1 - best kept / best``.
+* :func:`study_strategy`, :func:`replay` (:func:`study_p_fit`): a study of the group
+  replayed through the :class:`autotune.search.Strategy` interface, as the study runner
+  drives it: the candidates the check keeps, in plan order, each proposal answered from
+  the table by the replay launcher, and the probability of fitting the runner hands its
+  strategy (the memory verdict, conditioned on the OOMs measured so far). Both
+  benchmarks replay the default strategy through it (``search_efficiency`` to count its
+  trials, ``cost_model_accuracy`` to rank with what it has learned: the ``online`` row).
 * :func:`held_out_profiles` (``--profile-cv``): for each group, a layer profile fitted only
   on groups of another layer count, device count or global batch (handed to the cost model
   as ``profile=``; the cluster names a profile's path only).
+* :func:`with_error` (``--cost-model-error``): the cost model made wrong about whole axes,
+  to see what the search and the online calibration do where the model is not this good.
+* :func:`spearman`: the rank correlation the accuracy rows report.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import random
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from autotune.config.model import ATTENTION_KINDS
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
@@ -32,13 +46,24 @@ from autotune.landscape import (
     load_landscape,
     shipped_landscape,
 )
+from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
 from autotune.models.profile import LayerProfile
 from autotune.models.profile_fit import fit_layer_profile, landscape_samples
+from autotune.search import (
+    FitProbability,
+    Observation,
+    Predictor,
+    Strategy,
+    make_strategy,
+    plan_order,
+)
 
 __all__ = ["CV_SCHEMES", "StudyCheck", "add_landscape_arguments", "add_profile_cv_argument",
-           "excluded_groups", "held_out_profiles", "landscape_paths", "load_groups",
-           "parse_profile_cv", "print_study_check", "study_check", "study_constraints"]
+           "average_ranks", "candidates_of", "excluded_groups", "held_out_profiles",
+           "landscape_paths", "load_groups", "parse_profile_cv", "print_study_check",
+           "replay", "spearman", "study_check", "study_constraints", "study_p_fit",
+           "study_strategy", "perturbed", "with_error"]
 
 # ------------------------------------------------------------------------------ landscapes
 
@@ -104,6 +129,9 @@ class StudyCheck:
     nothing that ran is kept; ``None`` without an ``ok`` row)."""
     reasons: dict[str, int]
     """Excluded ``ok`` layouts by reason code (``memory``, ``tp_cross_node``...)."""
+    constraints: Constraints | None = field(default=None, compare=False, repr=False)
+    """The constraints checked (:func:`study_constraints`): their memory rule gives the
+    replayed strategy its probabilities of fitting (:func:`study_p_fit`)."""
 
     def kept(self, layouts: Sequence[Layout]) -> list[Layout]:
         """``layouts`` less the excluded ones, in their order."""
@@ -131,7 +159,8 @@ def study_check(group: LandscapeGroup, *, memory_margin: float | None = None) ->
         loss = 1.0 - max(kept, default=0.0) / top if top > 0 else None
     reasons = Counter(r.code for m in ok_out for r in excluded[m.layout])
     return StudyCheck(excluded=excluded, ok_rows=len(ok), ok_excluded=len(ok_out),
-                      best_excluded=bool(best_excluded), loss=loss, reasons=dict(reasons))
+                      best_excluded=bool(best_excluded), loss=loss, reasons=dict(reasons),
+                      constraints=constraints)
 
 
 def excluded_groups(pairs: Sequence[tuple[LandscapeGroup, StudyCheck]]) -> list[dict[str, Any]]:
@@ -153,6 +182,97 @@ def print_study_check(pairs: Sequence[tuple[LandscapeGroup, StudyCheck]], what: 
         why = ", ".join(f"{k} {v}" for k, v in sorted(row["excluded_reasons"].items()))
         print(f"  {row['name']}: {row['ok_excluded']}/{row['ok_rows']} ok excluded ({why}); "
               f"best excluded: {row['best_excluded']}; best kept is {loss} below the best")
+
+
+# --------------------------------------------------------------------- replaying a study
+
+
+def candidates_of(group: LandscapeGroup) -> list[Layout]:
+    """The group's layouts in plan order, as the study runner hands them to a strategy."""
+    return plan_order(group.layouts())
+
+
+def study_p_fit(group: LandscapeGroup, check: StudyCheck | None,
+                history: Sequence[Observation]) -> FitProbability | None:
+    """What the runner hands a strategy as ``p_fit`` (:mod:`autotune.runner.study`): each
+    layout's memory verdict under the study's constraints, conditioned on the OOMs of
+    ``history`` (read at every call: pass the list :func:`replay` records into) as the
+    runner conditions its candidates after each trial. ``None`` without a check or a memory
+    rule (every layout fits). Not replayed: the memory correction the runner also refits
+    from those OOMs (a table holds no measured peaks; an OOM bound moves it, docs/models.md
+    "Calibration from measurements")."""
+    constraints = None if check is None else check.constraints
+    if constraints is None or constraints.memory is None:
+        return None
+    cache: dict[tuple[Layout, tuple[Layout, ...]], float] = {}
+
+    def p_fit(layout: Layout) -> float:
+        ooms = tuple(o.layout for o in history if o.status == "oom")
+        if (layout, ooms) not in cache:
+            fit = constraints.memory_verdict(layout, group.model, ooms=ooms)
+            cache[layout, ooms] = 1.0 if fit is None else fit.p_fit
+        return cache[layout, ooms]
+
+    return p_fit
+
+
+def study_strategy(name: str, group: LandscapeGroup, check: StudyCheck | None, *, seed: int,
+                   predict: Predictor | None, **options: Any
+                   ) -> tuple[Strategy, list[Observation]]:
+    """A fresh strategy for a replayed study of ``group``, made as the runner makes it
+    (:func:`autotune.search.make_strategy` with ``predict`` and the study's ``p_fit``,
+    :func:`study_p_fit`; ``options``: ``min_improvement``...), and the empty history that
+    ``p_fit`` reads: hand it to :func:`replay`."""
+    history: list[Observation] = []
+    strategy = make_strategy(name, seed=seed, predict=predict,
+                             p_fit=study_p_fit(group, check, history), **options)
+    return strategy, history
+
+
+def replay(strategy: Strategy, group: LandscapeGroup, check: StudyCheck | None = None, *,
+           history: list[Observation] | None = None) -> Iterator[Observation]:
+    """Replay a study: each layout the strategy proposes, measured from the table, in order,
+    until it proposes nothing (then ``strategy.stop`` says whether it stopped early). The
+    candidates are the group's layouts that ``check`` keeps (all without one); ``history``
+    (default: a new list) records the observations (the one :func:`study_p_fit` reads).
+    Raises if it proposes a non-candidate or a repeat."""
+    launcher = ReplayLauncher(group)
+    candidates = candidates_of(group)
+    if check is not None:
+        candidates = check.kept(candidates)
+    history = [] if history is None else history
+    while (lay := strategy.propose(candidates, history)) is not None:
+        if lay in {o.layout for o in history}:
+            raise RuntimeError(f"{strategy.name} proposed {lay} twice")
+        if lay not in candidates:
+            raise RuntimeError(f"{strategy.name} proposed {lay}, which is no candidate")
+        res = launcher.result_for(lay)
+        if res.status == "ok":
+            obs = Observation(lay, "ok", res.model_tflops_per_device)
+        else:
+            obs = Observation(lay, "oom" if res.status == "oom" else "error")
+        history.append(obs)
+        yield obs
+
+
+# ------------------------------------------------------- a deliberately wrong cost model
+
+
+def perturbed(predict: Predictor, layouts: list[Layout], sd: float, seed: str) -> Predictor:
+    """``predict`` times ``exp(N(0, sd^2))`` per axis value (tp=4, recompute=full, ...):
+    a cost model that is wrong about whole axes, as real ones are (docs/models.md)."""
+    rng = random.Random(seed)  # a str seed hashes the same in every process
+    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in Layout.SEARCH_AXES
+              for v in sorted({getattr(lay, a) for lay in layouts}, key=str)}
+    return lambda lay: predict(lay) * math.prod(factor[a, v] for a, v in lay.params().items())
+
+
+def with_error(predict: Predictor, group: LandscapeGroup, sd: float, draw: int) -> Predictor:
+    """``predict`` itself when ``sd`` is 0, else its :func:`perturbed` draw ``draw`` for
+    ``group`` (the same draw for every strategy and replay that asks for it)."""
+    if sd <= 0:
+        return predict
+    return perturbed(predict, candidates_of(group), sd, f"{group.name}/{draw}")
 
 
 # ----------------------------------------------------------------- held-out layer profiles
@@ -198,3 +318,27 @@ def held_out_profiles(groups: Sequence[LandscapeGroup], scheme: str,
             landscape_samples(g for g in pool if key(g) != value),
             source=f"landscape groups with {scheme} != {value}")
     return [folds[key(g)] for g in groups]
+
+
+# ------------------------------------------------------------------------ rank statistics
+
+
+def average_ranks(values: Sequence[float]) -> np.ndarray:
+    """Ranks 1..n with ties given the mean of the ranks they span."""
+    x = np.asarray(values, dtype=float)
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(1, len(x) + 1)
+    for v in np.unique(x):
+        tied = x == v
+        if tied.sum() > 1:
+            ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rho: the Pearson correlation of the average ranks (NaN if constant)."""
+    ra, rb = average_ranks(a), average_ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])

@@ -25,6 +25,15 @@ earlier studies, before planning this one. ``--profile FILE`` ranks with a profi
         --landscape data/landscapes/vtrain_a100_single_node.csv \\
         --profile-cv layers,world,batch
 
+``--online-after 2,4`` (the default; empty for none) adds the **online-calibrated** row:
+each group replayed as a study with the default strategy, and after its first ``k``
+trials the strategy's own calibrated model (its residual posterior, fitted on those ``k``
+trials only) ranks the layouts it has not tried; Spearman and top 3 (the measured best
+already measured, or in the top 3 of the untried) beside the analytic model on the same
+untried layouts (``benchmarks/_online.py``; JSON key ``online``). ``--cost-model-error
+SD`` (``--error-draws N``) makes the cost model of that row wrong about whole axes, as in
+``search_efficiency.py``: where the calibration earns its keep.
+
 Attention: the vTrain runs (Megatron-DeepSpeed, 2022-23) used Megatron's fused softmax,
 which materialises the score matrix; the Aurora runs and our trainer use flash / SDPA
 attention. The loader sets ``model.attention`` by format; ``--attention`` overrides it.
@@ -50,28 +59,10 @@ from autotune.feasibility import MemoryBudget, check_layout
 from autotune.landscape import LandscapeGroup
 from autotune.models.cost import estimate_step
 from autotune.models.profile import LayerProfile, load_profile
+from autotune.search import cost_model_predictor
 from benchmarks import _common as common
-
-
-def average_ranks(values: list[float]) -> np.ndarray:
-    """Ranks 1..n with ties given the mean of the ranks they span."""
-    x = np.asarray(values, dtype=float)
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(1, len(x) + 1)
-    for v in np.unique(x):
-        tied = x == v
-        if tied.sum() > 1:
-            ranks[tied] = ranks[tied].mean()
-    return ranks
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rho: the Pearson correlation of the average ranks (NaN if constant)."""
-    ra, rb = average_ranks(a), average_ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
+from benchmarks import _online as online
+from benchmarks._common import spearman
 
 
 def _flagged(group: LandscapeGroup, margin: float, status: str = "oom") -> int:
@@ -154,6 +145,7 @@ class Evaluation:
     checks: list[common.StudyCheck] = field(default_factory=list)
     """``common.study_check`` of each loaded group."""
     selected: list[LandscapeGroup] = field(default_factory=list)
+    selected_checks: list[common.StudyCheck] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     """:func:`evaluate_group` of each selected group."""
     oom_rows: int = 0
@@ -178,6 +170,7 @@ def evaluate(args: argparse.Namespace) -> Evaluation:
             if res["n_layouts"] >= args.min_layouts:
                 ev.rows.append(res)
                 ev.selected.append(g)
+                ev.selected_checks.append(check)
     return ev
 
 
@@ -191,6 +184,27 @@ def profiled_variants(ev: Evaluation, schemes: list[str], given: LayerProfile | 
     if given is not None:
         profiles["file"] = [given] * len(ev.selected)
     return {name: _profiled_variant(ev.selected, ps) for name, ps in profiles.items()}
+
+
+def online_variant(ev: Evaluation, after: list[int], *, error_sd: float = 0.0,
+                   draws: int = 1) -> dict[str, Any]:
+    """The ``online`` row (``benchmarks/_online.py``) of the selected groups: its summary
+    per count of trials, its definition and the per-group entries (empty without counts).
+    ``error_sd`` > 0: the cost model made wrong (``common.with_error``), ``draws`` draws a
+    group, for this row alone (its analytic columns rank with the same wrong model)."""
+    if not after:
+        return {}
+    draws = draws if error_sd > 0 else 1
+    rows = []
+    for draw in range(draws):
+        for g, c in zip(ev.selected, ev.selected_checks, strict=True):
+            predict = common.with_error(cost_model_predictor(g.model, g.cluster, dtype=g.dtype),
+                                        g, error_sd, draw)
+            row = online.online_group(g, c, after, predict)
+            rows.append({**row, "draw": draw} if error_sd > 0 else row)
+    out = {"definition": online.DEFINITION, "after": online.summarize_online(rows, after),
+           "groups": rows}
+    return {**out, "cost_model_error": error_sd, "error_draws": draws} if error_sd > 0 else out
 
 
 def print_groups(ev: Evaluation, analytic: dict[str, Any], min_layouts: int) -> None:
@@ -229,7 +243,8 @@ def _print_comparison(variants: dict[str, dict[str, Any]]) -> None:
 
 
 def to_json(ev: Evaluation, analytic: dict[str, Any], profiled: dict[str, dict[str, Any]],
-            profile_source: str | None) -> dict[str, Any]:
+            profile_source: str | None, online_row: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
     """The ``--json`` document (keys in docs/models.md, "Accuracy")."""
     pairs = list(zip(ev.loaded, ev.checks, strict=True))
     out: dict[str, Any] = {
@@ -245,6 +260,8 @@ def to_json(ev: Evaluation, analytic: dict[str, Any], profiled: dict[str, dict[s
         out["profiled"] = profiled
         if profile_source is not None:
             out["profiled"]["file"]["source"] = profile_source
+    if online_row:
+        out["online"] = online_row
     return out
 
 
@@ -256,10 +273,19 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str],
     common.add_profile_cv_argument(p)
     p.add_argument("--profile", metavar="FILE",
                    help="also predict with this layer profile (written by autotune profile)")
+    p.add_argument("--online-after", default="2,4", metavar="K,K",
+                   help="also rank with the default strategy's model calibrated on its first "
+                   "K trials of a replayed study (comma list; empty: none; default 2,4)")
+    p.add_argument("--cost-model-error", type=float, default=0.0, metavar="SD",
+                   help="for the online row only: a cost model wrong by a log-normal error of "
+                   "this sd per axis value, as in search_efficiency.py (0: the real one)")
+    p.add_argument("--error-draws", type=int, default=3, metavar="N",
+                   help="draws of that error per group (default 3)")
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
     args.landscape = common.landscape_paths(args)
     try:
+        args.online_after = online.parse_after(args.online_after)
         return args, common.parse_profile_cv(args.profile_cv), (
             load_profile(args.profile) if args.profile else None)
     except (ValueError, SpecError) as err:
@@ -276,8 +302,12 @@ def main(argv: list[str] | None = None) -> int:
         _print_comparison({"analytic": analytic, **{
             f"profiled, {'file' if name == 'file' else 'cv ' + name}": r
             for name, r in profiled.items()}})
+    online_row = online_variant(ev, args.online_after, error_sd=args.cost_model_error,
+                                draws=args.error_draws)
+    online.print_online(online_row.get("after", {}), args.cost_model_error)
     if args.json:
-        doc = to_json(ev, analytic, profiled, args.profile if given is not None else None)
+        doc = to_json(ev, analytic, profiled, args.profile if given is not None else None,
+                      online_row)
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 

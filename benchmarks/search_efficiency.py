@@ -5,13 +5,18 @@ Every landscape group (same model, devices and global batch) with at least
 feasibility check a real study of the group applies (default settings, memory rule and
 placement included: ``benchmarks/_common.py``, ``study_check``) are the candidates (in
 plan order), the strategy proposes one at a time through the same
-:class:`autotune.search.Strategy` interface the study runner uses, and the replay
+:class:`autotune.search.Strategy` interface the study runner uses (made as the runner
+makes it: the cost model's prediction and the memory rule's probability of fitting,
+conditioned on the OOMs measured so far; ``_common.study_strategy``), and the replay
 launcher (:class:`autotune.launchers.replay.ReplayLauncher`) answers with the table's
-value. Counted: trials until a layout within ``--tolerance`` of the group's best was
-measured (OOM trials count), over ``--repeats`` seeds (one run for deterministic
-strategies). A group whose measured best the check excludes is a failure of every
-strategy (a study could never propose it). The random strategy is checked against its
-analytic expectation ``(N + 1) / (k + 1)`` for ``k`` good layouts among ``N`` candidates.
+value. The default strategy calibrates online: before each proposal its residual model
+is refitted on the trials it made so far (``cost_model_accuracy.py``'s ``online`` row
+ranks with that calibrated model). Counted: trials until a layout within
+``--tolerance`` of the group's best was measured (OOM trials count), over ``--repeats``
+seeds (one run for deterministic strategies). A group whose measured best the check
+excludes is a failure of every strategy (a study could never propose it). The random
+strategy is checked against its analytic expectation ``(N + 1) / (k + 1)`` for ``k``
+good layouts among ``N`` candidates.
 
     python benchmarks/search_efficiency.py --json search.json
 
@@ -41,11 +46,10 @@ import argparse
 import json
 import math
 import os
-import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,39 +60,33 @@ import optuna
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.landscape import LandscapeGroup
-from autotune.launchers.replay import ReplayLauncher
-from autotune.layout import Layout
 from autotune.models.profile import LayerProfile
 from autotune.search import (
     STRATEGIES,
     Observation,
-    Predictor,
     Strategy,
     cost_model_predictor,
-    make_strategy,
-    plan_order,
 )
 from benchmarks._common import (
     StudyCheck,
     add_landscape_arguments,
     add_profile_cv_argument,
+    candidates_of,
     held_out_profiles,
     landscape_paths,
     load_groups,
     parse_profile_cv,
     print_study_check,
+    replay,
     study_check,
+    study_strategy,
+    with_error,
 )
 
 DETERMINISTIC = {"default", "grid", "cost-model-only"}
 """Strategies whose proposals do not depend on the seed: one run stands for all."""
 USES_COST_MODEL = {"default", "cost-model-only"}
 """Strategies whose proposals depend on the cost model (a wrong or profiled one)."""
-
-
-def candidates_of(group: LandscapeGroup) -> list[Layout]:
-    """The group's layouts in plan order, as the study runner hands them to a strategy."""
-    return plan_order(group.layouts())
 
 
 def threshold_of(group: LandscapeGroup, tolerance: float) -> float:
@@ -116,41 +114,17 @@ def random_success_probability(n: int, k: int, budget: int) -> float:
     return 1.0 - math.comb(n - k, budget) / math.comb(n, budget)
 
 
-def replay(strategy: Strategy, group: LandscapeGroup, check: StudyCheck | None = None
-           ) -> Iterator[Observation]:
-    """Replay a study: each layout the strategy proposes, measured from the table, in order,
-    until it proposes nothing (then ``strategy.stop`` says whether it stopped early). The
-    candidates are the group's layouts that ``check`` keeps (all without one). Raises if
-    it proposes a non-candidate or a repeat."""
-    launcher = ReplayLauncher(group)
-    candidates = candidates_of(group)
-    if check is not None:
-        candidates = check.kept(candidates)
-    history: list[Observation] = []
-    while (lay := strategy.propose(candidates, history)) is not None:
-        if lay in {o.layout for o in history}:
-            raise RuntimeError(f"{strategy.name} proposed {lay} twice")
-        if lay not in candidates:
-            raise RuntimeError(f"{strategy.name} proposed {lay}, which is no candidate")
-        res = launcher.result_for(lay)
-        if res.status == "ok":
-            obs = Observation(lay, "ok", res.model_tflops_per_device)
-        else:
-            obs = Observation(lay, "oom" if res.status == "oom" else "error")
-        history.append(obs)
-        yield obs
-
-
 def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float,
-                  max_trials: int | None = None, *, check: StudyCheck | None = None
-                  ) -> int | None:
+                  max_trials: int | None = None, *, check: StudyCheck | None = None,
+                  history: list[Observation] | None = None) -> int | None:
     """Trials until a layout within ``tolerance`` of the best is measured, ``None`` if the
     strategy stops first or ``max_trials`` pass without one (a censored run: a miss), or if
-    ``check`` excludes the measured best (no study could propose it: a miss)."""
+    ``check`` excludes the measured best (no study could propose it: a miss). ``history``:
+    the list the replay records into (:func:`~benchmarks._common.study_strategy`'s)."""
     if check is not None and check.best_excluded:
         return None
     threshold = threshold_of(group, tolerance)
-    for n, obs in enumerate(replay(strategy, group, check), start=1):
+    for n, obs in enumerate(replay(strategy, group, check, history=history), start=1):
         if obs.value is not None and obs.value >= threshold:
             return n
         if max_trials is not None and n >= max_trials:
@@ -159,13 +133,14 @@ def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float,
 
 
 def until_stop(strategy: Strategy, group: LandscapeGroup, budget: int, tolerance: float,
-               check: StudyCheck | None = None) -> dict[str, float | int | bool | None]:
+               check: StudyCheck | None = None, *, history: list[Observation] | None = None
+               ) -> dict[str, float | int | bool | None]:
     """Replay until the strategy stops (or runs out of layouts) or ``budget`` trials are
     spent: the trials spent, whether it stopped early, whether the best measured by then is
     within ``tolerance`` of the group's best (never when ``check`` excludes that best), and
-    the regret ``1 - best / group best``."""
+    the regret ``1 - best / group best``. ``history`` as in :func:`trials_to_hit`."""
     best, trials = 0.0, 0
-    for obs in replay(strategy, group, check):
+    for obs in replay(strategy, group, check, history=history):
         trials += 1
         best = max(best, obs.value or 0.0)
         if trials >= budget:
@@ -207,8 +182,10 @@ def run_task(task: Task) -> list[int | None]:
     out = []
     for seed in task.seeds:
         pred = with_error(predict, g, task.cost_model_error, seed)
-        out.append(trials_to_hit(make_strategy(task.strategy, seed=seed, predict=pred), g,
-                                 task.tolerance, task.max_trials, check=task.check))
+        strategy, history = study_strategy(task.strategy, g, task.check, seed=seed,
+                                           predict=pred)
+        out.append(trials_to_hit(strategy, g, task.tolerance, task.max_trials,
+                                 check=task.check, history=history))
     return out
 
 
@@ -229,33 +206,17 @@ class EarlyStopTask:
     check: StudyCheck | None = None
 
 
-def perturbed(predict: Predictor, layouts: list[Layout], sd: float, seed: str) -> Predictor:
-    """``predict`` times ``exp(N(0, sd^2))`` per axis value (tp=4, recompute=full, ...):
-    a cost model that is wrong about whole axes, as real ones are (docs/models.md)."""
-    rng = random.Random(seed)  # a str seed hashes the same in every process
-    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in Layout.SEARCH_AXES
-              for v in sorted({getattr(lay, a) for lay in layouts}, key=str)}
-    return lambda lay: predict(lay) * math.prod(factor[a, v] for a, v in lay.params().items())
-
-
-def with_error(predict: Predictor, group: LandscapeGroup, sd: float, draw: int) -> Predictor:
-    """``predict`` itself when ``sd`` is 0, else its :func:`perturbed` draw ``draw`` for
-    ``group`` (the same draw for every strategy and replay that asks for it)."""
-    if sd <= 0:
-        return predict
-    return perturbed(predict, candidates_of(group), sd, f"{group.name}/{draw}")
-
-
 def run_early_stop(task: EarlyStopTask) -> list[Run]:
     g = task.group
     predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype)
     runs = []
     for draw in range(task.draws):
         pred = with_error(predict, g, task.cost_model_error, draw)
-        runs += [{"draw": draw, **until_stop(make_strategy("default", seed=0, predict=pred,
-                                                           min_improvement=m),
-                                             g, task.budget, task.tolerance, task.check)}
-                 for m in task.min_improvements]
+        for m in task.min_improvements:
+            strategy, history = study_strategy("default", g, task.check, seed=0,
+                                               predict=pred, min_improvement=m)
+            runs.append({"draw": draw, **until_stop(strategy, g, task.budget, task.tolerance,
+                                                    task.check, history=history)})
     return runs
 
 
@@ -462,6 +423,10 @@ def print_summary(args: argparse.Namespace, rows: list[str], summary: dict[str, 
               f"{summary['random']['median_trials']}")
     print(f"\nsummary over {len(entries)} groups (tolerance {args.tolerance:.0%}, "
           f"budget {args.budget}; {elapsed_s:.0f} s):")
+    if any(r.split("+")[0] == "default" for r in rows):
+        print("default = the cost model calibrated online: before each proposal its "
+              "residual model is refitted on the trials made so far (the ranking it gives: "
+              "cost_model_accuracy.py, 'online')")
     name_width = max([16, *(len(r) for r in rows)])
     print(f"{'strategy':{name_width}s} {'median':>7s} {'q1':>5s} {'q3':>5s} {'worst':>6s} "
           f"{'mean':>5s} {'success':>8s} {'x random':>9s}")

@@ -201,6 +201,17 @@ class ResidualStrategy(Strategy):
         var = np.einsum("ij,jk,ik->i", x_free, cov, x_free) + LAYOUT_SD**2
         return mean, np.sqrt(var)
 
+    def posterior(self, candidates: Sequence[Layout], history: Sequence[Observation],
+                  layouts: Sequence[Layout]) -> tuple[np.ndarray, np.ndarray]:
+        """The cost model as calibrated by ``history``: :meth:`scores` of ``layouts`` with
+        the residual model fitted on the ``ok`` trials of ``history`` alone, over the
+        study's ``candidates`` (plan order), as a proposal after that history weighs them.
+        During the seed trials the proposals still follow the prior; this is what the
+        study has learned by then all the same (``benchmarks/cost_model_accuracy.py``
+        ranks with it: its ``online`` row)."""
+        self._setup(candidates, history)
+        return self.scores(layouts, history)
+
     def _choose(self, free: list[Layout], candidates: Sequence[Layout],
                 history: Sequence[Observation]) -> Layout | Stop:
         self._setup(candidates, history)
