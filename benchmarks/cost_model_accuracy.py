@@ -146,6 +146,7 @@ class Evaluation:
     """``common.study_check`` of each loaded group."""
     selected: list[LandscapeGroup] = field(default_factory=list)
     selected_checks: list[common.StudyCheck] = field(default_factory=list)
+    """``common.study_check`` of each selected group (the online row's candidates)."""
     rows: list[dict[str, Any]] = field(default_factory=list)
     """:func:`evaluate_group` of each selected group."""
     oom_rows: int = 0
@@ -284,6 +285,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str],
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
     args.landscape = common.landscape_paths(args)
+    if args.error_draws < 1:
+        p.error(f"--error-draws: got {args.error_draws}; allowed: at least 1")
     try:
         args.online_after = online.parse_after(args.online_after)
         return args, common.parse_profile_cv(args.profile_cv), (
