@@ -29,7 +29,8 @@ __all__ = ["TrialAttr", "StudyAttr", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR", "RES
            "TrialFacts", "measurement_row", "user_attrs", "verdict_attrs", "retry_attrs",
            "study_attrs", "set_user_attrs", "trial_layout", "trial_layout_key",
            "trial_outcome", "trial_reason", "is_retry", "study_fingerprint",
-           "study_device_memory_gib", "search_stop_record",
+           "study_device_memory_gib", "search_stop_record", "workload_record",
+           "study_workload",
            "search_stop_of", "search_stop_threshold", "search_stop_line"]
 
 
@@ -89,8 +90,8 @@ class StudyAttr:
     """Keys of a study's user attributes."""
 
     FINGERPRINT = "fingerprint"
-    """What the study measures (model, device, world size, global batch, dtype): a study
-    name is refused for another one."""
+    """What the study measures (model, device, world size, global batch, dtype, workload
+    kind): a study name is refused for another one."""
     MODEL = "model"
     CLUSTER = "cluster"
     OBJECTIVE = "objective"
@@ -98,6 +99,9 @@ class StudyAttr:
     SEARCH_STOP = "search_stop"
     """Why the strategy last stopped before the budget (a dict from
     :func:`search_stop_record`), or ``None`` once a later proposal was made."""
+    WORKLOAD = "workload"
+    """The study's ``workload`` section as last run (:func:`workload_record`): what
+    ``autotune best --emit command`` renders the winning launch line from."""
 
 
 
@@ -264,6 +268,20 @@ def study_attrs(fingerprint: dict[str, Any], *, model: str, cluster: str,
             StudyAttr.CLUSTER: cluster,
             StudyAttr.OBJECTIVE: "model TFLOPS per device (higher is better)",
             StudyAttr.DEVICE_MEMORY_GIB: device_memory_gib}
+
+
+def workload_record(workload: dict[str, Any], *, train_iters: int,
+                    ranks_per_node: int) -> dict[str, Any]:
+    """The study's :attr:`StudyAttr.WORKLOAD`: its ``workload`` section, the steps a trial
+    ran (``{train_iters}``) and the ranks per node (``{ranks_per_node}``)."""
+    return {**workload, "train_iters": train_iters, "ranks_per_node": ranks_per_node}
+
+
+def study_workload(study: _HasAttrs) -> dict[str, Any] | None:
+    """The recorded :func:`workload_record` (``None``: a study from before workloads, or
+    one run through another tool)."""
+    record = study.user_attrs.get(StudyAttr.WORKLOAD)
+    return record if isinstance(record, dict) else None
 
 
 def study_fingerprint(study: _HasAttrs) -> dict[str, Any]:
