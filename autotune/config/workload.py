@@ -15,6 +15,7 @@ that gives a flag autotune owns (both are named), a model flag that contradicts 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import string
@@ -87,12 +88,22 @@ def _str_list(field_name: str, value: Any) -> tuple[str, ...]:
     return items
 
 
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):  # a name too long for the file system is no file either
+        return False
+
+
 def _found(command: str) -> bool:
     """A program name on ``PATH`` or an existing file (relative: from the working
     directory, where the trials are started)."""
     if os.sep in command or command.startswith("."):
-        return Path(command).is_file()
-    return shutil.which(command) is not None
+        return _is_file(command)
+    try:
+        return shutil.which(command) is not None
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -176,7 +187,7 @@ class WorkloadConfig:
         if Path(command).name.startswith(_PYTHON_NAMES) and len(self.argv) > 1:
             script = self.argv[1]
             if script.endswith(".py") and not placeholders_in("workload.argv[1]", script) \
-                    and not Path(script).is_file():
+                    and not _is_file(script):
                 raise SpecError("workload.argv[1]", script, "no such script (relative paths "
                                 f"are read from the directory autotune runs in: {os.getcwd()})")
 
@@ -191,7 +202,7 @@ class WorkloadConfig:
             raise SpecError("workload.script", self.script,
                             "required with workload.kind 'megatron-deepspeed': the path of "
                             "pretrain_gpt.py (or your copy of it)")
-        if not Path(self.script).is_file():
+        if not _is_file(self.script):
             raise SpecError("workload.script", self.script, "no such script (relative paths "
                             f"are read from the directory autotune runs in: {os.getcwd()})")
         if self.python is not None and not _found(self.python):
@@ -245,7 +256,14 @@ class WorkloadConfig:
                 check_text(f"workload.{name}", data[name])
         if "env" in data:
             data["env"] = _str_map("workload.env", data["env"])
-        if "ds_config" in data and not isinstance(data["ds_config"], dict):
-            raise SpecError("workload.ds_config", data["ds_config"],
-                            "allowed: a mapping of DeepSpeed config keys")
+        if "ds_config" in data:
+            extra = data["ds_config"]
+            try:
+                ok = isinstance(extra, dict) and json.dumps(extra, allow_nan=False) != ""
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise SpecError("workload.ds_config", extra, "allowed: a mapping of DeepSpeed "
+                                "config keys with JSON values (finite numbers, text, lists, "
+                                "mappings)")
         return cls(**data)

@@ -10,7 +10,10 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from autotune.config.workload import WorkloadConfig
 from autotune.errors import SpecError
 from autotune.spec import parse_study
 from tests.helpers import run_cli, write_study
@@ -114,3 +117,29 @@ def test_dropout_is_allowed_for_a_foreign_workload_only(tmp_path: Path) -> None:
     path = write_study(tmp_path / "b.yaml", model=model,
                        workload={"kind": "command", "argv": [sys.executable, "-c", "pass"]})
     assert parse_study(yaml.safe_load(path.read_text())).workload.kind == "command"
+
+
+_HOSTILE = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-10**6, max_value=10**6),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=300),
+    st.lists(st.one_of(st.text(max_size=20), st.integers(), st.none()), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.one_of(st.integers(), st.text(max_size=4)),
+                    max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(sorted(WorkloadConfig.__dataclass_fields__)), value=_HOSTILE,
+       kind=st.sampled_from(["builtin", "command", "megatron-deepspeed"]))
+def test_no_workload_value_raises_anything_but_a_spec_error(key: str, value: object,
+                                                            kind: str) -> None:
+    data = {"kind": kind, key: value}
+    if kind == "command" and key != "argv":
+        data["argv"] = [sys.executable, "-c", "pass"]
+    if kind == "megatron-deepspeed" and key != "script":
+        data["script"] = __file__
+    try:
+        WorkloadConfig.from_dict(data)
+    except SpecError as err:
+        assert err.field.startswith("workload")
+    except TypeError:  # a wrong-shaped value past the checks: parse_study turns it into one
+        pass
