@@ -78,13 +78,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = replace(spec, search=replace(spec.search, learn_from_database=False))
     # first: a bad launcher section touches no database
     launchers = make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,
-                               source=spec.source)
+                               source=spec.source, workload=spec.workload)
     storage = open_storage(spec.storage)
     n = spec.search.n_trials
     progress = Progress(total=n, enabled=not args.quiet)
     progress.message(f"study {spec.name!r}: {spec.model.name} ({spec.model.n_params() / 1e6:.1f}M "
                      f"params) on {spec.cluster.nodes} x {spec.cluster.devices_per_node} "
-                     f"{spec.cluster.device}; budget {n} trials; storage {storage.masked_url}")
+                     f"{spec.cluster.device}; workload {spec.workload.kind}; budget {n} trials; "
+                     f"storage {storage.masked_url}")
     if len(launchers) > 1:
         progress.message(f"{len(launchers)} trials side by side on disjoint node groups")
     summary = run_study(spec, storage, launchers, n_trials=n, timeout_s=args.timeout,
@@ -271,10 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("best", help="the best layout, as JSON or a ready launch config")
     b.add_argument("study", metavar="STUDY", help="study file or name")
     b.add_argument("--storage", metavar="URL")
-    b.add_argument("--emit", choices=("json", "deepspeed", "megatron-deepspeed"),
-                   default="json")
+    b.add_argument("--emit", choices=("json", "deepspeed", "megatron-deepspeed", "command"),
+                   default="json", help="command: the launch line of the study's own "
+                   "workload (workload.kind command or megatron-deepspeed)")
     b.add_argument("--out", default=".", metavar="DIR",
-                   help="where --emit deepspeed writes ds_config.json (default: .)")
+                   help="where --emit deepspeed/command writes ds_config.json (default: .)")
     b.set_defaults(func=cmd_best)
 
     pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")

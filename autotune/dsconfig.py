@@ -1,4 +1,10 @@
-"""The DeepSpeed config of a layout: one function, used by the trainer and the exporter.
+"""The DeepSpeed config of a layout: used by the trainer, the exporter and foreign workloads.
+
+:func:`batch_config` holds the keys the layout decides (batch arithmetic, ZeRO stage,
+precision), the ones a trial's flags must agree with; :func:`deepspeed_config` adds what
+autotune's trainer also needs (its optimizer). A foreign program brings its own optimizer,
+so its trial config is :func:`batch_config` plus its extras
+(:func:`autotune.workloads.foreign.trial_ds_config`).
 
 Pure (no DeepSpeed import) so that ``autotune best --emit deepspeed`` is instant. Keys as
 in DeepSpeed's config reference: https://www.deepspeed.ai/docs/config-json/.
@@ -16,10 +22,31 @@ from typing import Any
 
 from autotune.layout import Layout
 
-__all__ = ["deepspeed_config", "LEARNING_RATE"]
+__all__ = ["deepspeed_config", "batch_config", "LEARNING_RATE"]
 
 LEARNING_RATE = 1e-3
 """Trials measure speed, not convergence: any stable learning rate will do."""
+
+
+def batch_config(layout: Layout, dtype: str) -> dict[str, Any]:
+    """The layout's DeepSpeed keys: ``train_batch_size`` is the global batch (DeepSpeed checks
+    it equals micro-batch x accumulation x data-parallel size), the ZeRO stage, bf16.
+
+    >>> batch_config(Layout(tp=1, pp=1, dp=2, micro_batch=2, grad_accum=3), "fp32")
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'train_batch_size': 12, 'train_micro_batch_size_per_gpu': 2,
+     'gradient_accumulation_steps': 3, 'zero_optimization': {'stage': 0},
+     'bf16': {'enabled': False}, 'steps_per_print': 2147483647, 'wall_clock_breakdown': False}
+    """
+    return {
+        "train_batch_size": layout.global_batch,
+        "train_micro_batch_size_per_gpu": layout.micro_batch,
+        "gradient_accumulation_steps": layout.grad_accum,
+        "zero_optimization": {"stage": layout.zero_stage},
+        "bf16": {"enabled": dtype == "bf16"},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
 
 
 def deepspeed_config(layout: Layout, dtype: str, *, lr: float = LEARNING_RATE) -> dict[str, Any]:
@@ -29,16 +56,8 @@ def deepspeed_config(layout: Layout, dtype: str, *, lr: float = LEARNING_RATE) -
     accumulation x data-parallel size). ``torch_adam`` selects ``torch.optim.AdamW``:
     DeepSpeed's FusedAdam JIT-compiles for minutes on CPU and needs Intel's compiler on XPU.
     """
-    return {
-        "train_batch_size": layout.global_batch,
-        "train_micro_batch_size_per_gpu": layout.micro_batch,
-        "gradient_accumulation_steps": layout.grad_accum,
-        "optimizer": {"type": "AdamW", "params": {
-            "lr": lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
-            "torch_adam": True}},
-        "zero_optimization": {"stage": layout.zero_stage},
-        "bf16": {"enabled": dtype == "bf16"},
-        "gradient_clipping": 0.0,
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
-    }
+    config = batch_config(layout, dtype)
+    config["optimizer"] = {"type": "AdamW", "params": {
+        "lr": lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "torch_adam": True}}
+    config["gradient_clipping"] = 0.0
+    return config

@@ -38,7 +38,7 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
 from autotune.feasibility import Constraints
-from autotune.launchers.base import Launcher, TrialPaths
+from autotune.launchers.base import Launcher
 from autotune.layout import Layout, Recompute
 from autotune.models.cost import analytic_layer, tp_link
 from autotune.models.memory import (
@@ -54,7 +54,7 @@ from autotune.runner.outcome import classify
 from autotune.runner.progress import format_duration
 from autotune.spec import StudySpec
 from autotune.tables import format_table
-from autotune.trial import TrialSpec
+from autotune.trial import TrialPaths, TrialSpec
 
 __all__ = ["ProfileCell", "ProfileRun", "Comparison", "check_profilable", "profile_cells",
            "profile_specs", "run_profile", "compare_rows", "render_comparison",

@@ -1,7 +1,8 @@
 """Study files: the only place raw YAML is read.
 
 A study file has the sections ``name``, ``model``, ``cluster``, ``training``, ``search``,
-``trial``, ``storage`` and ``launcher`` (``docs/study-files.md``). :func:`load_study`
+``trial``, ``storage``, ``launcher`` and ``workload`` (``docs/guide.md``, section 1;
+``docs/own-command.md`` for ``workload``). :func:`load_study`
 turns it into a :class:`StudySpec` of typed, validated configs, or raises
 :class:`~autotune.errors.SpecError` naming the field, the value and what is allowed.
 
@@ -29,6 +30,7 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.launcher import LauncherConfig
 from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, StorageConfig, TrainingConfig, TrialConfig
+from autotune.config.workload import WorkloadConfig
 from autotune.errors import SpecError
 from autotune.models.profile import LayerProfile, load_cluster_profile
 from autotune.space import check_space_size
@@ -38,7 +40,8 @@ __all__ = ["StudySpec", "load_study", "parse_study", "read_yaml", "StudyLoader",
            "STUDY_NAME_RE", "MAX_FILE_BYTES", "MAX_DEPTH", "MAX_ITEMS", "MAX_NODES",
            "MAX_NUMBER_CHARS"]
 
-SECTIONS = ("name", "model", "cluster", "training", "search", "trial", "storage", "launcher")
+SECTIONS = ("name", "model", "cluster", "training", "search", "trial", "storage", "launcher",
+            "workload")
 STUDY_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 """Study names travel into directory names, job names and SQL: keep them plain (matched
 whole: ``match`` with ``$`` would accept a trailing newline)."""
@@ -199,6 +202,8 @@ class StudySpec:
     trial: TrialConfig = field(default_factory=TrialConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    """The training program of the trials: the built-in trainer or the user's own."""
     profile: LayerProfile | None = None
     """The measured layer times ``cluster.profile`` names, read and checked once at load
     (:func:`~autotune.models.profile.load_cluster_profile`); callers hand it to the cost
@@ -246,20 +251,24 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             trial=TrialConfig.from_dict(data.get("trial") or {}),
             storage=StorageConfig.from_dict(data.get("storage") or {}),
             launcher=LauncherConfig.from_dict(data.get("launcher") or {}),
+            workload=WorkloadConfig.from_dict(data.get("workload") or {}),
             source=source,
         )
+        spec.workload.check_model(spec.model)
         if read_profile:
             # Read once, here: a bad file fails the load, before any database or launcher.
             spec = replace(spec, profile=load_cluster_profile(spec.cluster, spec.model,
                                                               spec.training.dtype))
         # Refused here, before any command works with the study: a space too large to plan.
         check_space_size(spec.search, spec.world_size, spec.training.global_batch)
-        if spec.model.dropout > 0 and spec.launcher.kind != "replay":
-            # Local and SLURM trials run the built-in trainer, which has no dropout: a
-            # study must not tune (and predict memory for) a model it will not run.
+        if (spec.model.dropout > 0 and spec.launcher.kind != "replay"
+                and not spec.workload.foreign):
+            # Local and SLURM trials of the built-in trainer have no dropout: a study must
+            # not tune (and predict memory for) a model it will not run.
             raise SpecError("model.dropout", spec.model.dropout,
                             "allowed: 0 with the built-in trainer (launcher.kind "
-                            f"{spec.launcher.kind!r}); dropout only describes replayed runs")
+                            f"{spec.launcher.kind!r}); dropout describes replayed runs or "
+                            "a workload of your own (workload.kind)")
         return spec
     except SpecError as err:
         raise SpecError(err.field, err.value, err.allowed, source=source) from None

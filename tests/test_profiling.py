@@ -15,7 +15,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.landscape import shipped_landscape
-from autotune.launchers.base import Launcher, TrialPaths
+from autotune.launchers.base import Launcher
 from autotune.models.profile import LayerProfile, load_profile
 from autotune.profiling import (
     ProfileCell,
@@ -26,7 +26,7 @@ from autotune.profiling import (
     run_profile,
 )
 from autotune.spec import load_study
-from autotune.trial import TrialResult, TrialSpec
+from autotune.trial import TrialPaths, TrialResult, TrialSpec
 from tests.helpers import run_cli, write_study
 
 VTRAIN = shipped_landscape("vtrain_a100_single_node.csv")

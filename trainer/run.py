@@ -13,6 +13,11 @@ explain the failure, and which a launcher can read when rank 0 itself is gone.
 
 Exit codes (:func:`run_trials`): 0 all ok, 1 a trial failed (error or oom), 2 a spec was
 invalid (nothing ran for it).
+
+With ``AUTOTUNE_METRICS_FILE`` set, rank 0 also writes one line per optimizer step (warm-up
+steps included) to that file, the contract a foreign workload reports through
+(:mod:`autotune.metrics_writer`): the trainer run as a ``command`` workload is read back as
+any program of a user's would be.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 from autotune.atomic import write_json_atomic
 from autotune.errors import AutotuneError
 from autotune.feasibility import check_layout
+from autotune.metrics_writer import MetricsWriter
 from autotune.trial import TrialResult, TrialSpec
 from trainer.distributed import LaunchEnv, launch_env_from
 
@@ -200,7 +206,9 @@ def _run_one(job: _Job, ctx: _Context) -> str:
             dist.barrier()
 
     losses: list[float] = []
-    clock = StepClock(sync)
+    clock, warm = StepClock(sync), StepClock(sync)
+    metrics = MetricsWriter(rank=launch.rank)
+    tokens = layout.global_batch * model.seq_len
     engine = None
     error: BaseException | None = None
     try:
@@ -213,12 +221,10 @@ def _run_one(job: _Job, ctx: _Context) -> str:
             batches = micro_batches(source, step=step, dp=layout.dp, dp_rank=engine.dp_rank,
                                     micro_batch=layout.micro_batch,
                                     grad_accum=layout.grad_accum)
-            if step < run.warmup_steps:
-                sync()
+            timer = warm if step < run.warmup_steps else clock
+            with timer.step():
                 losses.append(_step(engine, batches, step, run.test_hook, launch))
-            else:
-                with clock.step():
-                    losses.append(_step(engine, batches, step, run.test_hook, launch))
+            metrics.step(step + 1, timer.times_s[-1], tokens=tokens, loss=losses[-1])
     except BaseException as err:  # every failure must become a status, never a hang
         if isinstance(err, KeyboardInterrupt):
             raise
@@ -226,6 +232,7 @@ def _run_one(job: _Job, ctx: _Context) -> str:
         write_json_atomic(err_path, {"rank": launch.rank, "host": socket.gethostname(),
                                      "status": result_status_of_exception(err),
                                      "error": _tail(err)})
+    metrics.close()
     status = _agree(result_status_of_exception(error), ctx)
     # A peer that exits now makes torchrun SIGTERM this rank; the result must still be
     # written (torchrun's SIGKILL follows only after its grace period).

@@ -2,7 +2,8 @@
 
 Backends are peers around this small core (submitit's template method): :meth:`Launcher.run`
 owns the flow — lay out the trial directory, write the spec, start, wait with a timeout,
-kill on timeout or cancel, read the result file — and a backend fills four hooks:
+kill on timeout, cancel or lost progress, read the result back — and a backend fills four
+hooks:
 
 * ``_start(spec, paths)``: start the trial without blocking; return a handle. Raise
   :class:`~autotune.errors.LaunchError` only if it could not be started at all.
@@ -11,6 +12,11 @@ kill on timeout or cancel, read the result file — and a backend fills four hoo
   group, or the job step); must be safe to call twice.
 * ``_finish(handle)`` (optional): scheduler facts once it ended — a state such as SLURM's
   ``OUT_OF_MEMORY`` and the hosts it ran on.
+
+*What* runs is the launcher's :attr:`Launcher.workload` (:mod:`autotune.workloads`):
+autotune's trainer by default, or the user's own program. The flow calls its hooks too:
+``prepare`` (the trial's files), ``argv``/``env`` (inside a backend's ``_start``), ``watch``
+(asked on every poll whether the trial still makes progress) and ``finish`` (the result).
 
 Contract, checked for every backend by one test class (``LauncherContract`` in
 ``tests/launchers/contract.py``, run against each launcher in ``tests/launchers/``):
@@ -22,7 +28,11 @@ Contract, checked for every backend by one test class (``LauncherContract`` in
    the trial and return promptly with ``interrupted`` set.
 4. The result is whatever the trainer wrote atomically to ``paths.result`` (or ``None``):
    outcomes are decided from that file and the report by :func:`autotune.runner.outcome.classify`,
-   never by reading logs. ``stderr_tail`` is only for humans.
+   never by reading logs. ``stderr_tail`` is only for humans. A foreign workload writes the
+   result file from what its program reported (``finish``), and its outcome is decided by
+   :func:`autotune.runner.foreign.foreign_outcome`.
+5. A trial whose workload watch reports no progress is killed like a timed-out one, and
+   reported ``no_progress``.
 """
 
 from __future__ import annotations
@@ -35,54 +45,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from autotune.atomic import write_json_atomic
-from autotune.errors import SpecError
 from autotune.layout import Layout
-from autotune.trial import TrialResult, TrialSpec, read_result
+from autotune.trial import TrialPaths, TrialResult, TrialSpec
+from autotune.workloads.base import BuiltinWorkload, Workload
 
-__all__ = ["Launcher", "LaunchReport", "TrialPaths", "tail"]
+__all__ = ["Launcher", "LaunchReport", "tail"]
 
 _POLL_S = 0.2
-
-
-@dataclass(frozen=True)
-class TrialPaths:
-    """The on-disk layout of one trial, defined once (submitit's ``JobPaths``)."""
-
-    root: Path
-
-    @property
-    def spec(self) -> Path:
-        return self.root / "spec.json"
-
-    @property
-    def result(self) -> Path:
-        return self.root / "result.json"
-
-    @property
-    def stdout(self) -> Path:
-        return self.root / "stdout.log"
-
-    @property
-    def stderr(self) -> Path:
-        return self.root / "stderr.log"
-
-    @property
-    def report(self) -> Path:
-        return self.root / "launch.json"
-
-    def rank_errors(self) -> list[Path]:
-        """Error files a failing rank leaves beside the result (``result.json.rank3.err``)."""
-        return sorted(self.root.glob("result.json.rank*.err"))
-
-    def prepare(self) -> None:
-        """Create the directory; clear what a previous attempt left (a retry starts clean)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        for stale in (self.result, self.report, *self.rank_errors()):
-            stale.unlink(missing_ok=True)
-
-    @classmethod
-    def for_trial(cls, run_dir: str | Path, study: str, number: int, key: str) -> TrialPaths:
-        return cls(Path(run_dir) / study / f"trial-{number:05d}-{key}")
 
 
 @dataclass
@@ -102,13 +71,26 @@ class LaunchReport:
     elapsed_s: float = 0.0
     result_error: str | None = None
     """Why a result file present could not be read."""
+    workload: str = "builtin"
+    """The workload kind that ran (:mod:`autotune.workloads`)."""
+    no_progress: bool = False
+    """Killed because its workload watch saw no new step in time."""
+    no_progress_reason: str = ""
+    readback: dict[str, Any] | None = None
+    """A foreign workload's summary of what it read back (source, steps, garbage lines)."""
+    log_text: str = ""
+    """A foreign program's output (the end of stdout and stderr), where an out-of-memory
+    signature is looked for; not stored."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"returncode": self.returncode, "timed_out": self.timed_out,
                 "interrupted": self.interrupted, "scheduler_state": self.scheduler_state,
                 "hosts": self.hosts, "elapsed_s": self.elapsed_s,
                 "result_error": self.result_error,
-                "status": self.result.status if self.result else None}
+                "status": self.result.status if self.result else None,
+                "workload": self.workload, "no_progress": self.no_progress,
+                "no_progress_reason": self.no_progress_reason or None,
+                "readback": self.readback}
 
 
 def tail(path: Path, lines: int = 20, max_chars: int = 4000) -> str:
@@ -127,6 +109,8 @@ class Launcher(ABC):
 
     def __init__(self) -> None:
         self._cancel = threading.Event()
+        self.workload: Workload = BuiltinWorkload()
+        """What the trials run (:func:`autotune.launchers.make_launcher` sets the study's)."""
 
     def cancel(self) -> None:
         """Ask a running :meth:`run` to kill its trial and return (thread/signal safe)."""
@@ -148,9 +132,11 @@ class Launcher(ABC):
         """Run one trial to its end (template method; see the contract above)."""
         paths.prepare()
         write_json_atomic(paths.spec, spec.to_dict())
+        self.workload.prepare(spec, paths)
         started = time.monotonic()
         handle = self._start(spec, paths)
-        timed_out = interrupted = False
+        watch = self.workload.watch(spec, paths)
+        timed_out = interrupted = no_progress = False
         returncode: int | None = None
         try:
             while True:
@@ -163,6 +149,9 @@ class Launcher(ABC):
                 if time.monotonic() - started > timeout_s:
                     timed_out = True
                     break
+                if watch is not None and watch.stalled():
+                    no_progress = True
+                    break
                 time.sleep(_POLL_S)
         finally:
             if returncode is None:  # timeout, cancel, or an exception in this thread
@@ -172,11 +161,11 @@ class Launcher(ABC):
         report = LaunchReport(result=None, returncode=returncode, timed_out=timed_out,
                               interrupted=interrupted, scheduler_state=state,
                               stderr_tail=self._stderr_tail(paths), hosts=hosts,
-                              elapsed_s=time.monotonic() - started)
-        try:
-            report.result = read_result(paths.result)
-        except SpecError as err:
-            report.result_error = str(err)
+                              elapsed_s=time.monotonic() - started,
+                              workload=self.workload.kind, no_progress=no_progress,
+                              no_progress_reason=watch.describe() if no_progress and watch
+                              else "")
+        self.workload.finish(spec, paths, report)
         write_json_atomic(paths.report, report.to_dict())
         return report
 
@@ -199,5 +188,5 @@ class Launcher(ABC):
 
     def describe(self) -> dict[str, Any]:
         """Facts about the launcher for the measurements table."""
-        return {"launcher": self.kind}
+        return {"launcher": self.kind, **self.workload.describe()}
 

@@ -4,6 +4,11 @@ The embedded default. Every trial runs in its own process session (``start_new_s
 so that a timeout or Ctrl-C kills the whole tree — torchrun *and* its ranks — with one
 ``killpg``; ``--standalone`` lets torchrun pick a free rendezvous port, so several
 workers can share a machine.
+
+torchrun starts the workload's program (:meth:`Workload.argv <autotune.workloads.base.
+Workload.argv>`) with ``--no-python``, so the program may be any command: ``python -m
+trainer ...`` for the built-in trainer, the user's own for a foreign workload. A workload
+with ``outer: none`` is started as it is, without torchrun (it is its own launcher).
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from typing import Any
 
 from autotune.config.launcher import LocalOptions
 from autotune.errors import LaunchError
-from autotune.launchers.base import Launcher, TrialPaths
-from autotune.trial import TrialSpec
+from autotune.launchers.base import Launcher
+from autotune.trial import TrialPaths, TrialSpec
+from autotune.workloads.base import Placement
 
 __all__ = ["LocalLauncher", "trainer_env"]
 
@@ -72,6 +78,12 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _signal_all(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
         try:
@@ -89,22 +101,31 @@ class LocalLauncher(Launcher):
         super().__init__()
         self.options = options or LocalOptions()
 
+    def placement(self, spec: TrialSpec) -> Placement:
+        """One node, every rank here; a free port for a workload that rendezvouses itself
+        (``outer: none``; torchrun ``--standalone`` picks its own)."""
+        return Placement(python=self.options.python or sys.executable, nodes=1,
+                         ranks_per_node=spec.layout.world_size, master_addr="127.0.0.1",
+                         master_port=_free_port())
+
     def command(self, spec: TrialSpec, paths: TrialPaths) -> list[str]:
-        python = self.options.python or sys.executable
-        return [python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-                f"--nproc-per-node={spec.layout.world_size}",
-                "-m", "trainer", "--spec", str(paths.spec), "--result", str(paths.result)]
+        placement = self.placement(spec)
+        program = self.workload.argv(spec, paths, placement)
+        if not self.workload.per_device:
+            return program
+        return [placement.python, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+                f"--nproc-per-node={spec.layout.world_size}", "--no-python", *program]
 
     def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
+        env = trainer_env(spec, {**self.options.env, **self.workload.env(spec, paths)})
         try:
             with open(paths.stdout, "wb") as out, open(paths.stderr, "wb") as err:
                 return subprocess.Popen(
                     self.command(spec, paths), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                    env=trainer_env(spec, self.options.env), start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    env=env, start_new_session=True, preexec_fn=_die_with_parent,
                 )
         except OSError as err:
-            raise LaunchError(f"could not start torchrun: {err}") from err
+            raise LaunchError(f"could not start {self.workload.kind} trial: {err}") from err
 
     def _poll(self, handle: subprocess.Popen[bytes]) -> int | None:
         return handle.poll()

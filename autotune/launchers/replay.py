@@ -30,10 +30,10 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.errors import LaunchError, SpecError
 from autotune.landscape import LandscapeGroup, Measurement, load_landscape, merge_duplicates
-from autotune.launchers.base import Launcher, TrialPaths
+from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
-from autotune.trial import TrialResult, TrialSpec
+from autotune.trial import TrialPaths, TrialResult, TrialSpec
 
 if TYPE_CHECKING:
     from autotune.config.launcher import ReplayOptions

@@ -12,6 +12,13 @@ and takes the first node of ``SLURM_STEP_NODELIST`` as rendezvous host (``MASTER
 set here only when the launcher is pinned to nodes); ``MASTER_PORT`` is a fresh port per
 step so that side-by-side steps never collide.
 
+A foreign workload (:mod:`autotune.workloads`) runs the same way, one task per device, its
+program behind :mod:`autotune.workloads.rank_env`, which exports the same rendezvous as
+torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``). With ``workload.outer: none`` the step has one task per node and the
+command launches its ranks itself (``torchrun``, ``deepspeed``); the step is then pinned to
+known nodes so that ``{master_addr}`` is the step's first node.
+
 srun runs in its own process session. Its step id (``JOB.STEP``) is read from the
 ``srun: launching StepId=J.S`` line that ``-v`` prints to the trial's stderr, or failing
 that from ``squeue --steps`` by the unique step name. :meth:`_kill` cancels that step with
@@ -44,10 +51,11 @@ from typing import TYPE_CHECKING, Any
 from autotune.config.launcher import SlurmOptions
 from autotune.errors import LaunchError
 from autotune.hostlist import parse_hostlist
-from autotune.launchers.base import Launcher, LaunchReport, TrialPaths
+from autotune.launchers.base import Launcher, LaunchReport
 from autotune.launchers.local import trainer_env
 from autotune.sites import SiteProfile, load_site
-from autotune.trial import TrialSpec
+from autotune.trial import TrialPaths, TrialSpec
+from autotune.workloads.base import Placement
 
 if TYPE_CHECKING:
     from autotune.config.cluster import ClusterConfig
@@ -135,6 +143,7 @@ class SlurmLauncher(Launcher):
         self.job_id = allocation_job_id(self._env)
         self.devices_per_node = devices_per_node or self._default_devices_per_node()
         self._timeout_s = 0.0
+        self._port = 0
 
     @classmethod
     def for_study(cls, options: SlurmOptions, cluster: ClusterConfig) -> SlurmLauncher:
@@ -152,35 +161,55 @@ class SlurmLauncher(Launcher):
 
     # -- the step command -----------------------------------------------------------------
 
-    def command(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> list[str]:
+    def _geometry(self, spec: TrialSpec) -> tuple[int, int, list[str]]:
+        """(nodes, ranks per node, the nodes the step is pinned to: none = SLURM picks)."""
         world = spec.layout.world_size
         per_node = min(world, self.devices_per_node)
         nodes = math.ceil(world / per_node)
         if self.nodelist and len(self.nodelist) < nodes:
             raise LaunchError(f"the trial needs {nodes} nodes of {per_node} ranks; this "
                               f"launcher is pinned to {len(self.nodelist)}: {self.nodelist}")
+        pinned = self.nodelist[:nodes]
+        if not pinned and not self.workload.per_device:
+            # The command rendezvouses itself ({master_addr}): it must know the host first.
+            alloc = self._env.get("SLURM_JOB_NODELIST") or self._env.get("SLURM_NODELIST") or ""
+            pinned = expand_hostlist(alloc)[:nodes] if alloc else []
+        return nodes, per_node, pinned
+
+    def placement(self, spec: TrialSpec) -> Placement:
+        nodes, per_node, pinned = self._geometry(spec)
+        return Placement(python=sys.executable, nodes=nodes, ranks_per_node=per_node,
+                         master_addr=pinned[0] if pinned else "",
+                         master_port=self._port or _pick_port(),
+                         rank_env=(sys.executable, "-m", "autotune.workloads.rank_env", "--"))
+
+    def command(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> list[str]:
+        world = spec.layout.world_size
+        nodes, per_node, pinned = self._geometry(spec)
+        tasks, tasks_per_node = (world, per_node) if self.workload.per_device else (nodes, 1)
         site_slurm = self.site.slurm if self.site else None
         gres = self.options.gpus_per_node or (site_slurm.gres if site_slurm else None)
         cpus = self.options.cpus_per_task or (site_slurm.cpus_per_task if site_slurm else None)
         minutes = max(1, math.ceil(timeout_s / 60))  # srun --time is whole minutes
-        cmd = ["srun", "-v", f"--jobid={self.job_id}", f"--nodes={nodes}", f"--ntasks={world}",
-               f"--ntasks-per-node={per_node}", "--exact", "--kill-on-bad-exit=1",
+        cmd = ["srun", "-v", f"--jobid={self.job_id}", f"--nodes={nodes}", f"--ntasks={tasks}",
+               f"--ntasks-per-node={tasks_per_node}", "--exact", "--kill-on-bad-exit=1",
                f"--time={minutes}", f"--job-name={step_name(paths)}", "--export=ALL",
                f"--output={paths.stdout}", f"--error={paths.stderr}"]
         if gres:
             cmd.append(f"--gres={gres}")
         if cpus:
             cmd.append(f"--cpus-per-task={cpus}")
-        if self.nodelist:
-            cmd.append(f"--nodelist={','.join(self.nodelist[:nodes])}")
+        if pinned:
+            cmd.append(f"--nodelist={','.join(pinned)}")
         cmd += list(site_slurm.srun_args if site_slurm else ()) + list(self.options.extra_args)
-        return [*cmd, sys.executable, "-m", "trainer", "--spec", str(paths.spec),
-                "--result", str(paths.result)]
+        return [*cmd, *self.workload.argv(spec, paths, self.placement(spec))]
 
-    def step_env(self, spec: TrialSpec) -> dict[str, str]:
+    def step_env(self, spec: TrialSpec, paths: TrialPaths | None = None) -> dict[str, str]:
         extra = dict(self.site.env) if self.site else {}
         extra.update(self.options.env)
-        extra["MASTER_PORT"] = str(_pick_port())
+        if paths is not None:
+            extra.update(self.workload.env(spec, paths))
+        extra["MASTER_PORT"] = str(self._port or _pick_port())
         if self.nodelist:
             extra["MASTER_ADDR"] = self.nodelist[0]
         env = trainer_env(spec, extra)
@@ -195,7 +224,11 @@ class SlurmLauncher(Launcher):
 
     def run(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> LaunchReport:
         self._timeout_s = timeout_s  # the step's --time backstop needs it in _start
-        return super().run(spec, paths, timeout_s=timeout_s)
+        self._port = _pick_port()  # one rendezvous port per step: command and env agree
+        try:
+            return super().run(spec, paths, timeout_s=timeout_s)
+        finally:
+            self._port = 0
 
     def _start(self, spec: TrialSpec, paths: TrialPaths) -> _Step:
         cmd = self.command(spec, paths, timeout_s=self._timeout_s)
@@ -203,7 +236,8 @@ class SlurmLauncher(Launcher):
             # srun's own messages (-v) go to a separate log: it is where the step id is read.
             with open(paths.root / "srun.log", "wb") as log:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                        env=self.step_env(spec), start_new_session=True)
+                                        env=self.step_env(spec, paths),
+                                        start_new_session=True)
         except OSError as err:
             raise LaunchError(f"could not start srun: {err}") from err
         return _Step(proc=proc, job_id=self.job_id, name=step_name(paths), paths=paths)
@@ -244,7 +278,8 @@ class SlurmLauncher(Launcher):
 
     def describe(self) -> dict[str, Any]:
         return {"launcher": self.kind, "job_id": self.job_id,
-                "site": self.site.name if self.site else None, "nodelist": self.nodelist}
+                "site": self.site.name if self.site else None, "nodelist": self.nodelist,
+                **self.workload.describe()}
 
     # -- step discovery -------------------------------------------------------------------
 

@@ -1,4 +1,8 @@
-"""Exporters of the best layout: JSON, a DeepSpeed config, Megatron-DeepSpeed arguments.
+"""Exporters of the best layout: JSON, a DeepSpeed config, Megatron-DeepSpeed arguments, and
+the launch line of the study's own workload (``--emit command``).
+
+Megatron-DeepSpeed's flags come from :mod:`autotune.workloads.megatron`, the module the
+``megatron-deepspeed`` workload builds its trials' argv from: what is exported is what ran.
 
 >>> from autotune.layout import Layout
 >>> lay = Layout(tp=2, pp=4, dp=2, micro_batch=1, grad_accum=16, zero_stage=1,
@@ -19,44 +23,65 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.atomic import write_json_atomic
+from autotune.config.model import ModelConfig
 from autotune.dsconfig import deepspeed_config
+from autotune.errors import UsageError
 from autotune.layout import Layout
-from autotune.runner.records import TrialAttr, study_fingerprint
+from autotune.runner.records import TrialAttr, study_fingerprint, study_workload
+from autotune.workloads import megatron
 
-__all__ = ["emit_best", "megatron_deepspeed_args", "best_json"]
+__all__ = ["emit_best", "megatron_deepspeed_args", "best_json", "command_line"]
 
 
 def megatron_deepspeed_args(layout: Layout, *, dtype: str,
                             model: dict[str, Any] | None = None) -> list[str]:
-    """Megatron-DeepSpeed (``pretrain_gpt.py``) arguments for ``layout``.
-
-    Names as in microsoft/Megatron-DeepSpeed ``megatron/arguments.py``; ``--zero-stage``
-    and ``--deepspeed-activation-checkpointing`` are its DeepSpeed additions.
-    """
-    args = ["--tensor-model-parallel-size", str(layout.tp),
-            "--pipeline-model-parallel-size", str(layout.pp),
-            "--micro-batch-size", str(layout.micro_batch),
-            "--global-batch-size", str(layout.global_batch),
-            "--zero-stage", str(layout.zero_stage)]
-    if layout.pp == 1:
-        args.append("--no-pipeline-parallel")
-    if layout.recompute == "full":
-        args += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
-    if dtype == "bf16":
-        args.append("--bf16")
+    """Megatron-DeepSpeed (``pretrain_gpt.py``) arguments for ``layout`` (and ``model``, a
+    study fingerprint's model): :func:`autotune.workloads.megatron.layout_args` and
+    :func:`~autotune.workloads.megatron.model_args`, the flags its trials ran with."""
+    args = megatron.layout_args(layout, dtype=dtype)
     if model:
-        args += ["--num-layers", str(model["n_layer"]), "--hidden-size", str(model["hidden"]),
-                 "--num-attention-heads", str(model["n_head"]),
-                 "--ffn-hidden-size", str(model.get("ffn_hidden") or 4 * model["hidden"]),
-                 "--seq-length", str(model["seq_len"]),
-                 "--max-position-embeddings", str(model["seq_len"])]
-        if model.get("mlp") == "swiglu":
-            args.append("--swiglu")  # Megatron's gated MLP (3 matrices of ffn_hidden)
-        if model.get("attention", "flash") == "flash":
-            # What was tuned (fused attention, no score matrix); without the flag Megatron
-            # materialises the scores (model.attention: explicit), slower and larger.
-            args.append("--use-flash-attn")
+        args += megatron.model_args(_model(model))
     return args
+
+
+def _model(data: dict[str, Any]) -> ModelConfig:
+    known = {k: v for k, v in data.items() if k in ModelConfig.__dataclass_fields__}
+    return ModelConfig(**known)
+
+
+def command_line(study: optuna.Study, layout: Layout, *, out_dir: Path) -> list[str]:
+    """The study's own program for ``layout``: the ``command`` template filled, or the
+    Megatron-DeepSpeed script with the user's arguments and the layout's flags (without the
+    trial's short-run flags), with ``OUT_DIR/ds_config.json`` as the DeepSpeed config."""
+    from autotune.trial import RunConfig, TrialPaths, TrialSpec
+    from autotune.workloads.base import Placement
+    from autotune.workloads.foreign import fill, placeholder_values, trial_ds_config
+
+    record = study_workload(study)
+    if record is None or record.get("kind", "builtin") == "builtin":
+        raise UsageError(f"study {study.study_name!r} ran the built-in trainer: there is no "
+                         "command of your own to emit; use --emit deepspeed or "
+                         "megatron-deepspeed")
+    fp = study_fingerprint(study)
+    dtype = fp.get("dtype", "bf16")
+    run = RunConfig(dtype=dtype, warmup_steps=0, measure_steps=int(record["train_iters"]))
+    spec = TrialSpec(model=_model(fp.get("model") or {}), layout=layout, run=run)
+    paths = TrialPaths(out_dir)
+    # As recorded (not re-validated: the script need not exist where `best` runs).
+    write_json_atomic(paths.ds_config, trial_ds_config(spec, dict(record.get("ds_config") or {})))
+    per_node = min(layout.world_size, int(record.get("ranks_per_node") or layout.world_size))
+    placement = Placement(python="python", nodes=-(-layout.world_size // per_node),
+                          ranks_per_node=per_node, master_addr="$MASTER_ADDR",
+                          master_port=29500)
+    values = {**placeholder_values(spec, paths, placement),
+              "train_iters": int(record["train_iters"])}
+    if record["kind"] == "command":
+        return fill(list(record.get("argv") or []), values)
+    user = fill(list(record.get("args") or []), values)
+    return [record.get("python") or "python", str(record.get("script")), *user,
+            *megatron.layout_args(layout, dtype=dtype),
+            *megatron.model_args(spec.model, given=user, kernels=False),
+            "--deepspeed", "--deepspeed_config", str(paths.ds_config)]
 
 
 def best_json(study: optuna.Study, layout: Layout, trial: FrozenTrial) -> dict[str, Any]:
@@ -90,5 +115,15 @@ def emit_best(study: optuna.Study, layout: Layout, trial: FrozenTrial, *, fmt: s
             f"tensor parallel {layout.tp} x pipeline {layout.pp} x data parallel {layout.dp}"
             f" = {layout.world_size} devices",
         ])
+    if fmt == "command":
+        argv = command_line(study, layout, out_dir=out_dir)
+        record = study_workload(study) or {}
+        how = ("one process per device, e.g. torchrun --nproc-per-node=N --no-python ... or "
+               "srun --ntasks-per-node=N ..." if record.get("outer", "per-device") ==
+               "per-device" else "as it is (it launches its own ranks)")
+        return "\n".join([
+            f"# best: {layout.key()} ({trial.value:.4g} model TFLOPS/device, trial "
+            f"#{trial.number}); wrote {out_dir / 'ds_config.json'}; start it {how}",
+            shlex.join(argv)])
     mega = megatron_deepspeed_args(layout, dtype=dtype, model=fp.get("model"))
     return shlex.join(mega)

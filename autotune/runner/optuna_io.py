@@ -31,6 +31,7 @@ from autotune.runner.records import (
     trial_outcome,
     user_attrs,
     verdict_attrs,
+    workload_record,
 )
 from autotune.runner.records import is_retry as _records_is_retry
 from autotune.search import Observation, dominated_by_oom
@@ -46,10 +47,11 @@ _OBSERVED = {"complete": "ok", "oom": "oom", "error": "error", "timeout": "error
 
 
 def fingerprint_of(spec: StudySpec) -> dict[str, Any]:
-    """What a study measures; a study name is refused for another one."""
+    """What a study measures; a study name is refused for another one (a study must not mix
+    the built-in trainer's measurements with those of the user's own program)."""
     return {"model": spec.model.to_dict(), "device": spec.cluster.device,
             "world_size": spec.world_size, "global_batch": spec.training.global_batch,
-            "dtype": spec.training.dtype}
+            "dtype": spec.training.dtype, "workload": spec.workload.kind}
 
 
 def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> optuna.Study:
@@ -71,6 +73,8 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
         # the (then only) GELU MLP and SDPA attention, without dropout.
         existing = {**existing, "model": {"mlp": "gelu", "attention": "flash",
                                           "dropout": 0.0, **existing["model"]}}
+    if existing is not None:
+        existing = {"workload": "builtin", **existing}  # before workloads: the trainer
     if existing is None and create:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -85,6 +89,14 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
         raise UsageError(
             f"study {spec.name!r} in {storage.masked_url} was created for a different "
             f"{', '.join(diff)}; give this study another name (name: in the study file)")
+    if create:
+        from autotune.workloads.foreign import steps_of
+
+        steps = steps_of(spec.trial.warmup_steps, spec.trial.measure_steps,
+                         foreign=spec.workload.foreign)
+        per_node = min(spec.world_size, spec.cluster.devices_per_node)
+        study.set_user_attr(StudyAttr.WORKLOAD, workload_record(
+            spec.workload.to_dict(), train_iters=steps, ranks_per_node=per_node))
     return study
 
 

@@ -4,7 +4,9 @@
 result file plus what the launcher saw: exit code, timeout, cancel, scheduler state) into
 an :class:`Outcome`; :attr:`Outcome.state` is the Optuna state it is told as. Infeasible
 layouts never reach a launcher; :func:`infeasible` builds their outcome here too, so
-every trial state is decided in this module (Optuna's ``_run_trial`` does the same).
+every trial state is decided in this module (Optuna's ``_run_trial`` does the same). A trial
+of a foreign workload (the user's own program, which writes no result file of autotune's)
+is decided beside it, by :func:`autotune.runner.foreign.foreign_outcome`.
 
 ==============  =======================  ==========================================
 kind            Optuna state             meaning
@@ -14,7 +16,8 @@ oom             PRUNED + constraint > 0  ran out of memory: infeasible, and its 
                                          memory-hungry siblings are not launched
 infeasible      PRUNED + constraint > 0  refused by the feasibility check, never ran
 error           FAIL                     the trainer failed (traceback in ``reason``)
-timeout         FAIL                     killed at the per-trial timeout
+timeout         FAIL                     killed at the per-trial timeout (or, a foreign
+                                         program, when it made no progress)
 interrupted     FAIL                     cancelled (Ctrl-C, SIGTERM): retried later
 ==============  =======================  ==========================================
 """
@@ -75,6 +78,10 @@ def infeasible(reasons: list[Reason]) -> Outcome:
 
 def classify(report: LaunchReport) -> Outcome:
     """Map what a launcher saw to an outcome; the result file wins where it exists."""
+    if report.workload != "builtin":
+        from autotune.runner.foreign import foreign_outcome  # it imports Outcome from here
+
+        return foreign_outcome(report)
     res = report.result
     if report.interrupted:
         return Outcome("interrupted", reason="cancelled by the runner (interrupt or SIGTERM)")

@@ -30,7 +30,8 @@ __all__ = ["TrialAttr", "StudyAttr", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR", "RES
            "TrialFacts", "measurement_row", "user_attrs", "verdict_attrs", "retry_attrs",
            "study_attrs", "set_user_attrs", "trial_layout", "trial_layout_key",
            "trial_outcome", "trial_reason", "is_retry", "study_fingerprint",
-           "study_device_memory_gib", "search_stop_record",
+           "study_device_memory_gib", "search_stop_record", "workload_record",
+           "study_workload",
            "search_stop_of", "search_stop_threshold", "search_stop_line",
            "learned_from_record", "learned_from_of", "learned_from_line"]
 
@@ -96,8 +97,8 @@ class StudyAttr:
     """Keys of a study's user attributes."""
 
     FINGERPRINT = "fingerprint"
-    """What the study measures (model, device, world size, global batch, dtype): a study
-    name is refused for another one."""
+    """What the study measures (model, device, world size, global batch, dtype, workload
+    kind): a study name is refused for another one."""
     MODEL = "model"
     CLUSTER = "cluster"
     OBJECTIVE = "objective"
@@ -108,6 +109,9 @@ class StudyAttr:
     LEARNED_FROM = "learned_from"
     """What the study's calibration rests on (a dict from :func:`learned_from_record`):
     the earlier studies and their measurements, and the corrections last fitted."""
+    WORKLOAD = "workload"
+    """The study's ``workload`` section as last run (:func:`workload_record`): what
+    ``autotune best --emit command`` renders the winning launch line from."""
 
 
 
@@ -282,6 +286,20 @@ def study_attrs(fingerprint: dict[str, Any], *, model: str, cluster: str,
             StudyAttr.CLUSTER: cluster,
             StudyAttr.OBJECTIVE: "model TFLOPS per device (higher is better)",
             StudyAttr.DEVICE_MEMORY_GIB: device_memory_gib}
+
+
+def workload_record(workload: dict[str, Any], *, train_iters: int,
+                    ranks_per_node: int) -> dict[str, Any]:
+    """The study's :attr:`StudyAttr.WORKLOAD`: its ``workload`` section, the steps a trial
+    ran (``{train_iters}``) and the ranks per node (``{ranks_per_node}``)."""
+    return {**workload, "train_iters": train_iters, "ranks_per_node": ranks_per_node}
+
+
+def study_workload(study: _HasAttrs) -> dict[str, Any] | None:
+    """The recorded :func:`workload_record` (``None``: a study from before workloads, or
+    one run through another tool)."""
+    record = study.user_attrs.get(StudyAttr.WORKLOAD)
+    return record if isinstance(record, dict) else None
 
 
 def study_fingerprint(study: _HasAttrs) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.candidates import Candidate
 from autotune.errors import UsageError
 from autotune.feasibility import Constraints, Reason
-from autotune.launchers.base import Launcher, TrialPaths
+from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.results import best_trial
 from autotune.runner.budget import budget_reached, within_budget
@@ -89,7 +89,7 @@ from autotune.search import (
 )
 from autotune.spec import StudySpec
 from autotune.storage.db import ClaimResult, Storage
-from autotune.trial import TrialSpec
+from autotune.trial import TrialPaths, TrialSpec
 
 __all__ = ["RunSummary", "run_study"]
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.launchers.base import Launcher, TrialPaths
+from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.runner.outcome import classify
-from autotune.trial import TrialSpec
+from autotune.trial import TrialPaths, TrialSpec
 from tests.helpers import processes_mentioning, tiny_spec
 
 

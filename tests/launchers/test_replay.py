@@ -9,11 +9,11 @@ import pytest
 from autotune.config.cluster import ClusterConfig
 from autotune.errors import LaunchError, SpecError
 from autotune.landscape import LandscapeGroup, Measurement
-from autotune.launchers.base import Launcher, TrialPaths
+from autotune.launchers.base import Launcher
 from autotune.launchers.replay import ReplayLauncher, group_from_frame
 from autotune.layout import Layout
 from autotune.runner.outcome import classify
-from autotune.trial import RunConfig, TrialSpec
+from autotune.trial import RunConfig, TrialPaths, TrialSpec
 from tests.helpers import TINY, tiny_spec
 from tests.launchers.contract import LauncherContract
 from tests.search.conftest import synthetic_group

@@ -12,11 +12,11 @@ import pytest
 
 from autotune.config.launcher import SlurmOptions
 from autotune.errors import LaunchError
-from autotune.launchers.base import TrialPaths
 from autotune.launchers.slurm import SlurmLauncher, allocation_job_id, step_name
 from autotune.layout import Layout
 from autotune.runner.outcome import classify
 from autotune.sites import load_site
+from autotune.trial import TrialPaths
 from tests.helpers import processes_mentioning, tiny_spec
 from tests.launchers.contract import LauncherContract
 

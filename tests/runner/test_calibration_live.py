@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 import autotune.runner.study as study_module
 from autotune.feasibility import Constraints
-from autotune.launchers.base import Launcher, TrialPaths
+from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.models.memory_uncertainty import Verdict
 from autotune.runner.learning import plan_calibration
@@ -27,7 +27,7 @@ from autotune.runner.study import run_study
 from autotune.search import Observation, Strategy
 from autotune.spec import StudySpec, parse_study
 from autotune.storage import open_storage
-from autotune.trial import TrialResult, TrialSpec
+from autotune.trial import TrialPaths, TrialResult, TrialSpec
 
 
 class ScriptedLauncher(Launcher):

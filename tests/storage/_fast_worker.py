@@ -10,11 +10,11 @@ import hashlib
 import sys
 from typing import Any
 
-from autotune.launchers.base import Launcher, TrialPaths
+from autotune.launchers.base import Launcher
 from autotune.runner.study import run_study
 from autotune.spec import load_study
 from autotune.storage import open_storage
-from autotune.trial import TrialResult, TrialSpec
+from autotune.trial import TrialPaths, TrialResult, TrialSpec
 
 
 class InstantLauncher(Launcher):

@@ -1,0 +1,145 @@
+"""The workload contract: what a trial runs, and how what it did is read back.
+
+A launcher (:mod:`autotune.launchers.base`) owns *where* and *how long* a trial runs; a
+:class:`Workload` owns *what* runs and what its output means. The launcher's template
+method calls these hooks, in order:
+
+* :meth:`Workload.prepare` once the trial directory exists (write the trial's files);
+* :meth:`Workload.argv` and :meth:`Workload.env` when it builds the command: the program one
+  rank runs (:attr:`Workload.per_device`) or the whole launch line (``outer: none``), given
+  the :class:`Placement` the launcher chose;
+* :meth:`Workload.watch` right after the start: a :class:`ProgressWatch` the launcher asks
+  on every poll whether the trial still makes progress (``None``: no such watch);
+* :meth:`Workload.finish` once the trial ended: fill the report's result.
+
+:class:`BuiltinWorkload` is autotune's own trainer, which writes its result file itself.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from autotune.errors import SpecError
+from autotune.trial import TrialSpec, read_result
+
+if TYPE_CHECKING:
+    from autotune.launchers.base import LaunchReport
+    from autotune.trial import TrialPaths
+
+__all__ = ["Placement", "Workload", "BuiltinWorkload", "ProgressWatch"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a trial's ranks run, as the launcher decided: what a command template and a
+    rank's environment may need to know."""
+
+    python: str
+    """The interpreter trials run with (``launcher.local.python`` or the runner's)."""
+    nodes: int
+    ranks_per_node: int
+    master_addr: str
+    master_port: int
+    rank_env: tuple[str, ...] = ()
+    """A prefix that gives a foreign program torchrun's variables (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) where the launcher does not set them
+    itself (srun): :mod:`autotune.workloads.rank_env`."""
+
+
+class StepSource(Protocol):
+    """What a watch asks (:class:`autotune.workloads.readback.StepCounter`)."""
+
+    @property
+    def steps(self) -> int: ...
+
+    def update(self) -> bool: ...
+
+
+class ProgressWatch:
+    """Says when a running trial stopped making progress: no first step within
+    ``first_step_s`` of the start, or no new step for ``no_progress_s`` after one; once
+    ``expected_steps`` were seen it never says so (the program is finishing)."""
+
+    def __init__(self, counter: StepSource, *, first_step_s: float, no_progress_s: float,
+                 expected_steps: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.counter, self.clock = counter, clock
+        self.first_step_s, self.no_progress_s = first_step_s, no_progress_s
+        self.expected_steps = expected_steps
+        self.started = self.last_step = clock()
+        self.stalled_for_s: float | None = None
+
+    def stalled(self) -> bool:
+        now = self.clock()
+        if self.counter.update():
+            self.last_step = now
+        steps = self.counter.steps
+        if steps >= self.expected_steps:
+            return False
+        limit = self.first_step_s if steps == 0 else self.no_progress_s
+        if now - self.last_step > limit:
+            self.stalled_for_s = now - self.last_step
+            return True
+        return False
+
+    def describe(self) -> str:
+        steps = self.counter.steps
+        what = "no first step" if steps == 0 else f"no new step after step {steps}"
+        limit = "workload.startup_s" if steps == 0 else "workload.no_progress_s"
+        return f"{what} for {self.stalled_for_s or 0:.0f} s ({limit})"
+
+
+class Workload(ABC):
+    """Abstract base of the workloads; the hooks are called by the launcher (see above)."""
+
+    kind: ClassVar[str] = "abstract"
+    per_device: bool = True
+    """Whether the launcher starts :meth:`argv` once per device (else once, or once per
+    node on SLURM: the command launches its own ranks)."""
+
+    def prepare(self, spec: TrialSpec, paths: TrialPaths) -> None:  # noqa: B027 (a hook)
+        """Write what the trial reads before it starts (nothing by default)."""
+
+    @abstractmethod
+    def argv(self, spec: TrialSpec, paths: TrialPaths, placement: Placement) -> list[str]:
+        """The command the launcher starts."""
+
+    def env(self, spec: TrialSpec, paths: TrialPaths) -> dict[str, str]:
+        """Environment variables the program gets on top of the launcher's."""
+        return {}
+
+    def watch(self, spec: TrialSpec, paths: TrialPaths) -> ProgressWatch | None:
+        return None
+
+    @abstractmethod
+    def finish(self, spec: TrialSpec, paths: TrialPaths, report: LaunchReport) -> None:
+        """Fill ``report.result`` (and what else the outcome is decided from)."""
+
+    def describe(self) -> dict[str, str]:
+        return {"workload": self.kind}
+
+
+class BuiltinWorkload(Workload):
+    """autotune's trainer: ``python -m trainer --spec S --result R`` on every rank; rank 0
+    writes the result file atomically, which is all that is read back."""
+
+    kind = "builtin"
+
+    def argv(self, spec: TrialSpec, paths: TrialPaths, placement: Placement) -> list[str]:
+        return [placement.python, "-m", "trainer", "--spec", str(paths.spec),
+                "--result", str(paths.result)]
+
+    def finish(self, spec: TrialSpec, paths: TrialPaths, report: LaunchReport) -> None:
+        try:
+            report.result = read_result(paths.result)
+        except SpecError as err:
+            report.result_error = str(err)
+
+
+def log_paths(paths: TrialPaths) -> list[Path]:
+    """The logs a foreign trial's steps may be printed to."""
+    return [paths.stdout, paths.stderr]
