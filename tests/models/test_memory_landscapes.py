@@ -10,20 +10,17 @@ the documented per-term ones of :mod:`autotune.models.memory_uncertainty`.
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from autotune.config.model import MODEL_PRESETS
 from autotune.config.study import TrainingConfig, TrialConfig
 from autotune.feasibility import MemoryBudget, check_layout
-from autotune.landscape import LandscapeGroup, Measurement, load_landscape
+from autotune.landscape import LandscapeGroup, Measurement, load_landscape, shipped_landscape
 from autotune.layout import Layout
 from autotune.models.memory_uncertainty import Verdict
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "landscapes"
 LANDSCAPES = ("vtrain_a100_single_node.csv", "aurora_pvc_70b.csv")
-pytestmark = pytest.mark.skipif(not SHARED.exists(), reason="shared landscapes not present")
 
 
 def default_budget(group: LandscapeGroup) -> MemoryBudget:
@@ -35,7 +32,7 @@ def default_budget(group: LandscapeGroup) -> MemoryBudget:
 def judged(name: str) -> list[tuple[LandscapeGroup, Measurement, Verdict, bool]]:
     """(group, row, verdict, excluded on memory by check_layout) for every row of a file."""
     out = []
-    for group in load_landscape(SHARED / name):
+    for group in load_landscape(shipped_landscape(name)):
         budget = default_budget(group)
         for m in group.measurements:
             fit = budget.verdict(group.model, m.layout)
@@ -58,7 +55,7 @@ def test_no_measured_ok_row_is_excluded_at_default_settings(name: str) -> None:
 def test_aurora_row_that_ran_at_13_tflops_per_tile_is_kept() -> None:
     # Issue #13: excluded before (predicted 65.4 GiB on a 64 GiB tile), it is the fastest
     # layout of its group: 13.16 hardware TFLOPS per tile, without recompute.
-    [group] = [g for g in load_landscape(SHARED / "aurora_pvc_70b.csv")
+    [group] = [g for g in load_landscape(shipped_landscape("aurora_pvc_70b.csv"))
                if g.name == "auroragpt-70b-96dev-gb6-pp_zero1_torch25"]
     layout = Layout(tp=2, pp=8, dp=6, micro_batch=1, grad_accum=1, zero_stage=1,
                     recompute="none")
@@ -90,7 +87,7 @@ def test_aurora_oom_rows_are_not_predicted_to_fit() -> None:
      Layout(tp=1, pp=1, dp=1, micro_batch=64, grad_accum=1, zero_stage=0)),
 ])
 def test_clearly_impossible_layouts_are_still_excluded(what, model, device, layout) -> None:
-    aurora = next(g for g in load_landscape(SHARED / "aurora_pvc_70b.csv")
+    aurora = next(g for g in load_landscape(shipped_landscape("aurora_pvc_70b.csv"))
                   if g.model.name == "auroragpt-70b")
     cfg = aurora.model if model == "aurora" else MODEL_PRESETS[model]
     cluster = aurora.cluster.__class__(nodes=1, devices_per_node=layout.world_size,

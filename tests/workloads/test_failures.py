@@ -52,18 +52,19 @@ def _launched(url: str, name: str) -> list[tuple[int, str]]:
 
 def test_out_of_memory_is_infeasible_and_its_larger_sibling_is_not_launched(
         tmp_path: Path, deepspeed_cpu_ops: None) -> None:
-    # A 32k vocabulary makes the logits of 16 sequences (and their softmax and gradients,
-    # 128 MiB each) exceed 400 MiB more than the process maps after its imports; one
-    # sequence at a time fits.
-    argv = [sys.executable, str(PROGRAMS / "limit_as.py"), "--budget-mb", "400", "--",
+    # A 64k vocabulary makes the logits of 16 sequences (and their gradients, 256 MiB each)
+    # exceed 500 MiB more than the process maps after its imports; one sequence at a time
+    # (16 MiB each) fits with room for the threads and arenas a loaded machine maps (a
+    # 32k vocabulary under a 400 MiB budget left too little: micro-batch 1 failed in CI).
+    argv = [sys.executable, str(PROGRAMS / "limit_as.py"), "--budget-mb", "500", "--",
             "examples/deepspeed_gpt/train.py", "--micro-batch-size", "{micro_batch}",
             "--grad-accum", "{grad_accum}", "--zero-stage", "{zero_stage}",
             "--steps", "{train_iters}", "--layers", "1", "--hidden", "16", "--heads", "4",
-            "--ffn", "64", "--seq-len", "64", "--vocab", "32768"]
+            "--ffn", "64", "--seq-len", "64", "--vocab", "65536"]
     workload = {"kind": "command", "argv": argv, "no_progress_s": 120,
                 "env": {"DS_ACCELERATOR": "cpu", "MALLOC_ARENA_MAX": "2"}}
     model = {"n_layer": 1, "hidden": 16, "n_head": 4, "ffn_hidden": 64, "seq_len": 64,
-             "vocab_size": 32768, "name": "big-vocab"}
+             "vocab_size": 65536, "name": "big-vocab"}
     sections = {"model": model, "training": {"global_batch": 32, "dtype": "fp32"},
                 "trial": {"warmup_steps": 1, "measure_steps": 2, "timeout_s": 300,
                           "device": "cpu"}, "workload": workload}
