@@ -19,15 +19,6 @@ from autotune.spec import parse_study
 from tests.helpers import run_cli, write_study
 
 
-@pytest.fixture
-def seeded_db(tmp_path: Path) -> Path:
-    """A database holding one study with one trial, to check that nothing changes."""
-    db = tmp_path / "keep.db"
-    study = optuna.create_study(study_name="keep", storage=f"sqlite:///{db}")
-    study.add_trial(optuna.trial.create_trial(value=1.0, params={}, distributions={}))
-    return db
-
-
 def _script(tmp_path: Path) -> str:
     script = tmp_path / "pretrain_gpt.py"
     script.write_text("")
