@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import UsageError
 from autotune.layout import Layout
 from autotune.runner.records import (
+    TrialAttr,
     learned_from_line,
     learned_from_of,
     search_stop_line,
@@ -29,6 +30,7 @@ from autotune.runner.records import (
 )
 from autotune.storage.db import Storage
 from autotune.tables import format_table
+from autotune.timings import TimeBreakdown, breakdown_line, time_breakdown
 
 __all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "best_layout",
            "list_studies", "format_statuses"]
@@ -51,6 +53,9 @@ class StudyStatus:
     learned_from: str | None = None
     """What the study's calibration learned from (earlier studies and their measurements,
     the corrections): :func:`autotune.runner.records.learned_from_line`."""
+    time: TimeBreakdown = field(default_factory=lambda: time_breakdown([]))
+    """Where the trials' wall time went, by phase (start-up, build, warm-up, measured
+    steps, teardown): :mod:`autotune.timings`."""
 
     @property
     def waiting(self) -> int:
@@ -104,6 +109,7 @@ def study_status(study: optuna.Study) -> StudyStatus:
         search_stop=search_stop_line(record),
         search_stop_record=record,
         learned_from=learned_from_line(learned_from_of(study)),
+        time=time_breakdown(t.user_attrs.get(TrialAttr.TIMINGS_S) or {} for t in trials),
     )
 
 
@@ -112,16 +118,19 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
     rows = []
     for st in statuses:
         best, out = st.best, st.by_outcome
-        rows.append([st.name, out.get("complete", 0), out.get("oom", 0),
+        rows.append([st.name, out.get("complete", 0), out.get("stopped", 0), out.get("oom", 0),
                      out.get("infeasible", 0),
                      sum(out.get(k, 0) for k in ("error", "timeout", "fail")),
                      out.get("interrupted", 0), len(st.running), st.waiting,
                      trial_layout_key(best) if best else None,
                      best.value if best else None])
-    lines = [format_table(["study", "complete", "oom", "infeasible", "failed", "interrupted",
-                           "running", "waiting", "best layout", "best TFLOPS/dev"], rows)]
+    lines = [format_table(["study", "complete", "stopped", "oom", "infeasible", "failed",
+                           "interrupted", "running", "waiting", "best layout",
+                           "best TFLOPS/dev"], rows)]
     lines += [f"{st.name}: search stopped: {st.search_stop}" for st in statuses
               if st.search_stop]
     lines += [f"{st.name}: calibration: {st.learned_from}" for st in statuses
               if st.learned_from]
+    lines += [f"{st.name}: time: {breakdown_line(st.time)}" for st in statuses
+              if st.time.trials]
     return "\n".join(lines)

@@ -215,12 +215,20 @@ class StudySpec:
     def world_size(self) -> int:
         return self.cluster.world_size
 
-    def run_config(self) -> RunConfig:
-        """How each of the study's trainer runs goes (the ``run`` object of a trial spec)."""
-        return RunConfig(warmup_steps=self.trial.warmup_steps,
-                         measure_steps=self.trial.measure_steps, dtype=self.training.dtype,
-                         seed=self.search.seed, device=self.trial.device,
-                         collective_timeout_s=self.trial.collective_timeout_s)
+    def run_config(self, best_model_tflops_per_device: float | None = None) -> RunConfig:
+        """How each of the study's trainer runs goes (the ``run`` object of a trial spec);
+        ``best_model_tflops_per_device``: the study's best so far (the early stop's bar)."""
+        trial = self.trial
+        return RunConfig(warmup_steps=trial.warmup_steps,
+                         measure_steps=trial.measure_steps, dtype=self.training.dtype,
+                         seed=self.search.seed, device=trial.device,
+                         collective_timeout_s=trial.collective_timeout_s,
+                         measure_precision=trial.measure_precision,
+                         max_measure_steps=trial.max_measure_steps
+                         if trial.measure_precision is not None else None,
+                         early_stop_tolerance=trial.early_stop_tolerance,
+                         best_model_tflops_per_device=best_model_tflops_per_device
+                         if trial.early_stop_tolerance is not None else None)
 
     def with_storage_url(self, url: str) -> StudySpec:
         return replace(self, storage=replace(self.storage, url=url))

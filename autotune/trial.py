@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autotune.atomic import write_json_atomic
-from autotune.config._fields import check_choice, check_int, check_keys
+from autotune.config._fields import check_choice, check_float, check_int, check_keys
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
 from autotune.layout import Layout
@@ -28,7 +28,14 @@ STATUSES: tuple[str, ...] = ("ok", "oom", "error")
 DTYPES: tuple[str, ...] = ("fp32", "bf16")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "xpu")
 DATA_KINDS: tuple[str, ...] = ("synthetic", "file")
-TEST_HOOKS: tuple[str, ...] = ("none", "hang", "crash_rank", "oom")
+TEST_HOOKS: tuple[str, ...] = ("none", "hang", "crash_rank", "oom", "oom_all",
+                                 "die")
+MAX_MEASURE_STEPS = 100_000
+PHASES: tuple[str, ...] = ("process_start", "imports", "rendezvous", "device_setup", "build",
+                           "warmup", "measure", "teardown")
+"""The phases a trial's wall time is broken into (``timings_s`` of the result; docs/trainer.md,
+"Where the time goes"). The first four are the launch's: in a batch they are paid once, by
+its first trial, and are 0 in the others."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,23 @@ class RunConfig:
     warmup_steps: int = 1
     """Optimizer steps run before timing starts (compilation, allocator warm-up)."""
     measure_steps: int = 3
-    """Timed optimizer steps; the result reports their median and spread."""
+    """Timed optimizer steps; the result reports their median and spread. With
+    ``measure_precision`` set: the fewest timed steps."""
+    measure_precision: float | None = None
+    """Measure until the median step time is known to this relative precision (half-width
+    of its distribution-free confidence interval over the median,
+    :func:`autotune.measurement.relative_precision`) or ``max_measure_steps`` is reached;
+    ``None``: exactly ``measure_steps`` steps."""
+    max_measure_steps: int | None = None
+    """The most timed steps with ``measure_precision`` (``None``: 4 x ``measure_steps``)."""
+    confidence: float = 0.95
+    """Confidence of the precision's interval and of the early stop's bound."""
+    early_stop_tolerance: float | None = None
+    """Stop the trial once its median step time is, at ``confidence``, too long for its
+    throughput to come within this fraction of ``best_model_tflops_per_device`` (or of the
+    best trial measured before it in the same launch); ``None``: never."""
+    best_model_tflops_per_device: float | None = None
+    """The study's best throughput when the trial was launched (the early stop's bar)."""
     dtype: str = "fp32"
     """``fp32`` or ``bf16``."""
     seed: int = 1234
@@ -53,11 +76,33 @@ class RunConfig:
     collective_timeout_s: int = 300
     """Process-group timeout, so that a dead rank cannot block the others forever."""
     test_hook: str = "none"
-    """Failure injection for tests: ``hang``, ``crash_rank``, ``oom`` (never in studies)."""
+    """Failure injection for tests: ``hang``, ``crash_rank``, ``oom`` (rank 0), ``oom_all``
+    (every rank: the launch goes on with its next trial), ``die`` (rank 0's
+    process exits at once, as a segfault would end it) -- never in studies."""
+
+    @property
+    def step_cap(self) -> int:
+        """The most timed steps this run may take."""
+        if self.measure_precision is None:
+            return self.measure_steps
+        return max(self.measure_steps, self.max_measure_steps or 4 * self.measure_steps)
 
     def __post_init__(self) -> None:
         check_int("run.warmup_steps", self.warmup_steps, minimum=0)
         check_int("run.measure_steps", self.measure_steps, minimum=1)
+        if self.measure_precision is not None:
+            check_float("run.measure_precision", self.measure_precision, strict=True,
+                        maximum=1.0)
+        if self.max_measure_steps is not None:
+            check_int("run.max_measure_steps", self.max_measure_steps,
+                      maximum=MAX_MEASURE_STEPS)
+        if not 0.5 <= check_float("run.confidence", self.confidence, maximum=0.9999):
+            raise SpecError("run.confidence", self.confidence, "allowed: 0.5 to 0.9999")
+        if self.early_stop_tolerance is not None:
+            check_float("run.early_stop_tolerance", self.early_stop_tolerance, maximum=0.99)
+        if self.best_model_tflops_per_device is not None:
+            check_float("run.best_model_tflops_per_device", self.best_model_tflops_per_device,
+                        strict=True)
         check_choice("run.dtype", self.dtype, DTYPES)
         check_int("run.seed", self.seed, minimum=0)
         check_choice("run.device", self.device, DEVICES)
@@ -137,6 +182,23 @@ class TrialResult:
     layout: dict[str, Any] | None = None
     elapsed_s: float | None = None
     """Wall time of the whole trial process, launch to result."""
+    timings_s: dict[str, float] = field(default_factory=dict)
+    """Where the wall time went, seconds per phase of :data:`PHASES` (``process_start``:
+    from the launcher's launch to the trainer's first line)."""
+    wall_clock: dict[str, float] = field(default_factory=dict)
+    """Unix times: ``launch`` (the launcher's, when it said), ``started`` (this trial's
+    first phase began), ``result`` (the result was written)."""
+    batch_index: int | None = None
+    """Position of the trial in its launch (0: the first, which paid the start-up)."""
+    batch_size: int | None = None
+    """Trials in the launch."""
+    measure_precision: float | None = None
+    """The relative precision the median step time reached (``None``: too few steps for
+    an interval at ``measure_confidence``)."""
+    measure_confidence: float | None = None
+    early_stopped: bool = False
+    """Stopped before ``measure_steps``/the precision: hopeless (``early_stop_reason``)."""
+    early_stop_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys a (newer) trainer wrote that this schema does not name: kept, not dropped."""
 
@@ -187,6 +249,9 @@ class TrialPaths:
     it holds rather than in the launcher package."""
 
     root: Path
+    batch: tuple[TrialPaths, ...] = ()
+    """The other trials run in the same launch as this one, after it (a batch: this
+    directory holds the launch's logs)."""
 
     @property
     def spec(self) -> Path:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import trainer.timeline  # noqa: F401  (first: it stamps the process start)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,

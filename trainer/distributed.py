@@ -38,9 +38,8 @@ from typing import Any
 from autotune.hostlist import parse_hostlist
 
 __all__ = ["LaunchEnv", "DeviceInfo", "launch_env_from", "pick_device",
-           "prepare_environment", "init_process_group", "set_group_timeout", "synchronize",
-           "reset_peak_memory",
-           "peak_memory", "DEFAULT_MASTER_PORT"]
+           "prepare_environment", "init_process_group", "release_memory", "set_group_timeout",
+           "synchronize", "reset_peak_memory", "peak_memory", "DEFAULT_MASTER_PORT"]
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -248,6 +247,20 @@ def reset_peak_memory(device: DeviceInfo) -> None:
         torch.cuda.reset_peak_memory_stats()
     elif device.kind == "xpu":
         torch.xpu.reset_peak_memory_stats()
+
+
+def release_memory(device: DeviceInfo) -> None:
+    """Give back what a finished (or out-of-memory) trial held, before the next one of the
+    launch builds: Python's garbage, then the caching allocator's unused blocks."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device.kind == "cuda":
+        torch.cuda.empty_cache()
+    elif device.kind == "xpu":
+        torch.xpu.empty_cache()
 
 
 def peak_memory(device: DeviceInfo) -> tuple[int, int | None]:

@@ -14,6 +14,20 @@ explain the failure, and which a launcher can read when rank 0 itself is gone.
 Exit codes (:func:`run_trials`): 0 all ok, 1 a trial failed (error or oom), 2 a spec was
 invalid (nothing ran for it).
 
+Several trials in one launch (a *batch*, :mod:`autotune.launchers.base`): the process group
+and the status group are the launch's; each trial builds its own DeepSpeed engine, with
+its own topology and groups, and frees it before the next. A trial that every rank agrees
+ran out of memory is recorded ``oom``, its memory released, and the next trial runs; after
+any other failure the process group may be wedged, so the launch ends there and the trials
+after it get no result (the launcher runs them again, each alone).
+
+How long a trial measures (:class:`trainer.measure.StopRule`): ``measure_steps`` timed steps,
+or with ``run.measure_precision`` until the median is known that precisely (at most
+``run.step_cap`` steps), and never past the point where it is known to be hopeless
+(``run.early_stop_tolerance``: the result says ``early_stopped``). Every rank takes rank 0's
+step times (one broadcast per step, outside the timed region), so all stop at the same
+step. Where the wall time went is in the result's ``timings_s`` (:mod:`trainer.timeline`).
+
 With ``AUTOTUNE_METRICS_FILE`` set, rank 0 also writes one line per optimizer step (warm-up
 steps included) to that file, the contract a foreign workload reports through
 (:mod:`autotune.metrics_writer`): the trainer run as a ``command`` workload is read back as
@@ -23,15 +37,13 @@ any program of a user's would be.
 from __future__ import annotations
 
 import datetime
-import glob
-import json
 import os
 import signal
 import socket
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +53,13 @@ from autotune.feasibility import check_layout
 from autotune.metrics_writer import MetricsWriter
 from autotune.trial import TrialResult, TrialSpec
 from trainer.distributed import LaunchEnv, launch_env_from
+from trainer.results import Measured, RankFacts, write_failed, write_ok, write_result
+from trainer.timeline import LAUNCH_TIME_ENV, Timeline
 
 __all__ = ["run_trials", "result_status_of_exception", "is_out_of_memory",
            "STATUS_CODES"]
 
 STATUS_CODES = {"ok": 0, "oom": 1, "error": 2}
-_PROCESS_START = time.perf_counter()
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory",
                 "failed to allocate")
 
@@ -101,13 +114,15 @@ def _load(job: _Job, world_size: int) -> None:
 
 def run_trials(pairs: list[tuple[str, str]], env: dict[str, str] | None = None) -> int:
     """Run every ``(spec, result)`` pair in order in this process; return the exit code."""
-    launch = launch_env_from(os.environ if env is None else env)
+    environ = os.environ if env is None else env
+    launch = launch_env_from(environ)
+    timeline = Timeline.for_launch(environ)
     jobs = [_Job(s, r) for s, r in pairs]
     for job in jobs:
         _load(job, launch.world_size)
         if job.error is not None and launch.rank == 0:
-            _write(job.result_path, TrialResult(status="error", error=job.error,
-                                                world_size=launch.world_size))
+            write_result(job.result_path, TrialResult(status="error", error=job.error,
+                                                      world_size=launch.world_size))
     valid = [j for j in jobs if j.spec is not None]
     if not valid:
         for job in jobs:
@@ -115,28 +130,35 @@ def run_trials(pairs: list[tuple[str, str]], env: dict[str, str] | None = None) 
         return 2
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        ctx = _Context.start(launch, valid[0].spec)  # type: ignore[arg-type]
+        ctx = _Context.start(launch, valid[0].spec, timeline,  # type: ignore[arg-type]
+                             launch_time=_float_or_none(environ.get(LAUNCH_TIME_ENV)),
+                             batch_size=len(valid))
     except Exception as err:  # rendezvous/device failure: nothing ran
         status = result_status_of_exception(err)
         if launch.rank == 0:
             for job in valid:
-                _write(job.result_path, TrialResult(status=status, error=_tail(err),
-                                                    world_size=launch.world_size))
+                write_result(job.result_path, TrialResult(
+                    status=status, error=_tail(err), world_size=launch.world_size))
         print(f"trainer: could not start: {err}", file=sys.stderr)
         return 1
     failed = False
-    for job in valid:
-        if failed:  # the process group may be wedged after a failure: do not reuse it
-            if launch.rank == 0:
-                _write(job.result_path, TrialResult(
-                    status="error", world_size=launch.world_size,
-                    error="not run: an earlier trial of this launch failed"))
-            continue
-        status = _run_one(job, ctx)
-        failed = status != "ok"
+    for index, job in enumerate(valid):
+        status = _run_one(job, ctx, timeline if index == 0 else Timeline.now(), index)
+        failed = failed or status != "ok"
+        if status == "error":  # the process group may be wedged: do not reuse it
+            print(f"trainer: trial {index + 1} of {len(valid)} failed; the "
+                  f"{len(valid) - index - 1} after it are left to run alone", file=sys.stderr)
+            break
     if failed:
         return 1
     return 2 if len(valid) < len(jobs) else 0
+
+
+def _float_or_none(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
@@ -148,83 +170,99 @@ def _tail(err: BaseException, limit: int = 4000) -> str:
     return f"{type(err).__name__}: {err}\n" + text[-limit:]
 
 
-def _write(path: str, result: TrialResult, extra: dict[str, Any] | None = None) -> None:
-    data = result.to_dict()
-    data.update(extra or {})
-    write_json_atomic(path, data)
-
-
 @dataclass
 class _Context:
-    """What every trial of a launch shares: rank info, device, status group."""
+    """What every trial of a launch shares: rank info, device, status group, the best
+    throughput measured so far in this launch (the early stop's bar for later trials)."""
 
     launch: LaunchEnv
     device: Any  # trainer.distributed.DeviceInfo (imported lazily with torch)
     status_group: Any
-    first_trial: bool = True
+    launch_time: float | None = None
+    batch_size: int = 1
+    best_tflops: list[float] = field(default_factory=list)
 
     @classmethod
-    def start(cls, launch: LaunchEnv, spec: TrialSpec) -> _Context:
-        from trainer import distributed  # imports torch (seconds): after spec validation
+    def start(cls, launch: LaunchEnv, spec: TrialSpec, timeline: Timeline, *,
+              launch_time: float | None, batch_size: int) -> _Context:
+        import deepspeed  # noqa: F401  (imports torch and DeepSpeed: seconds, booked)
 
+        from trainer import distributed
+
+        timeline.lap("imports")
         kind = distributed.prepare_environment(spec.run.device)
         device = distributed.pick_device(kind, launch.local_rank)
         timeout = spec.run.collective_timeout_s
+        timeline.lap("device_setup")
         distributed.init_process_group(launch, device, timeout)
+        timeline.lap("rendezvous")
         import torch.distributed as dist
 
         # Longer than any step collective's timeout: a rank that failed early waits here
         # until the others have timed out of the step and join it.
         status_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(
             seconds=2 * timeout + 30))
-        return cls(launch, device, status_group)
+        if launch.world_size > 1:
+            dist.barrier(group=status_group)  # the communicator is up on every rank
+        timeline.lap("device_setup")
+        return cls(launch, device, status_group, launch_time, batch_size)
 
 
-def _run_one(job: _Job, ctx: _Context) -> str:
+def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
     """Run one trial on this rank; rank 0 writes the result. Returns the agreed status."""
     import torch
-    import torch.distributed as dist
 
     from trainer import distributed
     from trainer.data import MemmapTokens, SyntheticTokens, micro_batches
     from trainer.engine import TrainEngine
-    from trainer.measure import StepClock
+    from trainer.measure import StepClock, StopRule
 
     spec, launch, device = job.spec, ctx.launch, ctx.device
     assert spec is not None
     run, layout, model = spec.run, spec.layout, spec.model
-    started = _PROCESS_START if ctx.first_trial else time.perf_counter()
-    ctx.first_trial = False
     err_path = Path(f"{job.result_path}.rank{launch.rank}.err")
     err_path.unlink(missing_ok=True)
     torch.manual_seed(run.seed)
     distributed.set_group_timeout(run.collective_timeout_s)  # for this trial's new groups
-
-    def sync() -> None:
-        distributed.synchronize(device)
-        if launch.world_size > 1:
-            dist.barrier()
-
+    sync = _syncer(ctx)
     losses: list[float] = []
+    times_s: list[float] = []  # rank 0's, on every rank
     clock, warm = StepClock(sync), StepClock(sync)
+    rule = StopRule.of(run, model, layout, launch.world_size,
+                       best_tflops=max([*ctx.best_tflops, run.best_model_tflops_per_device
+                                        or 0.0]) or None)
     metrics = MetricsWriter(rank=launch.rank)
     tokens = layout.global_batch * model.seq_len
     engine = None
     error: BaseException | None = None
+    early: str | None = None
     try:
         distributed.reset_peak_memory(device)
         engine = TrainEngine(model, layout, run, device)
         source = (MemmapTokens(run.data_path or "", model.seq_len, run.data_dtype)
                   if run.data == "file" else
                   SyntheticTokens(model.vocab_size, model.seq_len, run.seed))
-        for step in range(run.warmup_steps + run.measure_steps):
+        timeline.lap("build")
+        step = 0
+        while True:
             batches = micro_batches(source, step=step, dp=layout.dp, dp_rank=engine.dp_rank,
                                     micro_batch=layout.micro_batch,
                                     grad_accum=layout.grad_accum)
-            timer = warm if step < run.warmup_steps else clock
+            timed = step >= run.warmup_steps
+            timer = clock if timed else warm
             with timer.step():
                 losses.append(_step(engine, batches, step, run.test_hook, launch))
             metrics.step(step + 1, timer.times_s[-1], tokens=tokens, loss=losses[-1])
+            step += 1
+            if not timed:
+                if step == run.warmup_steps:
+                    timeline.lap("warmup")
+                continue
+            times_s.append(_rank0_value(clock.times_s[-1], ctx, rule.adaptive))
+            done, early = rule.decide(times_s)
+            if done:
+                break
+        timeline.lap("measure")
     except BaseException as err:  # every failure must become a status, never a hang
         if isinstance(err, KeyboardInterrupt):
             raise
@@ -234,23 +272,79 @@ def _run_one(job: _Job, ctx: _Context) -> str:
                                      "error": _tail(err)})
     metrics.close()
     status = _agree(result_status_of_exception(error), ctx)
-    # A peer that exits now makes torchrun SIGTERM this rank; the result must still be
-    # written (torchrun's SIGKILL follows only after its grace period).
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        if status == "ok":
-            assert engine is not None
-            _finish_ok(job, ctx, engine, losses, clock.times_s, started)
-        else:
-            _finish_failed(job, ctx, status, error, losses, started)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    alloc, reserved = distributed.peak_memory(device)
+    n_params = engine.n_params_local if engine is not None else 0
     if engine is not None:
         try:
             engine.close()
         except Exception:
             pass
+        engine = None
+    distributed.release_memory(device)  # the next trial of the launch starts clean
+    # A peer that exits now makes torchrun SIGTERM this rank; the result must still be
+    # written (torchrun's SIGKILL follows only after its grace period).
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        batch = (index, ctx.batch_size)
+        if status == "ok":
+            everyone = _gather(RankFacts(socket.gethostname(), n_params, alloc, reserved), ctx)
+            timeline.lap("teardown")
+            best = 0.0
+            if launch.rank == 0:
+                result = write_ok(job.result_path, spec=spec, launch=launch, device=device,
+                                  everyone=everyone, timeline=timeline, batch=batch,
+                                  launch_time=ctx.launch_time,
+                                  measured=Measured(losses, times_s, run.confidence, early))
+                if not result.early_stopped and result.model_tflops_per_device:
+                    best = result.model_tflops_per_device
+            best = _rank0_value(best, ctx, True)  # every rank keeps the same bar
+            if best > 0:
+                ctx.best_tflops.append(best)
+        elif launch.rank == 0:
+            timeline.lap("teardown")
+            write_failed(job.result_path, spec=spec, launch=launch, device=device,
+                         status=status, error_tail=_tail(error, 2000) if error else None,
+                         error_is_oom=error is not None and is_out_of_memory(error),
+                         losses=losses, timeline=timeline, batch=batch,
+                         launch_time=ctx.launch_time)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return status
+
+
+def _syncer(ctx: _Context) -> Any:
+    import torch.distributed as dist
+
+    from trainer import distributed
+
+    def sync() -> None:
+        distributed.synchronize(ctx.device)
+        if ctx.launch.world_size > 1:
+            dist.barrier()
+
+    return sync
+
+
+def _rank0_value(value: float, ctx: _Context, needed: bool) -> float:
+    """Rank 0's ``value`` on every rank (decisions taken on it must agree everywhere)."""
+    if ctx.launch.world_size == 1 or not needed:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.broadcast(t, src=0, group=ctx.status_group)
+    return float(t.item())
+
+
+def _gather(mine: RankFacts, ctx: _Context) -> list[RankFacts]:
+    if ctx.launch.world_size == 1:
+        return [mine]
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * ctx.launch.world_size
+    dist.all_gather_object(everyone, mine, group=ctx.status_group)
+    return everyone
 
 
 def _step(engine: Any, batches: Any, step: int, hook: str, launch: LaunchEnv) -> float:
@@ -259,6 +353,11 @@ def _step(engine: Any, batches: Any, step: int, hook: str, launch: LaunchEnv) ->
 
     if hook == "oom" and step == 0 and launch.rank == 0:
         raise torch.OutOfMemoryError("test_hook oom: simulated out of memory on rank 0")
+    if hook == "oom_all" and step == 0:
+        raise torch.OutOfMemoryError(f"test_hook oom_all: simulated out of memory on rank "
+                                     f"{launch.rank}")
+    if hook == "die" and step == 0 and launch.rank == 0:
+        os._exit(17)  # no result, no error file: what a segfault or the OOM killer leaves
     loss = engine.step(batches)
     if step == 0 and hook == "hang" and launch.rank == 0:
         while True:  # the launcher's timeout must end this
@@ -281,86 +380,3 @@ def _agree(status: str, ctx: _Context) -> str:
     except Exception:
         return "oom" if status == "oom" else "error"
     return {v: k for k, v in STATUS_CODES.items()}[int(code.item())]
-
-
-def _finish_ok(job: _Job, ctx: _Context, engine: Any, losses: list[float],
-               times_s: list[float], started: float) -> None:
-    import deepspeed
-    import torch
-    import torch.distributed as dist
-
-    from trainer import distributed
-    from trainer.measure import flops_rates, summarize_step_times
-
-    spec, launch, device = job.spec, ctx.launch, ctx.device
-    assert spec is not None
-    alloc, reserved = distributed.peak_memory(device)
-    mine = {"host": socket.gethostname(), "n_params": engine.n_params_local,
-            "alloc": alloc, "reserved": reserved}
-    everyone: list[Any] = [mine]
-    if launch.world_size > 1:
-        everyone = [None] * launch.world_size
-        dist.all_gather_object(everyone, mine, group=ctx.status_group)
-    if launch.rank != 0:
-        return
-    median_s, iqr_s = summarize_step_times(times_s)
-    rates = flops_rates(spec.model, global_batch=spec.layout.global_batch, step_time_s=median_s,
-                        world_size=launch.world_size, recompute=spec.layout.recompute == "full",
-                        device_name=device.name, dtype=spec.run.dtype)
-    reserved_all = [e["reserved"] for e in everyone if e["reserved"] is not None]
-    result = TrialResult(
-        status="ok", model_tflops_per_device=rates.model_tflops_per_device,
-        hardware_tflops_per_device=rates.hardware_tflops_per_device, mfu=rates.mfu,
-        step_time_s=median_s, step_times_s=times_s, tokens_per_s=rates.tokens_per_s,
-        peak_memory_bytes=max(e["alloc"] for e in everyone), losses=losses,
-        world_size=launch.world_size, device=device.kind, step_time_iqr_s=iqr_s,
-        peak_memory_reserved_bytes=max(reserved_all) if reserved_all else None,
-        device_name=device.name, n_params_per_rank=max(e["n_params"] for e in everyone),
-        versions={"torch": torch.__version__, "deepspeed": deepspeed.__version__,
-                  "python": sys.version.split()[0]},
-        hosts=sorted({e["host"] for e in everyone}), layout=spec.layout.to_dict(),
-        elapsed_s=time.perf_counter() - started,
-    )
-    _write(job.result_path, result, {
-        "n_params_per_rank_all": [e["n_params"] for e in everyone],
-        "model_flops_per_step": rates.model_flops_per_step,
-        "peak_flops_per_device": rates.peak_flops,
-        "global_batch": spec.layout.global_batch,
-        "tokens_per_step": spec.layout.global_batch * spec.model.seq_len,
-        "dtype": spec.run.dtype, "launcher": launch.launcher,
-        "model": spec.model.to_dict(),
-    })
-
-
-def _finish_failed(job: _Job, ctx: _Context, status: str, error: BaseException | None,
-                   losses: list[float], started: float) -> None:
-    launch = ctx.launch
-    if launch.rank != 0:
-        return
-    found: list[tuple[int, str]] = []  # (rank, message)
-    if error is not None:
-        found.append((0, _tail(error, 2000)))
-    for path in sorted(glob.glob(f"{glob.escape(job.result_path)}.rank*.err")):
-        try:
-            info = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if info.get("rank") == 0:
-            continue
-        if info.get("status") == "oom":
-            status = "oom"
-        found.append((int(info.get("rank", -1)),
-                       f"({info.get('host')}) {str(info.get('error'))[:2000]}"))
-    if error is not None and is_out_of_memory(error):
-        status = "oom"
-    # Root causes first: a rank that timed out waiting for a peer is a consequence.
-    found.sort(key=lambda item: ("timed out" in item[1].lower() or "terminated" in
-                                 item[1].lower(), item[0]))
-    messages = [f"rank {rank}: {msg}" for rank, msg in found] or [
-        "another rank failed or could not be reached (no error file)"]
-    result = TrialResult(status=status, error="\n".join(messages)[:8000], losses=losses,
-                         world_size=launch.world_size, device=ctx.device.kind,
-                         device_name=ctx.device.name,
-                         layout=job.spec.layout.to_dict() if job.spec else None,
-                         elapsed_s=time.perf_counter() - started)
-    _write(job.result_path, result)

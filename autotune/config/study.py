@@ -183,9 +183,30 @@ class TrialConfig:
     warmup_steps: int = 1
     """Untimed optimizer steps."""
     measure_steps: int = 3
-    """Timed optimizer steps (median reported)."""
+    """Timed optimizer steps (median reported); with ``measure_precision``, the fewest."""
+    measure_precision: float | None = 0.05
+    """Measure each layout until its median step time is known to this relative precision
+    (half-width of the distribution-free 95% interval of the median, from order statistics:
+    at least 6 timed steps) or ``max_measure_steps`` is reached; the precision reached is
+    stored with the measurement. ``null``: exactly ``measure_steps`` steps. Built-in
+    trainer only (a user's program runs ``measure_steps``)."""
+    max_measure_steps: int = 12
+    """The step cap with ``measure_precision`` (at least ``measure_steps``)."""
+    early_stop_tolerance: float | None = None
+    """Stop a layout once its first timed steps show, at 95% confidence (a lower bound of
+    the median step time), that its throughput cannot come within this fraction of the
+    best measured so far (0.1: 10%); it is recorded with outcome ``stopped`` and its
+    measurement (a low value the search learns from, not a failure). Needs
+    ``measure_precision`` (5 timed steps at least before a verdict). ``null``: off, every
+    layout is measured to the end."""
+    batch_size: int = 4
+    """Layouts measured in one launch (they share the world size): the launch's start-up
+    (process start, imports, rendezvous, communicator set-up) is paid once per batch.
+    A crash or hang ends the launch; the layouts it had not finished are measured again,
+    each alone. 1: one launch per layout (a user's program always runs alone)."""
     timeout_s: float = 600.0
-    """Per-trial wall-time limit; the trial's whole process group is killed past it."""
+    """Per-trial wall-time limit; the trial's whole process group is killed past it (in a
+    batch: when this long passes without a layout finishing)."""
     memory_margin: float = 0.05
     """Fraction of device memory the memory model keeps free: the expected allocator
     fragmentation. What the prediction may be off by beyond that is its error bar
@@ -205,6 +226,21 @@ class TrialConfig:
     def __post_init__(self) -> None:
         check_int("trial.warmup_steps", self.warmup_steps, minimum=0, maximum=MAX_STEPS)
         check_int("trial.measure_steps", self.measure_steps, maximum=MAX_STEPS)
+        if self.measure_precision is not None:
+            check_float("trial.measure_precision", self.measure_precision, strict=True,
+                        maximum=1.0)
+        check_int("trial.max_measure_steps", self.max_measure_steps, maximum=MAX_STEPS)
+        if self.measure_precision is not None and self.max_measure_steps < self.measure_steps:
+            raise SpecError("trial.max_measure_steps", self.max_measure_steps,
+                            f"allowed: at least trial.measure_steps ({self.measure_steps})")
+        if self.early_stop_tolerance is not None:
+            check_float("trial.early_stop_tolerance", self.early_stop_tolerance, strict=True,
+                        maximum=0.99)
+            if self.measure_precision is None:
+                raise SpecError("trial.early_stop_tolerance", self.early_stop_tolerance,
+                                "allowed: null when trial.measure_precision is null (a "
+                                "fixed step count is never cut short)")
+        check_int("trial.batch_size", self.batch_size, maximum=64)
         check_float("trial.timeout_s", self.timeout_s, strict=True, maximum=MAX_TRIAL_TIMEOUT_S)
         check_float("trial.memory_margin", self.memory_margin, maximum=0.9)
         if check_float("trial.memory_min_p_fit", self.memory_min_p_fit) >= 0.5:

@@ -33,6 +33,19 @@ Contract, checked for every backend by one test class (``LauncherContract`` in
    :func:`autotune.runner.foreign.foreign_outcome`.
 5. A trial whose workload watch reports no progress is killed like a timed-out one, and
    reported ``no_progress``.
+6. :meth:`Launcher.run_batch` runs several trials of one world size in one launch (a
+   *batch*: the start-up -- process start, imports, rendezvous, communicator -- is paid
+   once) and returns one report per trial, each as :meth:`Launcher.run` would have: a
+   trial whose result file was written keeps it whatever happened after; a trial left
+   without one because the launch crashed, hung or was killed is run again alone (so a
+   crash is charged to the trial that crashed); after a cancel it is reported
+   ``interrupted``. The timeout applies to each trial of the batch: the launch is killed
+   when ``timeout_s`` passes without a new result. Backends need nothing for it: the
+   workload's ``argv`` names every trial of the launch (:attr:`TrialPaths.batch`), the
+   launch's logs and ``launch.json`` are in the first trial's directory, and each other
+   trial's ``launch.json`` points there. Launchers whose workload cannot run several
+   trials in one process (a foreign program), and the replay launcher, run them one by
+   one (:attr:`Launcher.batches`).
 """
 
 from __future__ import annotations
@@ -40,7 +53,8 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -81,6 +95,9 @@ class LaunchReport:
     log_text: str = ""
     """A foreign program's output (the end of stdout and stderr), where an out-of-memory
     signature is looked for; not stored."""
+    batch: dict[str, Any] | None = None
+    """In a batch: ``index``, ``size``, ``lead`` (the directory with the launch's logs),
+    ``rerun`` (true when it ran again alone after the launch ended without its result)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"returncode": self.returncode, "timed_out": self.timed_out,
@@ -90,7 +107,7 @@ class LaunchReport:
                 "status": self.result.status if self.result else None,
                 "workload": self.workload, "no_progress": self.no_progress,
                 "no_progress_reason": self.no_progress_reason or None,
-                "readback": self.readback}
+                "readback": self.readback, "batch": self.batch}
 
 
 def tail(path: Path, lines: int = 20, max_chars: int = 4000) -> str:
@@ -128,16 +145,90 @@ class Launcher(ABC):
         """
         return None
 
+    @property
+    def batches(self) -> bool:
+        """Whether :meth:`run_batch` runs several trials in one launch (else one by one)."""
+        return self.workload.batchable
+
     def run(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> LaunchReport:
         """Run one trial to its end (template method; see the contract above)."""
         paths.prepare()
         write_json_atomic(paths.spec, spec.to_dict())
         self.workload.prepare(spec, paths)
+        report = self._launch(spec, paths, timeout_s=timeout_s, members=[])
+        self.workload.finish(spec, paths, report)
+        write_json_atomic(paths.report, report.to_dict())
+        return report
+
+    def run_batch(self, specs: Sequence[TrialSpec], paths: Sequence[TrialPaths], *,
+                  timeout_s: float) -> list[LaunchReport]:
+        """Run trials of one world size in one launch; one report each (contract, 6)."""
+        if len(specs) != len(paths) or not specs:
+            raise ValueError(f"run_batch: {len(specs)} specs for {len(paths)} trial paths")
+        if len({s.layout.world_size for s in specs}) > 1:
+            raise ValueError("run_batch: the trials of a launch must share the world size, got "
+                             + ", ".join(str(s.layout.world_size) for s in specs))
+        if len(specs) == 1 or not self.batches:
+            return [self.run(s, p, timeout_s=timeout_s) for s, p in zip(specs, paths,
+                                                                           strict=True)]
+        for spec, member in zip(specs, paths, strict=True):
+            member.prepare()
+            write_json_atomic(member.spec, spec.to_dict())
+            self.workload.prepare(spec, member)
+        lead = replace(paths[0], batch=tuple(paths[1:]))
+        launched_wall = time.time()
+        launch = self._launch(specs[0], lead, timeout_s=timeout_s, members=list(paths))
+        ended_wall = time.time()
+        write_json_atomic(paths[0].report, {**launch.to_dict(), "status": None,
+                                            "batch": {"size": len(specs), "members": [
+                                                str(p.root) for p in paths]}})
+        reports: list[LaunchReport | None] = []
+        boundary, last = launched_wall, None
+        for index, (spec, member) in enumerate(zip(specs, paths, strict=True)):
+            done = replace(launch, result=None, timed_out=False, interrupted=False,
+                             batch={"index": index, "size": len(specs),
+                                    "lead": str(paths[0].root), "rerun": False})
+            self.workload.finish(spec, member, done)
+            if done.result is None and done.result_error is None:
+                reports.append(None)  # unfinished: run alone below (or interrupted)
+                continue
+            # Each trial is charged the launch's wall time since the previous result (the
+            # first, the start-up too), so that a batch's reports add up to its launch.
+            end = (done.result.wall_clock.get("result") if done.result else None) \
+                or ended_wall
+            done.elapsed_s = max(0.0, min(end, ended_wall) - boundary)
+            boundary, last = max(boundary, min(end, ended_wall)), done
+            reports.append(done)
+        if last is not None and all(r is not None for r in reports):
+            last.elapsed_s += max(0.0, ended_wall - boundary)  # the launch's exit
+        out: list[LaunchReport] = []
+        for index, (spec, member) in enumerate(zip(specs, paths, strict=True)):
+            found = reports[index]
+            if found is not None:
+                report = found
+            else:
+                if launch.interrupted or self.cancelled:
+                    report = replace(launch, result=None, interrupted=True, batch={
+                        "index": index, "size": len(specs), "lead": str(paths[0].root),
+                        "rerun": False})
+                else:
+                    report = self.run(spec, member, timeout_s=timeout_s)
+                    report.batch = {"index": index, "size": len(specs),
+                                    "lead": str(paths[0].root), "rerun": True}
+            write_json_atomic(member.report, report.to_dict())
+            out.append(report)
+        return out
+
+    def _launch(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float,
+                members: list[TrialPaths]) -> LaunchReport:
+        """Start, wait, kill: the flow of one launch (one trial, or a batch's ``members``,
+        whose timeout runs from the last result written)."""
         started = time.monotonic()
         handle = self._start(spec, paths)
         watch = self.workload.watch(spec, paths)
         timed_out = interrupted = no_progress = False
         returncode: int | None = None
+        deadline_from, finished = started, 0
         try:
             while True:
                 returncode = self._poll(handle)
@@ -146,7 +237,11 @@ class Launcher(ABC):
                 if self._cancel.is_set():
                     interrupted = True
                     break
-                if time.monotonic() - started > timeout_s:
+                if members:
+                    done = sum(m.result.exists() for m in members)
+                    if done > finished:
+                        deadline_from, finished = time.monotonic(), done
+                if time.monotonic() - deadline_from > timeout_s:
                     timed_out = True
                     break
                 if watch is not None and watch.stalled():
@@ -165,8 +260,6 @@ class Launcher(ABC):
                               workload=self.workload.kind, no_progress=no_progress,
                               no_progress_reason=watch.describe() if no_progress and watch
                               else "")
-        self.workload.finish(spec, paths, report)
-        write_json_atomic(paths.report, report.to_dict())
         return report
 
     def _stderr_tail(self, paths: TrialPaths) -> str:

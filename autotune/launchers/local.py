@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 from autotune.config.launcher import LocalOptions
@@ -37,6 +38,9 @@ def trainer_env(spec: TrialSpec, extra: dict[str, str] | None = None) -> dict[st
     DeepSpeed told it is on the CPU when the spec says so (its probe would guess)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
+    # The trainer books the time from here to its first line as its "process_start"
+    # (trainer/timeline.py): torchrun's or srun's start and the interpreter's.
+    env["AUTOTUNE_LAUNCH_TIME"] = repr(time.time())
     env["PYTHONUNBUFFERED"] = "1"
     if spec.run.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"

@@ -22,7 +22,8 @@ __all__ = ["OUTCOME_LABELS", "Importance", "best_layouts", "tp_pp_grid", "bubble
            "device_memory_gib", "param_importance"]
 
 OUTCOME_LABELS: dict[str, str] = {
-    "complete": "complete", "oom": "out of memory", "infeasible": "infeasible",
+    "complete": "complete", "stopped": "stopped early (hopeless)", "oom": "out of memory",
+    "infeasible": "infeasible",
     "error": "failed", "timeout": "timed out", "interrupted": "interrupted",
     "fail": "failed (runner died)", "running": "running", "skipped": "skipped",
 }

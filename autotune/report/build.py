@@ -26,12 +26,15 @@ from autotune.report.frames import measurements_frame, trials_frame, write_expor
 from autotune.report.render import Code, Image, Report, Section, Table, Text, render
 from autotune.runner.records import (
     StudyAttr,
+    TrialAttr,
     learned_from_line,
     learned_from_of,
     study_device_memory_gib,
     study_fingerprint,
 )
 from autotune.storage.db import Storage
+from autotune.timings import breakdown_line, time_breakdown
+from autotune.trial import PHASES
 
 __all__ = ["study_report"]
 
@@ -70,6 +73,7 @@ def study_report(storage: Storage, study: optuna.Study, out_dir: Path, *, fmt: s
             _memory(ctx, trials, an.device_memory_gib(device, memory_gib), device),
             _outcomes(ctx, trials),
             _cost(ctx, meas),
+            _time(study),
             _importance(ctx, study),
         ])
     exported = write_exports({"trials": trials, "measurements": meas}, paths.data)
@@ -241,6 +245,35 @@ def _cost(ctx: _Context, meas: pd.DataFrame) -> Section:
     s.blocks.append(ctx.image("cost", "device-hours by outcome",
                               lambda p: plots.tuning_cost(cost, p)))
     s.blocks.append(Table(cost))
+    return s
+
+
+def _time(study: optuna.Study) -> Section:
+    s = Section("Where the time went")
+    rows = [(t.number, t.user_attrs.get(TrialAttr.LAYOUT), t.user_attrs.get(TrialAttr.OUTCOME),
+             t.user_attrs.get(TrialAttr.TIMINGS_S) or {},
+             t.user_attrs.get(TrialAttr.MEASURED_STEPS),
+             t.user_attrs.get(TrialAttr.MEASURE_PRECISION),
+             (t.user_attrs.get(TrialAttr.BATCH) or {}))
+            for t in study.get_trials(deepcopy=False) if t.user_attrs.get(TrialAttr.TIMINGS_S)]
+    total = time_breakdown(r[3] for r in rows)
+    if not total.trials:
+        s.blocks.append(Text("No trial recorded a time breakdown (a replayed table, a "
+                             "user's program, or a study from before breakdowns)."))
+        return s
+    s.blocks.append(Text(
+        f"Each trial's wall time by phase (seconds): {breakdown_line(total)}. The start-up "
+        "(process start and imports, rendezvous, device and communicator set-up) is paid "
+        "once per launch: in a batch of layouts (trial.batch_size) only the first pays "
+        "it. Steps and precision: timed steps and the relative precision of the median "
+        "step time they reached (95% distribution-free interval)."))
+    frame = pd.DataFrame([{"trial": n, "layout": lay, "outcome": out,
+                           **{p: round(float(tim.get(p, 0.0)), 3) for p in PHASES},
+                           "steps": steps, "precision": prec,
+                           "batch": f"{b.get('index', 0) + 1}/{b.get('size', 1)}"
+                           + (" rerun" if b.get("rerun") else "") if b else "1/1"}
+                          for n, lay, out, tim, steps, prec, b in rows])
+    s.blocks.append(Table(frame, "wall time by phase, per trial"))
     return s
 
 

@@ -43,7 +43,8 @@ __all__ = ["open_study", "fingerprint_of", "history", "enqueue", "suggest", "ret
 
 # What each outcome tells a strategy; interrupted, infeasible and skipped trials say
 # nothing about their layout's throughput.
-_OBSERVED = {"complete": "ok", "oom": "oom", "error": "error", "timeout": "error"}
+_OBSERVED = {"complete": "ok", "stopped": "ok", "oom": "oom", "error": "error",
+             "timeout": "error"}
 
 
 def fingerprint_of(spec: StudySpec) -> dict[str, Any]:

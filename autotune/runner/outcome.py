@@ -12,6 +12,10 @@ is decided beside it, by :func:`autotune.runner.foreign.foreign_outcome`.
 kind            Optuna state             meaning
 ==============  =======================  ==========================================
 complete        COMPLETE (value)         measured ``model_tflops_per_device``
+stopped         COMPLETE (value)         measured, but stopped early: hopeless, its
+                                         median known to be too slow at the stated
+                                         confidence (``trial.early_stop_tolerance``);
+                                         a low value to the search, never the best
 oom             PRUNED + constraint > 0  ran out of memory: infeasible, and its more
                                          memory-hungry siblings are not launched
 infeasible      PRUNED + constraint > 0  refused by the feasibility check, never ran
@@ -36,9 +40,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcome", "classify", "infeasible", "OUTCOME_KINDS"]
 
-OUTCOME_KINDS = ("complete", "oom", "infeasible", "error", "timeout", "interrupted")
+OUTCOME_KINDS = ("complete", "stopped", "oom", "infeasible", "error", "timeout",
+                 "interrupted")
 _STATE = {
-    "complete": TrialState.COMPLETE, "oom": TrialState.PRUNED,
+    "complete": TrialState.COMPLETE, "stopped": TrialState.COMPLETE, "oom": TrialState.PRUNED,
     "infeasible": TrialState.PRUNED, "error": TrialState.FAIL,
     "timeout": TrialState.FAIL, "interrupted": TrialState.FAIL,
 }
@@ -52,7 +57,7 @@ class Outcome:
     kind: str
     """One of :data:`OUTCOME_KINDS`."""
     value: float | None = None
-    """Measured model TFLOPS per device (``complete`` only)."""
+    """Measured model TFLOPS per device (``complete`` and ``stopped`` only)."""
     reason: str = ""
     """Why it is not ``complete``: the error text, the infeasibility reasons, ..."""
 
@@ -110,6 +115,9 @@ def _from_result(res: TrialResult) -> Outcome:
             return Outcome("error", reason=f"status ok but model_tflops_per_device={value!r}")
         # The result file is complete and atomic: a non-zero exit after it (a rank's
         # teardown, say) does not invalidate the measurement.
+        if res.early_stopped:
+            return Outcome("stopped", value=float(value),
+                           reason=res.early_stop_reason or "stopped early: hopeless")
         return Outcome("complete", value=float(value))
     if res.status == "oom":
         return Outcome("oom", reason=(res.error or "out of memory").strip()[-2000:])

@@ -91,6 +91,8 @@ class Progress:
         took = format_duration(time.monotonic() - self._trial_started)
         if outcome.kind == "complete":
             what = f"{outcome.value:.4g} TFLOPS/device"
+        elif outcome.kind == "stopped":
+            what = f"STOPPED early at {outcome.value:.4g} TFLOPS/device (hopeless)"
         else:
             first = outcome.reason.strip().splitlines()[0] if outcome.reason else ""
             what = f"{outcome.kind.upper()} {first[:120]}"

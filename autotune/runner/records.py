@@ -76,6 +76,13 @@ class TrialAttr:
     VERSIONS = "versions"
     RETRY_OF = "retry_of"
     """On a re-enqueued trial: the number of the interrupted trial it measures again."""
+    TIMINGS_S = "timings_s"
+    """Where the trial's wall time went, seconds per phase (:data:`autotune.trial.PHASES`)."""
+    MEASURE_PRECISION = "measure_precision"
+    """Relative precision the median step time reached (half-width of its 95% interval)."""
+    MEASURED_STEPS = "measured_steps"
+    BATCH = "batch"
+    """In a launch of several layouts: ``index``, ``size``, ``lead``, ``rerun``."""
 
 
 RESULT_ATTRS: tuple[str, ...] = (
@@ -149,6 +156,8 @@ class TrialFacts:
     trial_dir: str | None = None
     calibrated_tflops_per_device: float | None = None
     calibrated_memory_bytes: float | None = None
+    batch: dict[str, Any] | None = None
+    """Where the trial sat in its launch (:attr:`autotune.launchers.base.LaunchReport.batch`)."""
 
 
 def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch: int,
@@ -182,7 +191,10 @@ def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch
         "elapsed_s": facts.elapsed_s, "launcher": facts.launcher,
         "hosts": json.dumps(facts.hosts or (res.hosts if res else [])),
         "versions": json.dumps(res.versions) if res else None,
-        "result_json": json.dumps(res.to_dict()) if res else None,
+        # The start-up breakdown (timings_s), the precision reached and the batch travel
+        # in the result's JSON: readers take them from there (startup_of).
+        "result_json": json.dumps({**res.to_dict(), "launch_batch": facts.batch})
+        if res else None,
         "worker": facts.worker, "started_at": facts.started_at,
         "finished_at": facts.finished_at,
     }
@@ -224,6 +236,14 @@ def user_attrs(facts: TrialFacts) -> dict[str, Any]:
             attrs[TrialAttr.PEAK_MEMORY_GIB] = round(res.peak_memory_bytes / GiB, 3)
         if res.versions:
             attrs[TrialAttr.VERSIONS] = res.versions
+        if res.timings_s:
+            attrs[TrialAttr.TIMINGS_S] = res.timings_s
+        if res.measure_precision is not None:
+            attrs[TrialAttr.MEASURE_PRECISION] = round(res.measure_precision, 5)
+        if res.step_times_s:
+            attrs[TrialAttr.MEASURED_STEPS] = len(res.step_times_s)
+    if facts.batch:
+        attrs[TrialAttr.BATCH] = facts.batch
     attrs[TrialAttr.LAYOUT_DICT] = facts.layout.to_dict()
     return attrs
 

@@ -19,7 +19,12 @@ trial here is an external process whose interruption must be handled precisely:
 * a strategy that stops early (``search.min_improvement``) ends this worker's run; its
   reason is stored as the study's ``search_stop`` user attribute (``autotune status``
   shows it) and cleared when a later proposal is made. The decision is a function of the
-  history alone, so a resumed run reaches it again at once.
+  history alone, so a resumed run reaches it again at once;
+* layouts are measured in batches of ``trial.batch_size`` per launch (they share the
+  study's world size): the worker asks, checks and claims every member before the launch,
+  beats for each while it runs, and tells each result on its own
+  (:meth:`autotune.launchers.base.Launcher.run_batch` has what a crash inside a batch
+  does); the early stop's bar is the study's best when the batch is launched.
 
 Strategies get the candidates in plan order (:func:`autotune.search.plan_order`), the
 order the benchmark replays them in, whatever the cost model predicts of them, with the
@@ -40,6 +45,7 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
@@ -228,12 +234,11 @@ class _Worker:
             warm_start=learning.calibration.residuals)
         self.name_suffix = name_suffix
         self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
-        self.run_cfg = spec.run_config()
+        self.batch_size = spec.trial.batch_size if launcher.batches else 1
         self.summary = RunSummary()
 
     def run(self, timeout_s: float | None, signals: StopSignals) -> RunSummary:
         started = time.monotonic()
-        idle = 0
         while True:
             if signals.received is not None:
                 self.summary.stopped_by = ("sigterm" if signals.received == signal.SIGTERM
@@ -242,10 +247,27 @@ class _Worker:
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 self.summary.stopped_by = "timeout"
                 break
-            stop = self._enqueue_next()
-            if stop:
+            batch, stop = self._next_batch()
+            if batch:
+                self._measure(batch)
+            elif stop:
                 self.summary.stopped_by = stop
                 break
+        self._recalibrate(history(self.study, {}))  # the record holds the last trial too
+        self.summary.best = best_trial(self.study)
+        self.summary.trials = self.study.get_trials(deepcopy=False)
+        return self.summary
+
+    def _next_batch(self) -> tuple[list[tuple[optuna.Trial, Layout]], str | None]:
+        """Up to ``batch_size`` admitted (checked, claimed, budgeted) trials; with none, why
+        this worker stops. A stop met once some are admitted waits for their results
+        (the strategy decides again on them; the budget is met again at once)."""
+        batch: list[tuple[optuna.Trial, Layout]] = []
+        idle = 0
+        while len(batch) < self.batch_size:
+            stop = self._enqueue_next()
+            if stop:
+                return batch, stop
             trial = self.study.ask()
             try:
                 admission, layout = self._admit(trial)
@@ -254,20 +276,18 @@ class _Worker:
                 # (and its layout claim). Leave it alone.
                 continue
             if admission is Admission.BUDGET:
-                self.summary.stopped_by = "budget"
-                break
+                return batch, "budget"
             if admission is Admission.PASSED:
                 idle += 1
                 if idle > _MAX_IDLE_PROPOSALS:
-                    self.summary.stopped_by = "exhausted"
-                    break
+                    return batch, "exhausted"
                 continue
             idle = 0
-            self._measure(trial, layout)
-        self._recalibrate(history(self.study, {}))  # the record holds the last trial too
-        self.summary.best = best_trial(self.study)
-        self.summary.trials = self.study.get_trials(deepcopy=False)
-        return self.summary
+            if batch and layout.world_size != batch[0][1].world_size:  # never in one study
+                self._measure([(trial, layout)])
+                continue
+            batch.append((trial, layout))
+        return batch, None
 
     def _enqueue_next(self) -> str | None:
         """Enqueue the strategy's next layout unless a retry waits; a stop reason if none."""
@@ -342,34 +362,48 @@ class _Worker:
             return Admission.BUDGET, layout
         return Admission.LAUNCH, layout
 
-    def _measure(self, trial: optuna.Trial, layout: Layout) -> None:
-        spec, key = self.spec, layout.key()
-        cand = self.by_key.get(key)
-        paths = TrialPaths.for_trial(spec.launcher.run_dir, spec.name, trial.number, key)
-        trial_spec = TrialSpec(model=spec.model, layout=layout, run=self.run_cfg)
-        self.progress.trial_started(trial.number, layout,
-                                    cand.predicted_tflops if cand else None)
+    def _measure(self, batch: list[tuple[optuna.Trial, Layout]]) -> None:
+        """Measure the admitted trials in one launch; record and tell each on its own."""
+        spec = self.spec
+        best = best_trial(self.study)
+        run_cfg = spec.run_config(best.value if best is not None and best.value else None)
+        specs, paths, cands = [], [], []
+        for trial, layout in batch:
+            key = layout.key()
+            cand = self.by_key.get(key)
+            paths.append(TrialPaths.for_trial(spec.launcher.run_dir, spec.name, trial.number,
+                                              key))
+            specs.append(TrialSpec(model=spec.model, layout=layout, run=run_cfg))
+            cands.append(cand)
+            self.progress.trial_started(trial.number, layout,
+                                        cand.predicted_tflops if cand else None)
         t0 = _utcnow()
-        with heartbeat(self.storage, trial._trial_id):
-            report = self.launcher.run(trial_spec, paths, timeout_s=spec.trial.timeout_s)
-        outcome = classify(report)
-        facts = TrialFacts(
-            study_name=spec.name, trial_number=trial.number, trial_id=trial._trial_id,
-            layout=layout, outcome=outcome, result=report.result, launcher=self.launcher.kind,
-            worker=self.name, started_at=t0, finished_at=_utcnow(),
-            elapsed_s=report.elapsed_s, hosts=report.hosts,
-            predicted_tflops_per_device=cand.predicted_tflops if cand else None,
-            predicted_memory_bytes=cand.predicted_memory_bytes if cand else None,
-            trial_dir=str(paths.root),
-            calibrated_tflops_per_device=cand.predicted_tflops
-            * self.learning.calibration.throughput_factor if cand else None,
-            calibrated_memory_bytes=self.learning.calibrated_memory_bytes(layout))
-        self.storage.add_measurement(measurement_row(
-            facts, model=spec.model, cluster=spec.cluster,
-            global_batch=spec.training.global_batch, dtype=spec.training.dtype,
-            workload=self.learning.key.workload))
-        tell_outcome(self.study, trial, facts)
-        if outcome.retry:
-            enqueue(self.study, layout, retry_of=trial.number)
-        self.summary.measured += 1
-        self.progress.trial_finished(trial.number, layout, outcome, best_trial(self.study))
+        with ExitStack() as beats:
+            for trial, _ in batch:
+                beats.enter_context(heartbeat(self.storage, trial._trial_id))
+            reports = self.launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s)
+        finished = _utcnow()
+        for (trial, layout), report, cand, trial_paths in zip(batch, reports, cands, paths,
+                                                             strict=True):
+            outcome = classify(report)
+            facts = TrialFacts(
+                study_name=spec.name, trial_number=trial.number, trial_id=trial._trial_id,
+                layout=layout, outcome=outcome, result=report.result,
+                launcher=self.launcher.kind, worker=self.name, started_at=t0,
+                finished_at=finished, elapsed_s=report.elapsed_s, hosts=report.hosts,
+                predicted_tflops_per_device=cand.predicted_tflops if cand else None,
+                predicted_memory_bytes=cand.predicted_memory_bytes if cand else None,
+                trial_dir=str(trial_paths.root),
+                calibrated_tflops_per_device=cand.predicted_tflops
+                * self.learning.calibration.throughput_factor if cand else None,
+                calibrated_memory_bytes=self.learning.calibrated_memory_bytes(layout),
+                batch=report.batch)
+            self.storage.add_measurement(measurement_row(
+                facts, model=spec.model, cluster=spec.cluster,
+                global_batch=spec.training.global_batch, dtype=spec.training.dtype,
+                workload=self.learning.key.workload))
+            tell_outcome(self.study, trial, facts)
+            if outcome.retry:
+                enqueue(self.study, layout, retry_of=trial.number)
+            self.summary.measured += 1
+            self.progress.trial_finished(trial.number, layout, outcome, best_trial(self.study))

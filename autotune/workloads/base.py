@@ -100,6 +100,9 @@ class Workload(ABC):
     per_device: bool = True
     """Whether the launcher starts :meth:`argv` once per device (else once, or once per
     node on SLURM: the command launches its own ranks)."""
+    batchable: bool = False
+    """Whether one launch can run several trials (:attr:`TrialPaths.batch` in
+    :meth:`argv`): autotune's trainer can, a user's program cannot."""
 
     def prepare(self, spec: TrialSpec, paths: TrialPaths) -> None:  # noqa: B027 (a hook)
         """Write what the trial reads before it starts (nothing by default)."""
@@ -128,10 +131,14 @@ class BuiltinWorkload(Workload):
     writes the result file atomically, which is all that is read back."""
 
     kind = "builtin"
+    batchable = True
 
     def argv(self, spec: TrialSpec, paths: TrialPaths, placement: Placement) -> list[str]:
-        return [placement.python, "-m", "trainer", "--spec", str(paths.spec),
-                "--result", str(paths.result)]
+        """Every trial of the launch as a ``--spec/--result`` pair, in order."""
+        pairs: list[str] = []
+        for member in (paths, *paths.batch):
+            pairs += ["--spec", str(member.spec), "--result", str(member.result)]
+        return [placement.python, "-m", "trainer", *pairs]
 
     def finish(self, spec: TrialSpec, paths: TrialPaths, report: LaunchReport) -> None:
         try:

@@ -1,0 +1,144 @@
+"""The result file of one trial: what rank 0 writes, atomically, when a trial ends.
+
+Only rank 0 writes (:mod:`autotune.trial` has the schema; ``docs/trainer.md``, "The
+result"); every rank takes part in gathering what it reports (peak memory, parameter
+count, host). A failed trial's result names every failing rank's error, root causes first
+(a rank that timed out waiting for a peer is a consequence, not a cause).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.atomic import write_json_atomic
+from autotune.measurement import relative_precision
+from autotune.trial import PHASES, TrialResult, TrialSpec
+from trainer.distributed import LaunchEnv
+from trainer.timeline import Timeline
+
+__all__ = ["RankFacts", "Measured", "write_result", "write_ok", "write_failed"]
+
+
+def write_result(path: str, result: TrialResult, extra: dict[str, Any] | None = None) -> None:
+    data = result.to_dict()
+    data.update(extra or {})
+    write_json_atomic(path, data)
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """What one rank knows of its trial, gathered to rank 0."""
+
+    host: str
+    n_params: int
+    alloc: int
+    reserved: int | None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the timed loop produced (rank 0's step times, shared with every rank)."""
+
+    losses: list[float]
+    times_s: list[float]
+    confidence: float
+    early_stop_reason: str | None = None
+
+
+def _batch_facts(timeline: Timeline, batch: tuple[int, int],
+                 launch_time: float | None) -> dict[str, Any]:
+    wall = {"started": timeline.started_wall, "result": time.time()}
+    if launch_time is not None:
+        wall["launch"] = launch_time
+    return {"timings_s": timeline.breakdown(PHASES), "wall_clock": wall,
+            "batch_index": batch[0], "batch_size": batch[1]}
+
+
+def write_ok(path: str, *, spec: TrialSpec, launch: LaunchEnv, device: Any,
+             everyone: list[RankFacts], measured: Measured, timeline: Timeline,
+             batch: tuple[int, int], launch_time: float | None) -> TrialResult:
+    """Rank 0: the ``ok`` result of a trial (an early-stopped one too: it measured)."""
+    import deepspeed
+    import torch
+
+    from trainer.measure import flops_rates, summarize_step_times
+
+    times_s = measured.times_s
+    median_s, iqr_s = summarize_step_times(times_s)
+    rates = flops_rates(spec.model, global_batch=spec.layout.global_batch, step_time_s=median_s,
+                        world_size=launch.world_size, recompute=spec.layout.recompute == "full",
+                        device_name=device.name, dtype=spec.run.dtype)
+    reserved_all = [e.reserved for e in everyone if e.reserved is not None]
+    result = TrialResult(
+        status="ok", model_tflops_per_device=rates.model_tflops_per_device,
+        hardware_tflops_per_device=rates.hardware_tflops_per_device, mfu=rates.mfu,
+        step_time_s=median_s, step_times_s=times_s, tokens_per_s=rates.tokens_per_s,
+        peak_memory_bytes=max(e.alloc for e in everyone), losses=measured.losses,
+        world_size=launch.world_size, device=device.kind, step_time_iqr_s=iqr_s,
+        peak_memory_reserved_bytes=max(reserved_all) if reserved_all else None,
+        device_name=device.name, n_params_per_rank=max(e.n_params for e in everyone),
+        versions={"torch": torch.__version__, "deepspeed": deepspeed.__version__,
+                  "python": sys.version.split()[0]},
+        hosts=sorted({e.host for e in everyone}), layout=spec.layout.to_dict(),
+        elapsed_s=sum(timeline.phases.values()),
+        measure_precision=relative_precision(times_s, measured.confidence),
+        measure_confidence=measured.confidence,
+        early_stopped=measured.early_stop_reason is not None,
+        early_stop_reason=measured.early_stop_reason,
+        **_batch_facts(timeline, batch, launch_time),
+    )
+    write_result(path, result, {
+        "n_params_per_rank_all": [e.n_params for e in everyone],
+        "model_flops_per_step": rates.model_flops_per_step,
+        "peak_flops_per_device": rates.peak_flops,
+        "global_batch": spec.layout.global_batch,
+        "tokens_per_step": spec.layout.global_batch * spec.model.seq_len,
+        "dtype": spec.run.dtype, "launcher": launch.launcher,
+        "model": spec.model.to_dict(),
+    })
+    return result
+
+
+def write_failed(path: str, *, spec: TrialSpec, launch: LaunchEnv, device: Any, status: str,
+                 error_tail: str | None, error_is_oom: bool, losses: list[float],
+                 timeline: Timeline, batch: tuple[int, int],
+                 launch_time: float | None) -> None:
+    """Rank 0: the ``oom``/``error`` result, with every failing rank's error file read."""
+    found: list[tuple[int, str]] = []  # (rank, message)
+    if error_tail is not None:
+        found.append((0, error_tail))
+    for err_path in sorted(glob.glob(f"{glob.escape(path)}.rank*.err")):
+        try:
+            info = json.loads(Path(err_path).read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if info.get("rank") == 0:
+            continue
+        if info.get("status") == "oom":
+            status = "oom"
+        found.append((int(info.get("rank", -1)),
+                      f"({info.get('host')}) {str(info.get('error'))[:2000]}"))
+    if error_is_oom:
+        status = "oom"
+    found.sort(key=lambda item: ("timed out" in item[1].lower() or "terminated" in
+                                 item[1].lower(), item[0]))
+    messages = [f"rank {rank}: {msg}" for rank, msg in found] or [
+        "another rank failed or could not be reached (no error file)"]
+    result = TrialResult(status=status, error="\n".join(messages)[:8000], losses=losses,
+                         world_size=launch.world_size, device=device.kind,
+                         device_name=device.name, layout=spec.layout.to_dict(),
+                         elapsed_s=sum(timeline.phases.values()),
+                         **_batch_facts(timeline, batch, launch_time))
+    write_result(path, result)
+
+
+def rank_facts(n_params: int, alloc: int, reserved: int | None) -> RankFacts:
+    return RankFacts(host=socket.gethostname(), n_params=n_params, alloc=alloc,
+                     reserved=reserved)
