@@ -43,9 +43,11 @@ Contract, checked for every backend by one test class (``LauncherContract`` in
    when ``timeout_s`` passes without a new result. Backends need nothing for it: the
    workload's ``argv`` names every trial of the launch (:attr:`TrialPaths.batch`), the
    launch's logs and ``launch.json`` are in the first trial's directory, and each other
-   trial's ``launch.json`` points there. Launchers whose workload cannot run several
-   trials in one process (a foreign program), and the replay launcher, run them one by
-   one (:attr:`Launcher.batches`).
+   trial's ``launch.json`` points there. A backend opts in with
+   :attr:`Launcher.supports_batches` (the local and SLURM launchers: they start the
+   workload's ``argv``); the others, and every launcher whose workload cannot run several
+   trials in one process (a foreign program), run them one by one and the runner proposes
+   one layout at a time (:attr:`Launcher.batches`).
 """
 
 from __future__ import annotations
@@ -123,6 +125,9 @@ class Launcher(ABC):
     """Abstract base of all launchers; see the module docstring for the contract."""
 
     kind: ClassVar[str] = "abstract"
+    supports_batches: ClassVar[bool] = False
+    """Whether ``_start`` starts the workload's ``argv`` (so that a batch's trials all run:
+    contract 6); a backend that answers from elsewhere (a table, a script) leaves it off."""
 
     def __init__(self) -> None:
         self._cancel = threading.Event()
@@ -148,7 +153,7 @@ class Launcher(ABC):
     @property
     def batches(self) -> bool:
         """Whether :meth:`run_batch` runs several trials in one launch (else one by one)."""
-        return self.workload.batchable
+        return self.supports_batches and self.workload.batchable
 
     def run(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> LaunchReport:
         """Run one trial to its end (template method; see the contract above)."""
@@ -169,8 +174,13 @@ class Launcher(ABC):
             raise ValueError("run_batch: the trials of a launch must share the world size, got "
                              + ", ".join(str(s.layout.world_size) for s in specs))
         if len(specs) == 1 or not self.batches:
-            return [self.run(s, p, timeout_s=timeout_s) for s, p in zip(specs, paths,
-                                                                           strict=True)]
+            alone = []
+            for spec, member in zip(specs, paths, strict=True):
+                report = self.run(spec, member, timeout_s=timeout_s)
+                report.batch = {"index": 0, "size": 1, "lead": str(member.root),
+                                "rerun": False}
+                alone.append(report)
+            return alone
         for spec, member in zip(specs, paths, strict=True):
             member.prepare()
             write_json_atomic(member.spec, spec.to_dict())

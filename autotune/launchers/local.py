@@ -100,6 +100,7 @@ class LocalLauncher(Launcher):
     """Runs each trial under ``torchrun`` on this host."""
 
     kind = "local"
+    supports_batches = True
 
     def __init__(self, options: LocalOptions | None = None) -> None:
         super().__init__()

@@ -117,11 +117,6 @@ class ReplayLauncher(Launcher):
                               "a replayed search may only propose the table's layouts")
         return _result(m, self.group)
 
-    @property
-    def batches(self) -> bool:
-        """A replayed row costs no start-up: nothing to share, trials run one by one."""
-        return False
-
     def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
         differences = _model_differences(self.group.model, spec.model)
         if differences:

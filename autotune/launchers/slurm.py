@@ -45,6 +45,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +129,7 @@ class SlurmLauncher(Launcher):
     """Runs each trial as an ``srun`` job step of the current allocation."""
 
     kind = "slurm"
+    supports_batches = True
 
     def __init__(self, options: SlurmOptions | None = None, *,
                  devices_per_node: int | None = None,
@@ -227,6 +229,17 @@ class SlurmLauncher(Launcher):
         self._port = _pick_port()  # one rendezvous port per step: command and env agree
         try:
             return super().run(spec, paths, timeout_s=timeout_s)
+        finally:
+            self._port = 0
+
+    def run_batch(self, specs: Sequence[TrialSpec], paths: Sequence[TrialPaths], *,
+                  timeout_s: float) -> list[LaunchReport]:
+        # One step for the batch: its --time backstop covers every trial of it (the
+        # per-trial timeout is the base class's, from the last result written).
+        self._timeout_s = timeout_s * max(1, len(specs))
+        self._port = _pick_port()
+        try:
+            return super().run_batch(specs, paths, timeout_s=timeout_s)
         finally:
             self._port = 0
 

@@ -83,3 +83,27 @@ class LauncherContract:
         assert classify(report).kind == "interrupted"
         time.sleep(1)
         assert processes_mentioning(str(paths.root)) == []
+
+    def test_a_batch_reports_each_trial_and_reruns_only_the_unfinished(
+            self, launcher: Launcher, tmp_path: Path) -> None:
+        """Contract 6: one launch for the batch; a trial that kills the launch (rank 0's
+        process exits, as after a segfault) is run again alone, and so is every trial
+        after it; the trial before it keeps the result it wrote in the batch."""
+        specs = [self.spec(), self.spec(test_hook="die") if self.supports_processes
+                 else self.spec(), self.spec()]
+        paths = [TrialPaths(tmp_path / f"member{i}") for i in range(3)]
+        reports = launcher.run_batch(specs, paths, timeout_s=300)
+        assert len(reports) == 3
+        first, dead, last = reports
+        assert first.result is not None and first.result.status == "ok", first.stderr_tail
+        assert all(p.report.exists() for p in paths)
+        if not launcher.batches:
+            return  # one by one: nothing shared to check
+        assert first.batch is not None and not first.batch["rerun"]
+        assert first.result.batch_index == 0 and first.result.batch_size == 3
+        assert dead.batch is not None and dead.batch["rerun"]
+        assert classify(dead).kind == "error"  # alone it dies again: charged to itself
+        assert last.batch is not None and last.batch["rerun"]
+        assert last.result is not None and last.result.status == "ok"
+        assert last.result.batch_size == 1  # measured alone, not in the dead launch
+        assert processes_mentioning(str(tmp_path)) == []

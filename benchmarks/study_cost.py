@@ -1,0 +1,191 @@
+"""What a study costs in device time, today's way and the cheap way, side by side (issue #16).
+
+The CPU demo study (``studies/cpu_demo.yaml``: a tiny GPT, 4 ranks, 5 trials) run twice,
+one after the other in this process's run, each into a database and run directory of its
+own, through ``autotune run`` as a user runs it:
+
+* ``baseline``: one launch per trial, a fixed ``trial.measure_steps`` (``trial.batch_size:
+  1``, ``trial.measure_precision: null``, no early stop) -- how every trial ran before;
+* ``optimized``: ``trial.batch_size`` layouts per launch, adaptive measurement
+  (``trial.measure_precision``, ``trial.max_measure_steps``) and the early stop of
+  hopeless trials (``trial.early_stop_tolerance``).
+
+Printed for each: wall time of the run, device-seconds per measured layout (each trial's
+wall time, launch to result, times the devices it held: in a batch the launch's wall
+time is split between its trials, so that they add up to it), the measured layouts, the
+best layout found, and where the trials' time went (start-up phases, build, warm-up,
+measured steps, teardown). Goal: ``ratio`` (optimized over baseline device-seconds per
+measured layout) <= 0.40 at an equal number of measured layouts, the same best layout.
+Nothing is asserted.
+
+    python benchmarks/study_cost.py                      # both arms, about 2-3 min on 2 cores
+    python benchmarks/study_cost.py --json out.json      # CONTRACTS.md's keys, and more
+    python benchmarks/study_cost.py --batch-size 5 --precision 0.1 --tolerance 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from autotune.timings import STARTUP_PHASES, time_breakdown  # noqa: E402
+from autotune.trial import PHASES  # noqa: E402
+
+_RAN = ("complete", "stopped", "oom")
+"""Outcomes of a layout that was measured (it ran and was judged)."""
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--study", default=str(REPO / "studies" / "cpu_demo.yaml"))
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="optimized arm's trial.batch_size (default: the study file's default)")
+    p.add_argument("--precision", type=float, default=None,
+                   help="optimized arm's trial.measure_precision (default: the default)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="optimized arm's trial.max_measure_steps (default: the default)")
+    p.add_argument("--tolerance", type=float, default=0.1,
+                   help="optimized arm's trial.early_stop_tolerance (default 0.1)")
+    p.add_argument("--n-trials", type=int, default=None, help="default: the study file's")
+    p.add_argument("--only", choices=["baseline", "optimized"], default=None)
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    return p.parse_args(argv)
+
+
+def _arm_study(base: dict[str, Any], tmp: Path, arm: str, args: argparse.Namespace) -> Path:
+    study = json.loads(json.dumps(base))
+    trial = dict(study.get("trial") or {})
+    if arm == "baseline":
+        trial.update({"batch_size": 1, "measure_precision": None, "early_stop_tolerance": None})
+    else:
+        for key, value in (("batch_size", args.batch_size), ("measure_precision", args.precision),
+                           ("max_measure_steps", args.max_steps),
+                           ("early_stop_tolerance", args.tolerance)):
+            if value is not None:
+                trial[key] = value
+    study["trial"] = trial
+    study["name"] = f"{base.get('name', 'study')}-{arm}"
+    if args.n_trials:
+        study.setdefault("search", {})["n_trials"] = args.n_trials
+    study["storage"] = {**(study.get("storage") or {}), "url": f"sqlite:///{tmp / arm}.db"}
+    study["launcher"] = {**(study.get("launcher") or {}), "run_dir": str(tmp / f"runs-{arm}")}
+    path = tmp / f"{arm}.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def _run_arm(path: Path, name: str) -> dict[str, Any]:
+    import optuna
+
+    from autotune.results import best_trial
+    from autotune.runner.records import TrialAttr, trial_layout_key, trial_outcome
+
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall_s = time.monotonic() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"{path.name}: autotune run failed ({proc.returncode}):\n"
+                         f"{proc.stderr[-3000:]}")
+    url = yaml.safe_load(path.read_text())["storage"]["url"]
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=name, storage=url)
+    trials = study.get_trials(deepcopy=False)
+    ran = [t for t in trials if trial_outcome(t) in _RAN]
+    device_s = sum(float(t.user_attrs.get(TrialAttr.ELAPSED_S) or 0.0)
+                   * int(t.user_attrs.get(TrialAttr.WORLD_SIZE) or 1) for t in ran)
+    best = best_trial(study)
+    breakdown = time_breakdown(t.user_attrs.get(TrialAttr.TIMINGS_S) or {} for t in ran)
+    steps = [int(t.user_attrs.get(TrialAttr.MEASURED_STEPS) or 0) for t in ran]
+    return {
+        "wall_s": round(wall_s, 2),
+        "device_seconds": round(device_s, 2),
+        "device_seconds_per_layout": round(device_s / len(ran), 3) if ran else None,
+        "measured_layouts": len(ran),
+        "by_outcome": {k: sum(trial_outcome(t) == k for t in ran) for k in _RAN},
+        "launches": breakdown.launches,
+        "timed_steps": sum(steps),
+        "best": trial_layout_key(best) if best else None,
+        "best_model_tflops_per_device": best.value if best else None,
+        "layouts": sorted(str(trial_layout_key(t)) for t in ran),
+        "breakdown_s": {p: round(v, 3) for p, v in breakdown.totals_s.items()},
+        "startup_share": round(breakdown.startup_share, 3),
+    }
+
+
+def _print(figures: dict[str, Any]) -> None:
+    arms = [a for a in ("baseline", "optimized") if a in figures]
+    rows = [("wall time of the run (s)", "wall_s"),
+            ("device-seconds, all trials", "device_seconds"),
+            ("device-seconds per measured layout", "device_seconds_per_layout"),
+            ("measured layouts", "measured_layouts"), ("launches", "launches"),
+            ("timed steps", "timed_steps"), ("best layout", "best"),
+            ("best model TFLOPS/device", "best_model_tflops_per_device"),
+            ("start-up share of trial time", "startup_share")]
+    width = 36
+    print(f"{'':{width}}" + "".join(f"{a:>30}" for a in arms))
+    for label, key in rows:
+        cells = []
+        for a in arms:
+            v = figures[a][key]
+            cells.append(f"{v:>30.4g}" if isinstance(v, float) else f"{v!s:>30}")
+        print(f"{label:{width}}" + "".join(cells))
+    print(f"{'outcomes':{width}}" + "".join(
+        f"{', '.join(f'{k} {n}' for k, n in figures[a]['by_outcome'].items() if n):>30}"
+        for a in arms))
+    print("\nwhere the trials' time went (seconds, summed over trials; start-up phases first):")
+    for phase in PHASES:
+        mark = " (start-up)" if phase in STARTUP_PHASES else ""
+        print(f"  {phase + mark:{width - 2}}" + "".join(
+            f"{figures[a]['breakdown_s'][phase]:>30.3f}" for a in arms))
+    if "ratio" in figures:
+        print(f"\nratio of device-seconds per measured layout (optimized / baseline): "
+              f"{figures['ratio']:.3f} (goal <= 0.40); same best layout: "
+              f"{figures['same_best']}; same number of measured layouts: "
+              f"{figures['same_count']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    base = yaml.safe_load(Path(args.study).read_text())
+    figures: dict[str, Any] = {"study": str(args.study)}
+    with tempfile.TemporaryDirectory(prefix="study_cost-") as tmp_name:
+        tmp = Path(tmp_name)
+        for arm in ("baseline", "optimized"):
+            if args.only not in (None, arm):
+                continue
+            path = _arm_study(base, tmp, arm, args)
+            print(f"[study_cost] {arm}: autotune run {path.name} ...", file=sys.stderr,
+                  flush=True)
+            figures[arm] = _run_arm(path, yaml.safe_load(path.read_text())["name"])
+            figures[arm]["trial_settings"] = yaml.safe_load(path.read_text())["trial"]
+    if "baseline" in figures and "optimized" in figures:
+        b, o = figures["baseline"], figures["optimized"]
+        if b["device_seconds_per_layout"] and o["device_seconds_per_layout"] is not None:
+            figures["ratio"] = round(o["device_seconds_per_layout"]
+                                     / b["device_seconds_per_layout"], 3)
+        figures["same_best"] = b["best"] == o["best"]
+        figures["same_count"] = b["measured_layouts"] == o["measured_layouts"]
+        figures["wall_ratio"] = round(o["wall_s"] / b["wall_s"], 3) if b["wall_s"] else None
+    _print(figures)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Several layouts in one launch measure what each measures alone (issue #16).
+
+One launch of three layouts (world size 2) against two solo launches of the layouts that
+ran second and third (the first of a batch is measured as it would be alone), and a batch
+with an out-of-memory layout in the middle. About 40 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainer_launch import launch, spec
+
+from autotune.timings import STARTUP_PHASES
+from autotune.trial import PHASES
+
+pytestmark = pytest.mark.slow
+
+RUN = {"measure_steps": 6}
+FIRST, SECOND, THIRD = spec(1, 1, 2, **RUN), spec(2, 1, 1, zero=1, **RUN), spec(1, 2, 1, **RUN)
+
+
+def _launch(tmp: Path, specs: dict[str, dict]) -> tuple[int, dict[str, Any]]:
+    os.environ["AUTOTUNE_LAUNCH_TIME"] = repr(time.time())  # as the launchers export it
+    try:
+        return launch(tmp, 2, specs)
+    finally:
+        del os.environ["AUTOTUNE_LAUNCH_TIME"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    code, out["batch"] = _launch(tmp_path_factory.mktemp("batch"),
+                                 {"a": FIRST, "b": SECOND, "c": THIRD})
+    assert code == 0, {k: v.get("error") for k, v in out["batch"].items()}
+    for name, sp in (("b", SECOND), ("c", THIRD)):
+        code, solo = _launch(tmp_path_factory.mktemp(f"solo_{name}"), {name: sp})
+        assert code == 0, solo
+        out[f"solo_{name}"] = solo[name]
+    oom = {**FIRST, "run": {**FIRST["run"], "test_hook": "oom_all"}}
+    # Far below a best of 1000 TFLOPS per device: stopped as soon as 5 steps say so.
+    hopeless = {**FIRST, "run": {**FIRST["run"], "measure_precision": 0.01,
+                                 "max_measure_steps": 30, "early_stop_tolerance": 0.1,
+                                 "best_model_tflops_per_device": 1000.0}}
+    code, out["oom_batch"] = _launch(tmp_path_factory.mktemp("oom"),
+                                     {"b": SECOND, "oom": oom, "c": THIRD,
+                                      "hopeless": hopeless})
+    assert code == 1  # a trial of the launch failed
+    return out
+
+
+@pytest.mark.parametrize("name", ["b", "c"])
+def test_a_layout_after_others_gives_its_solo_losses_and_throughput(runs: dict,
+                                                                    name: str) -> None:
+    batched, solo = runs["batch"][name], runs[f"solo_{name}"]
+    assert batched["status"] == solo["status"] == "ok"
+    assert batched["batch_index"] > 0 and solo["batch_index"] == 0
+    assert len(batched["losses"]) == len(solo["losses"]) == 7
+    assert batched["losses"] == pytest.approx(solo["losses"], rel=1e-4, abs=1e-4)
+    # Throughput within noise: the medians of 6 steps on a shared 2-core machine agree
+    # within 60% (a layout that inherited a wedged group or a leaked engine would be
+    # several times slower, or fail).
+    ratio = batched["step_time_s"] / solo["step_time_s"]
+    assert abs(math.log(ratio)) < math.log(1.6), (batched["step_times_s"],
+                                                   solo["step_times_s"])
+
+
+def test_an_oom_inside_a_batch_leaves_the_others_intact(runs: dict) -> None:
+    got = runs["oom_batch"]
+    assert got["oom"]["status"] == "oom" and "oom_all" in got["oom"]["error"]
+    for name in ("b", "c"):
+        assert got[name]["status"] == "ok"
+        assert got[name]["losses"] == pytest.approx(runs[f"solo_{name}"]["losses"],
+                                                    rel=1e-4, abs=1e-4)
+    assert got["c"]["batch_index"] == 2  # it ran in the same launch, after the OOM
+
+
+def test_every_result_breaks_its_wall_time_down(runs: dict) -> None:
+    batch = runs["batch"]
+    for name, res in batch.items():
+        assert set(res["timings_s"]) == set(PHASES), name
+        assert res["timings_s"]["build"] > 0 and res["timings_s"]["measure"] > 0
+        assert res["elapsed_s"] == pytest.approx(sum(res["timings_s"].values()), rel=0.01)
+        assert res["wall_clock"]["result"] >= res["wall_clock"]["started"]
+    first = batch["a"]["timings_s"]
+    assert first["process_start"] > 0 and first["imports"] > 0  # paid by the first only
+    for name in ("b", "c"):
+        assert all(batch[name]["timings_s"][p] == 0 for p in STARTUP_PHASES)
+    assert batch["a"]["wall_clock"]["launch"] <= batch["a"]["wall_clock"]["started"] + 1e-3
+
+
+def test_a_hopeless_trial_stops_after_the_fewest_steps_that_can_say_so(runs: dict) -> None:
+    got = runs["oom_batch"]["hopeless"]
+    assert got["status"] == "ok" and got["early_stopped"]
+    assert len(got["step_times_s"]) == 5  # the minimum of 5 is a 96.9% lower bound
+    assert "lower bound" in got["early_stop_reason"]
+    assert got["measure_precision"] is None  # 5 steps give no two-sided 95% interval
