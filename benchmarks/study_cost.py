@@ -122,7 +122,17 @@ def _run_arm(path: Path, name: str) -> dict[str, Any]:
         "best": trial_layout_key(best) if best else None,
         "best_model_tflops_per_device": best.value if best else None,
         "layouts": sorted(str(trial_layout_key(t)) for t in ran),
+        "trials": [{"layout": trial_layout_key(t), "outcome": trial_outcome(t),
+                    "model_tflops_per_device": t.value,
+                    "steps": t.user_attrs.get(TrialAttr.MEASURED_STEPS),
+                    "precision": t.user_attrs.get(TrialAttr.MEASURE_PRECISION),
+                    "elapsed_s": t.user_attrs.get(TrialAttr.ELAPSED_S),
+                    "batch": t.user_attrs.get(TrialAttr.BATCH)} for t in ran],
         "breakdown_s": {p: round(v, 3) for p, v in breakdown.totals_s.items()},
+        # What the launcher's wall time holds beyond the trainer's phases: torchrun's own
+        # start before it, the interpreters' and torchrun's exit after the last result.
+        "outside_trainer_s": round(sum(float(t.user_attrs.get(TrialAttr.ELAPSED_S) or 0.0)
+                                       for t in ran) - breakdown.total_s, 3),
         "startup_share": round(breakdown.startup_share, 3),
     }
 
@@ -152,6 +162,12 @@ def _print(figures: dict[str, Any]) -> None:
         mark = " (start-up)" if phase in STARTUP_PHASES else ""
         print(f"  {phase + mark:{width - 2}}" + "".join(
             f"{figures[a]['breakdown_s'][phase]:>30.3f}" for a in arms))
+    print(f"  {'launcher and exit, after the result':{width - 2}}" + "".join(
+        f"{figures[a]['outside_trainer_s']:>30.3f}" for a in arms))
+    for a in arms:
+        print(f"\n{a}: " + "; ".join(
+            f"{t['layout']} {t['outcome']} {t['model_tflops_per_device'] or 0:.4g}"
+            f" ({t['steps']} steps)" for t in figures[a]["trials"]))
     if "ratio" in figures:
         print(f"\nratio of device-seconds per measured layout (optimized / baseline): "
               f"{figures['ratio']:.3f} (goal <= 0.40); same best layout: "
