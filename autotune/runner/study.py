@@ -179,7 +179,8 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     progress.message(f"calibration: {learned_from_line(record)}")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
     workers = [_Worker(spec, storage, study, launcher, learning.copy(), n_trials,
-                       progress, name_suffix=f"/{i}" if len(launchers) > 1 else "")
+                       progress, name_suffix=f"/{i}" if len(launchers) > 1 else "",
+                       siblings=len(launchers))
                for i, launcher in enumerate(launchers)]
     with StopSignals(launchers) as signals:
         if len(workers) == 1:
@@ -216,8 +217,11 @@ class _Worker:
 
     def __init__(self, spec: StudySpec, storage: Storage, study: optuna.Study,
                  launcher: Launcher, learning: StudyLearning, n_trials: int,
-                 progress: Progress, *, name_suffix: str = "") -> None:
+                 progress: Progress, *, name_suffix: str = "", siblings: int = 1) -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
+        self.siblings = siblings
+        """Workers of this run side by side: a batch takes no more than its share of
+        what is left of the budget, so that none of them idles while one measures all."""
         self.learning = learning
         self.constraints: Constraints = learning.constraints
         self._set_candidates(learning.candidates())
@@ -264,7 +268,9 @@ class _Worker:
         (the strategy decides again on them; the budget is met again at once)."""
         batch: list[tuple[optuna.Trial, Layout]] = []
         idle = 0
-        while len(batch) < self.batch_size:
+        left = self.n_trials - len(self.storage.claimed_keys(self.spec.name))
+        size = max(1, min(self.batch_size, -(-left // self.siblings)))
+        while len(batch) < size:
             stop = self._enqueue_next()
             if stop:
                 return batch, stop

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,6 +51,16 @@ class InjectingLauncher(LocalLauncher):
         self.launched.append(spec.layout)
         spec = replace(spec, run=replace(spec.run, test_hook=self.hook_for(spec.layout)))
         return super().run(spec, paths, timeout_s=timeout_s)
+
+    def run_batch(self, specs: Sequence[TrialSpec], paths: Sequence[TrialPaths], *,
+                  timeout_s: float) -> list[LaunchReport]:
+        # A batch's launch starts the trainer on every spec at once (a batch of one, and
+        # the re-runs of a batch's unfinished trials, come through run above).
+        if len(specs) > 1:
+            self.launched += [s.layout for s in specs]
+        specs = [replace(s, run=replace(s.run, test_hook=self.hook_for(s.layout)))
+                 for s in specs]
+        return super().run_batch(specs, paths, timeout_s=timeout_s)
 
 
 def _study(tmp_path: Path, name: str, n_trials: int, search: dict, **trial: object):
@@ -108,7 +118,7 @@ def test_sigkilled_runner_leaves_a_trial_that_the_next_run_retries(tmp_path: Pat
                               start_new_session=True)
     storage = f"sqlite:///{db}"
     deadline = time.monotonic() + 120
-    killed_layout = None
+    killed_layout, killed = None, []
     while time.monotonic() < deadline and killed_layout is None:
         time.sleep(0.5)
         try:
@@ -120,6 +130,7 @@ def test_sigkilled_runner_leaves_a_trial_that_the_next_run_retries(tmp_path: Pat
             time.sleep(2)  # inside the trial
             os.kill(runner.pid, signal.SIGKILL)
             killed_layout = running[0].params
+            killed = sorted(str(t.params) for t in running)  # a batch: all of its trials
     runner.wait(timeout=30)
     assert killed_layout is not None, "the runner never started a trial"
     # The trial dies with the runner (PR_SET_PDEATHSIG on torchrun); no orphan trains on.
@@ -136,8 +147,11 @@ def test_sigkilled_runner_leaves_a_trial_that_the_next_run_retries(tmp_path: Pat
     trials = optuna.load_study(study_name="kill", storage=storage).get_trials()
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     failed = [t for t in trials if t.state == TrialState.FAIL]
-    assert len(failed) == 1 and failed[0].params == killed_layout
+    # Every trial that was running when the runner died (with trial.batch_size > 1, the
+    # whole batch in its launch) is failed once, and measured again.
+    assert sorted(str(t.params) for t in failed) == killed
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert killed_layout in [t.params for t in complete]  # retried and measured
+    assert all(t.params in [c.params for c in complete] for t in failed)
     assert len(complete) == 2
     assert len({t.user_attrs["layout"] for t in complete}) == 2
