@@ -98,6 +98,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(best_line(summary.best))
     if summary.stopped_by == "interrupt":
         return EXIT_INTERRUPT
+    elsewhere = [t for t in summary.trials if t.state.name == "RUNNING"]
+    if summary.best is None and summary.stopped_by == "budget" and elsewhere:
+        # Other workers claimed the rest of the budget (a batch each) and are measuring it:
+        # nothing failed here, there is just nothing left for this worker.
+        progress.message(f"the budget is claimed; {len(elsewhere)} trial(s) still running "
+                         "in other workers (autotune status shows them)")
+        return EXIT_OK
     if summary.best is None and summary.stopped_by != "sigterm":
         print("no trial completed: see the reasons above and the trial logs under "
               f"{spec.launcher.run_dir}/{spec.name}/", file=sys.stderr)

@@ -37,13 +37,14 @@ Contract, checked for every backend by one test class (``LauncherContract`` in
    *batch*: the start-up -- process start, imports, rendezvous, communicator -- is paid
    once) and returns one report per trial, each as :meth:`Launcher.run` would have: a
    trial whose result file was written keeps it whatever happened after; a trial left
-   without one because the launch crashed, hung or was killed is run again alone (so a
-   crash is charged to the trial that crashed); after a cancel it is reported
-   ``interrupted``. The timeout applies to each trial of the batch: the launch is killed
-   when ``timeout_s`` passes without a new result. Backends need nothing for it: the
-   workload's ``argv`` names every trial of the launch (:attr:`TrialPaths.batch`), the
-   launch's logs and ``launch.json`` are in the first trial's directory, and each other
-   trial's ``launch.json`` points there. A backend opts in with
+   without one because the launch crashed is run again alone (so a crash is charged to
+   the trial that crashes alone, not to one that ran after it); after a cancel it is
+   reported ``interrupted``. The timeout applies to each trial of the batch: the launch
+   is killed when ``timeout_s`` passes without a new result, the trial that was running
+   then is reported ``timed_out`` and the ones after it are run again alone. Backends
+   need nothing for it: the workload's ``argv`` names every trial of the launch
+   (:attr:`TrialPaths.batch`), the launch's logs and ``launch.json`` are in the first
+   trial's directory, and each other trial's ``launch.json`` points there. A backend opts in with
    :attr:`Launcher.supports_batches` (the local and SLURM launchers: they start the
    workload's ``argv``); the others, and every launcher whose workload cannot run several
    trials in one process (a foreign program), run them one by one and the runner proposes
@@ -212,10 +213,18 @@ class Launcher(ABC):
         if last is not None and all(r is not None for r in reports):
             last.elapsed_s += max(0.0, ended_wall - boundary)  # the launch's exit
         out: list[LaunchReport] = []
+        hung = next((i for i, r in enumerate(reports) if r is None), None) \
+            if launch.timed_out else None
         for index, (spec, member) in enumerate(zip(specs, paths, strict=True)):
             found = reports[index]
             if found is not None:
                 report = found
+            elif index == hung:
+                # It was running when its timeout (since the previous result) passed: the
+                # timeout is its own, and running it again alone would only wait again.
+                report = replace(launch, result=None, elapsed_s=max(0.0, ended_wall - boundary),
+                                 batch={"index": index, "size": len(specs),
+                                        "lead": str(paths[0].root), "rerun": False})
             else:
                 if launch.interrupted or self.cancelled:
                     report = replace(launch, result=None, interrupted=True, batch={
