@@ -40,7 +40,10 @@ TINY_STUDY: dict[str, Any] = {
     "training": {"global_batch": 8, "dtype": "fp32"},
     "search": {"tp": [1, 2], "pp": [1, 2], "micro_batch": [1, 2, 4], "zero_stage": [1],
                "recompute": ["none", "full"], "n_trials": N_TRIALS, "seed": 0},
-    "trial": {"warmup_steps": 1, "measure_steps": 3, "timeout_s": 180, "device": "cpu"},
+    # One layout per launch: what is checked is learning after *each* trial (a batch is
+    # proposed and launched before any of its results is known).
+    "trial": {"warmup_steps": 1, "measure_steps": 3, "timeout_s": 180, "device": "cpu",
+              "batch_size": 1},
 }
 
 
