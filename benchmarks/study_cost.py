@@ -6,9 +6,11 @@ own, through ``autotune run`` as a user runs it:
 
 * ``baseline``: one launch per trial, a fixed ``trial.measure_steps`` (``trial.batch_size:
   1``, ``trial.measure_precision: null``, no early stop) -- how every trial ran before;
-* ``optimized``: ``trial.batch_size`` layouts per launch, adaptive measurement
-  (``trial.measure_precision``, ``trial.max_measure_steps``) and the early stop of
-  hopeless trials (``trial.early_stop_tolerance``).
+* ``optimized``: the study file as it is: ``trial.batch_size`` layouts per launch (the demo
+  sets 5, its whole budget), adaptive measurement (``trial.measure_precision``,
+  ``trial.max_measure_steps``: their defaults) and the early stop of hopeless trials
+  (``trial.early_stop_tolerance``: the demo sets 0.1). ``--batch-size``, ``--precision``,
+  ``--max-steps`` and ``--tolerance`` override them.
 
 Printed for each: wall time of the run, device-seconds per measured layout (each trial's
 wall time, launch to result, times the devices it held: in a batch the launch's wall
@@ -20,7 +22,7 @@ Nothing is asserted.
 
     python benchmarks/study_cost.py                      # both arms, about 2-3 min on 2 cores
     python benchmarks/study_cost.py --json out.json      # CONTRACTS.md's keys, and more
-    python benchmarks/study_cost.py --batch-size 5 --precision 0.1 --tolerance 0.2
+    python benchmarks/study_cost.py --batch-size 4 --precision 0.1 --tolerance 0.2
 """
 
 from __future__ import annotations
@@ -52,13 +54,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--study", default=str(REPO / "studies" / "cpu_demo.yaml"))
     p.add_argument("--batch-size", type=int, default=None,
-                   help="optimized arm's trial.batch_size (default: the study file's default)")
+                   help="optimized arm's trial.batch_size (default: the study file's)")
     p.add_argument("--precision", type=float, default=None,
-                   help="optimized arm's trial.measure_precision (default: the default)")
+                   help="optimized arm's trial.measure_precision (default: the study file's)")
     p.add_argument("--max-steps", type=int, default=None,
-                   help="optimized arm's trial.max_measure_steps (default: the default)")
-    p.add_argument("--tolerance", type=float, default=0.1,
-                   help="optimized arm's trial.early_stop_tolerance (default 0.1)")
+                   help="optimized arm's trial.max_measure_steps (default: the study file's)")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="optimized arm's trial.early_stop_tolerance (default: the study "
+                        "file's)")
     p.add_argument("--n-trials", type=int, default=None, help="default: the study file's")
     p.add_argument("--only", choices=["baseline", "optimized"], default=None)
     p.add_argument("--json", default=None, help="also write the figures to this file")
