@@ -185,12 +185,13 @@ class _Context:
     @classmethod
     def start(cls, launch: LaunchEnv, spec: TrialSpec, timeline: Timeline, *,
               launch_time: float | None, batch_size: int) -> _Context:
-        import deepspeed  # noqa: F401  (imports torch and DeepSpeed: seconds, booked)
+        from trainer import distributed  # imports torch (seconds): after spec validation
 
-        from trainer import distributed
+        # DS_ACCELERATOR first: DeepSpeed picks its accelerator once, at import.
+        kind = distributed.prepare_environment(spec.run.device)
+        import deepspeed  # noqa: F401  (imported here so that its seconds are "imports")
 
         timeline.lap("imports")
-        kind = distributed.prepare_environment(spec.run.device)
         device = distributed.pick_device(kind, launch.local_rank)
         timeout = spec.run.collective_timeout_s
         timeline.lap("device_setup")
