@@ -121,7 +121,9 @@ class StopRule:
     (True, None)
     >>> slow = StopRule(min_steps=3, cap=20, precision=0.01, confidence=0.95,
     ...                 max_step_time_s=0.2)
-    >>> slow.decide([0.30, 0.31, 0.29, 0.33, 0.30])[1][:40]
+    >>> slow.decide([0.30, 0.31, 0.29, 0.33, 0.30])  # the bound says so; no interval yet
+    (False, None)
+    >>> slow.decide([0.30, 0.31, 0.29, 0.33, 0.30, 0.31])[1][:40]
     'median step time >= 0.29 s (95% lower bo'
     """
 
@@ -151,8 +153,12 @@ class StopRule:
     def decide(self, times_s: list[float]) -> tuple[bool, str | None]:
         """(stop now, why it is hopeless or ``None``) after the timed steps so far."""
         n = len(times_s)
-        if self.max_step_time_s is not None and n < self.cap and hopeless(
-                times_s, max_step_time_s=self.max_step_time_s, confidence=self.confidence):
+        # A verdict waits for an interval of the median too (6 steps at 95%, one more than
+        # the bound needs), so that a stopped trial's measurement carries its precision.
+        if (self.max_step_time_s is not None and n < self.cap
+                and relative_precision(times_s, self.confidence) is not None
+                and hopeless(times_s, max_step_time_s=self.max_step_time_s,
+                             confidence=self.confidence)):
             bound = median_lower_bound(times_s, self.confidence)
             return True, (f"median step time >= {bound:.4g} s ({self.confidence:.0%} lower "
                           f"bound after {n} steps); within the tolerance of the best "

@@ -197,7 +197,8 @@ class TrialConfig:
     the median step time), that its throughput cannot come within this fraction of the
     best measured so far (0.1: 10%); it is recorded with outcome ``stopped`` and its
     measurement (a low value the search learns from, not a failure). Needs
-    ``measure_precision`` (5 timed steps at least before a verdict). ``null``: off, every
+    ``measure_precision`` (6 timed steps at least before a verdict, so that a stopped
+    layout's measurement has a precision). ``null``: off, every
     layout is measured to the end."""
     batch_size: int = 4
     """Layouts measured in one launch (they share the world size): the launch's start-up
