@@ -21,9 +21,11 @@ CI_STUDY = REPO / "studies" / "campaigns" / "ci-tiny.yaml"
 
 
 def write_campaign(tmp_path: Path, url: str, names: list[str], *, workers: int,
-                   max_continuations: int, n_trials: int) -> Path:
+                   max_continuations: int, n_trials: int, batch_size: int | None = None) -> Path:
     study = yaml.safe_load(CI_STUDY.read_text())
     study["search"]["n_trials"] = n_trials
+    if batch_size is not None:
+        study.setdefault("trial", {})["batch_size"] = batch_size
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     campaign = {
         "name": "t", "storage": {"url": url}, "site": "local-ci",
@@ -95,8 +97,10 @@ def test_two_studies_two_workers_reach_their_budgets(tmp_path: Path, pg_url: str
 def test_sigterm_worker_is_continued_by_its_dependency_job(tmp_path: Path, pg_url: str,
                                                            unique: str, slurm: None) -> None:
     name = f"ci-{unique}-term"
+    # One layout per launch: the worker must be stopped while it still has layouts to
+    # measure after its first result (a batch records its results when its launch ends).
     path = write_campaign(tmp_path, pg_url, [name], workers=1, max_continuations=1,
-                          n_trials=3)
+                          n_trials=3, batch_size=1)
     rows = cli_json("campaign", "submit", str(path))
     first, cont = list(rows[0]["jobs"])
     engine = create_engine(pg_url)
