@@ -39,7 +39,8 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
@@ -68,7 +69,7 @@ from autotune.runner.optuna_io import (
     tell_outcome,
     tell_skipped,
 )
-from autotune.runner.outcome import classify, infeasible
+from autotune.runner.outcome import Outcome, classify, infeasible
 from autotune.runner.progress import Progress
 from autotune.runner.records import (
     StudyAttr,
@@ -94,6 +95,32 @@ from autotune.trial import TrialPaths, TrialSpec
 __all__ = ["RunSummary", "run_study"]
 
 _MAX_IDLE_PROPOSALS = 200
+_SIBLING_POLL_S = 0.5
+
+
+class _Busy:
+    """How many of one process's side-by-side workers are measuring a trial right now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mine: dict[int, int] = {}
+
+    @contextmanager
+    def measuring(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._lock:
+            self._mine[me] = self._mine.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._mine[me] -= 1
+
+    def others(self) -> int:
+        """Trials being measured by the other workers (threads) of this process."""
+        me = threading.get_ident()
+        with self._lock:
+            return sum(n for t, n in self._mine.items() if t != me)
 
 
 @dataclass
@@ -103,7 +130,9 @@ class RunSummary:
     infeasible: int = 0
     stopped_by: str = "budget"
     """``budget``, ``timeout``, ``exhausted``, ``strategy`` (it stopped early: see
-    ``stop_reason``), ``interrupt`` or ``sigterm``."""
+    ``stop_reason``), ``interrupt``, ``sigterm`` or ``node_failure`` (a node of this
+    worker's group died; ``stop_reason`` says which; with several groups, only when every
+    group lost one)."""
     stop_reason: str | None = None
     """With ``strategy``: the strategy's reason, e.g. ``expected improvement 0.31% < 1%
     after 6 trials (14 layouts untried)``."""
@@ -172,8 +201,9 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     progress = progress or Progress(total=n_trials, enabled=False)
     progress.message(f"calibration: {learned_from_line(record)}")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
+    busy = _Busy()
     workers = [_Worker(spec, storage, study, launcher, learning.copy(), n_trials,
-                       progress, name_suffix=f"/{i}" if len(launchers) > 1 else "")
+                       progress, name_suffix=f"/{i}" if len(launchers) > 1 else "", busy=busy)
                for i, launcher in enumerate(launchers)]
     with StopSignals(launchers) as signals:
         if len(workers) == 1:
@@ -198,7 +228,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
             raise errors[0]
     summaries = [w.summary for w in workers]
     ended = next((s for s in summaries if s.stopped_by in ("interrupt", "sigterm")),
-                 summaries[0])
+                 next((s for s in summaries if s.stopped_by != "node_failure"), summaries[0]))
     return RunSummary(measured=sum(s.measured for s in summaries),
                       infeasible=sum(s.infeasible for s in summaries),
                       stopped_by=ended.stopped_by, stop_reason=ended.stop_reason,
@@ -210,7 +240,8 @@ class _Worker:
 
     def __init__(self, spec: StudySpec, storage: Storage, study: optuna.Study,
                  launcher: Launcher, learning: StudyLearning, n_trials: int,
-                 progress: Progress, *, name_suffix: str = "") -> None:
+                 progress: Progress, *, name_suffix: str = "",
+                 busy: _Busy | None = None) -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
         self.learning = learning
         self.constraints: Constraints = learning.constraints
@@ -230,6 +261,7 @@ class _Worker:
         self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
         self.run_cfg = spec.run_config()
         self.summary = RunSummary()
+        self.busy = busy or _Busy()
 
     def run(self, timeout_s: float | None, signals: StopSignals) -> RunSummary:
         started = time.monotonic()
@@ -243,6 +275,11 @@ class _Worker:
                 self.summary.stopped_by = "timeout"
                 break
             stop = self._enqueue_next()
+            if stop in ("budget", "exhausted") and self.busy.others():
+                # A side-by-side trial still runs: if it is cut short (a node dies under
+                # it), its retry is enqueued, and it must not be left without a worker.
+                time.sleep(_SIBLING_POLL_S)
+                continue
             if stop:
                 self.summary.stopped_by = stop
                 break
@@ -263,7 +300,14 @@ class _Worker:
                     break
                 continue
             idle = 0
-            self._measure(trial, layout)
+            outcome = self._measure(trial, layout)
+            if outcome.node_lost:
+                # The node group has a dead node for the rest of the allocation: leave the
+                # retry to the workers of healthy groups.
+                self.summary.stopped_by, self.summary.stop_reason = "node_failure", outcome.reason
+                self.progress.message(f"worker{self.name_suffix}: {outcome.reason}; its node "
+                                      "group is not used again")
+                break
         self._recalibrate(history(self.study, {}))  # the record holds the last trial too
         self.summary.best = best_trial(self.study)
         self.summary.trials = self.study.get_trials(deepcopy=False)
@@ -342,7 +386,7 @@ class _Worker:
             return Admission.BUDGET, layout
         return Admission.LAUNCH, layout
 
-    def _measure(self, trial: optuna.Trial, layout: Layout) -> None:
+    def _measure(self, trial: optuna.Trial, layout: Layout) -> Outcome:
         spec, key = self.spec, layout.key()
         cand = self.by_key.get(key)
         paths = TrialPaths.for_trial(spec.launcher.run_dir, spec.name, trial.number, key)
@@ -350,7 +394,7 @@ class _Worker:
         self.progress.trial_started(trial.number, layout,
                                     cand.predicted_tflops if cand else None)
         t0 = _utcnow()
-        with heartbeat(self.storage, trial._trial_id):
+        with heartbeat(self.storage, trial._trial_id), self.busy.measuring():
             report = self.launcher.run(trial_spec, paths, timeout_s=spec.trial.timeout_s)
         outcome = classify(report)
         facts = TrialFacts(
@@ -373,3 +417,4 @@ class _Worker:
             enqueue(self.study, layout, retry_of=trial.number)
         self.summary.measured += 1
         self.progress.trial_finished(trial.number, layout, outcome, best_trial(self.study))
+        return outcome
