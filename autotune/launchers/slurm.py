@@ -30,7 +30,13 @@ that from ``squeue --steps`` by the unique step name. :meth:`_kill` cancels that
 Side-by-side trials: when a trial needs fewer nodes than the allocation has,
 :func:`node_groups` splits the allocation into disjoint groups; the runner makes one
 ``SlurmLauncher(nodelist=group)`` per group and runs each in its own thread (``--exact``
-keeps the steps from sharing CPUs; ``--nodelist`` keeps them on disjoint nodes).
+keeps the steps from sharing CPUs; ``--nodelist`` keeps them on disjoint nodes; ``--overlap``
+lets a group's steps start after the allocation lost a node of another group).
+
+A node that dies under a step (``salloc --no-kill`` keeps the allocation alive without it):
+sacct records the step as ``RESIZING`` (SLURM 22.05), so :meth:`_finish` asks ``sinfo`` for
+the state of the step's nodes and reports ``NODE_FAIL <node>: down* (Not responding)``; the
+trial is retried and the runner stops the worker of that node group.
 """
 
 from __future__ import annotations
@@ -208,6 +214,13 @@ class SlurmLauncher(Launcher):
             cmd.append(f"--cpus-per-task={cpus}")
         if pinned:
             cmd.append(f"--nodelist={','.join(pinned)}")
+        if self.nodelist:
+            # The node group is this launcher's alone, so SLURM's bookkeeping of CPUs between
+            # steps adds nothing; and in 22.05, once a --no-kill allocation has lost a node,
+            # the CPUs of every step that ends are never given back ("_step_dealloc_lps:
+            # unable to update job's core use information due to job resizing"): a later
+            # plain step pends for ever, an --overlap step starts (measured, .ci/cluster.sh).
+            cmd.append("--overlap")
         cmd += list(site_slurm.srun_args if site_slurm else ()) + list(self.options.extra_args)
         return [*cmd, *self.workload.argv(spec, paths, self.placement(spec))]
 
