@@ -300,7 +300,8 @@ class _Worker:
                     break
                 continue
             idle = 0
-            outcome = self._measure(trial, layout)
+            with self.busy.measuring():  # until its retry, if any, is enqueued
+                outcome = self._measure(trial, layout)
             if outcome.node_lost:
                 # The node group has a dead node for the rest of the allocation: leave the
                 # retry to the workers of healthy groups.
@@ -394,7 +395,7 @@ class _Worker:
         self.progress.trial_started(trial.number, layout,
                                     cand.predicted_tflops if cand else None)
         t0 = _utcnow()
-        with heartbeat(self.storage, trial._trial_id), self.busy.measuring():
+        with heartbeat(self.storage, trial._trial_id):
             report = self.launcher.run(trial_spec, paths, timeout_s=spec.trial.timeout_s)
         outcome = classify(report)
         facts = TrialFacts(
