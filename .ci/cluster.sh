@@ -160,7 +160,12 @@ start_node() { # start_node K: slurmd -N mnK inside its namespace, with its own 
 
 start_all() {
   mkdir -p "$MN_DIR"/{run,log,ctld,d}
-  command -v socat >/dev/null || die "socat is not installed (apt-get install socat)"
+  if ! command -v socat >/dev/null || ! command -v ip >/dev/null; then
+    say "installing socat iproute2 (log: $LOG/apt.log)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends socat iproute2; } >>"$LOG/apt.log" 2>&1 \
+      || die "apt-get install socat iproute2 failed (see $LOG/apt.log)"
+  fi
   munge -n 2>/dev/null | unmunge >/dev/null 2>&1 || die "munged is not running (run .ci/services.sh first)"
   wait_for 10 bash -c 'exec 3<>/dev/tcp/127.0.0.1/6819' || die "slurmdbd is not listening on 6819 (run .ci/services.sh first)"
   make_network
