@@ -8,8 +8,9 @@
 #                                        a node whose slurmd died is restarted and resumed)
 #   bash .ci/cluster.sh stop             stop the daemons, delete namespaces and bridge
 #   bash .ci/cluster.sh status           daemons, namespaces, sinfo, link shaping
-#   bash .ci/cluster.sh slow RATE DELAY  shape every node's link, both directions
-#                                        (tbf RATE, e.g. 200mbit; netem DELAY, e.g. 2ms)
+#   bash .ci/cluster.sh slow RATE [DELAY] shape every node's link, both directions
+#                                        (tbf RATE, e.g. 100mbit; netem DELAY, e.g. 2ms,
+#                                        where the kernel has sch_netem: the CI VM's has not)
 #   bash .ci/cluster.sh unslow           remove the shaping
 #   bash .ci/cluster.sh kill-node mnK    kill mnK's slurmd and every process of its namespace
 #                                        (what a node crash looks like to SLURM)
@@ -229,13 +230,24 @@ kill_node() { # kill_node mnK: slurmd and everything in the node's namespace, SI
   say "killed $name (slurmd and its namespace's processes)"
 }
 
-shape() { # shape RATE DELAY: tbf + netem on both ends of every node's veth
-  local rate=$1 delay=$2 i
+shape_one() { # shape_one DEV RATE DELAY [netns]: tbf RATE at the root, netem DELAY under it
+  local dev=$1 rate=$2 delay=$3 tcx=(tc)
+  [ -n "${4:-}" ] && tcx=(ip netns exec "$4" tc)
+  # burst: a few ms of the rate (tbf drops what exceeds it); latency: queueing allowed.
+  "${tcx[@]}" qdisc replace dev "$dev" root handle 1: tbf rate "$rate" burst 64kb latency 200ms
+  if [ -n "$delay" ]; then
+    "${tcx[@]}" qdisc replace dev "$dev" parent 1:1 handle 10: netem delay "$delay" 2>/dev/null \
+      || die "netem is not in this kernel (tc: qdisc kind unknown): shape with a rate only"
+  fi
+}
+
+shape() { # shape RATE [DELAY]: tbf (+ netem) on both ends of every node's veth
+  local rate=$1 delay=${2:-} i
   for i in $(seq 1 "$MN_NODES"); do
-    tc qdisc replace dev "atmn-v$i" root handle 1: netem delay "$delay" rate "$rate" limit 10000
-    ip netns exec "$(ns "$i")" tc qdisc replace dev eth0 root handle 1: netem delay "$delay" rate "$rate" limit 10000
+    shape_one "atmn-v$i" "$rate" "$delay"
+    shape_one eth0 "$rate" "$delay" "$(ns "$i")"
   done
-  say "links between nodes: $rate, +$delay each way per hop"
+  say "links between nodes: $rate${delay:+, +$delay per shaped end}"
 }
 
 unshape() {
@@ -279,8 +291,8 @@ case "${1:-start}" in
   start) do_start ;;
   stop) do_stop ;;
   status) do_status ;;
-  slow) shape "${2:?rate, e.g. 200mbit}" "${3:-1ms}" ;;
+  slow) shape "${2:?rate, e.g. 100mbit}" "${3:-}" ;;
   unslow) unshape ;;
   kill-node) kill_node "${2:?node name, e.g. mn2}" ;;
-  *) echo "usage: $0 [start|stop|status|slow RATE DELAY|unslow|kill-node mnK]" >&2; exit 2 ;;
+  *) echo "usage: $0 [start|stop|status|slow RATE [DELAY]|unslow|kill-node mnK]" >&2; exit 2 ;;
 esac
