@@ -87,3 +87,5 @@ def test_two_study_campaign_of_two_node_jobs_survives_sigterm(
     assert "SIGTERM" in log, log[-2000:]
     status = cli_json("campaign", "status", str(path))
     assert all(st["claimed"] == st["target"] == 2 for st in status), status
+    states = status[0]["jobs"]
+    assert states[first] == ["COMPLETED"] and states[cont] == ["COMPLETED"], states
