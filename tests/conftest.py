@@ -40,9 +40,9 @@ def _load_env_file() -> None:
 _load_env_file()
 
 
-def unavailable(what: str, why: str) -> None:
+def unavailable(what: str, why: str, script: str = ".ci/services.sh") -> None:
     """Fail under CI=true (the services must be there), skip with the reason otherwise."""
-    msg = f"{what} unavailable: {why} (run `bash .ci/services.sh` as root)"
+    msg = f"{what} unavailable: {why} (run `bash {script}` as root)"
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(msg, pytrace=False)
     pytest.skip(msg)

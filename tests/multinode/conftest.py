@@ -23,6 +23,7 @@ from tests.conftest import unavailable
 
 MN_ENV_FILE = Path(os.environ.get("AUTOTUNE_MN_ENV", "/tmp/autotune-mn/env"))
 REPO = Path(__file__).resolve().parents[2]
+CLUSTER_SH = ".ci/cluster.sh"
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class MnCluster:
 
     def restore(self, timeout_s: float = 60) -> None:
         """Every node back (a test killed one): restart its slurmd, wait until all idle."""
-        subprocess.run(["bash", str(REPO / ".ci/cluster.sh"), "start"], capture_output=True,
+        subprocess.run(["bash", str(REPO / CLUSTER_SH), "start"], capture_output=True,
                        text=True, timeout=120, check=False)
         deadline = time.monotonic() + timeout_s
         while len(self.idle_nodes()) < self.nodes and time.monotonic() < deadline:
@@ -71,10 +72,9 @@ def mn_cluster() -> MnCluster:
     env = _read_env()
     conf = env.get("AUTOTUNE_MN_SLURM_CONF")
     if shutil.which("sinfo") is None:
-        unavailable("multi-node SLURM", "sinfo is not installed")
+        unavailable("multi-node SLURM", "sinfo is not installed", CLUSTER_SH)
     if not conf or not Path(conf).is_file():
-        unavailable("multi-node SLURM", f"no cluster env in {MN_ENV_FILE} "
-                    "(run `bash .ci/cluster.sh` as root)")
+        unavailable("multi-node SLURM", f"no cluster env in {MN_ENV_FILE}", CLUSTER_SH)
     cluster = MnCluster(conf=conf, nodes=int(env.get("AUTOTUNE_MN_NODES", "4")),
                         pg_url=env.get("AUTOTUNE_MN_PG_URL", ""))
     try:
@@ -82,10 +82,10 @@ def mn_cluster() -> MnCluster:
             cluster.restore()
         idle = cluster.idle_nodes()
     except subprocess.TimeoutExpired:
-        unavailable("multi-node SLURM", "sinfo timed out")
+        unavailable("multi-node SLURM", "sinfo timed out", CLUSTER_SH)
     if len(idle) < cluster.nodes:
         unavailable("multi-node SLURM", f"{len(idle)} of {cluster.nodes} nodes idle: "
-                    + cluster.run("sinfo", "-N").stdout)
+                    + cluster.run("sinfo", "-N").stdout, CLUSTER_SH)
     return cluster
 
 
