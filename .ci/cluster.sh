@@ -67,10 +67,9 @@ ns() { echo "autotune-mn$1"; }
 addr() { echo "$MN_NET.$((10 + $1))"; }
 nodes_idle() { [ "$(sinfo -h -N -o '%N %t' 2>/dev/null | grep -Ec ' (idle|mix|alloc)$')" -ge "$MN_NODES" ]; }
 
-write_conf() {
-  mkdir -p "$MN_DIR/etc"
-  local range="mn[1-$MN_NODES]" i
-  cat >"$CONF.tmp" <<EOF
+render_conf() { # render_conf FILE: the slurm.conf this script wants
+  local out=$1 range="mn[1-$MN_NODES]" i
+  cat >"$out" <<EOF
 # Written by autotune .ci/cluster.sh - multi-node CI cluster (one namespace per node).
 ClusterName=mn
 SlurmctldHost=$(hostname -s)($CTL_ADDR)
@@ -103,12 +102,26 @@ SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 SlurmdParameters=config_overrides
 EOF
   for i in $(seq 1 "$MN_NODES"); do
-    echo "NodeName=$(node "$i") NodeAddr=$(addr "$i") CPUs=$MN_CPUS RealMemory=4096 State=UNKNOWN" >>"$CONF.tmp"
+    echo "NodeName=$(node "$i") NodeAddr=$(addr "$i") CPUs=$MN_CPUS RealMemory=4096 State=UNKNOWN" >>"$out"
   done
-  echo "PartitionName=mn Nodes=$range Default=YES MaxTime=INFINITE State=UP" >>"$CONF.tmp"
+  echo "PartitionName=mn Nodes=$range Default=YES MaxTime=INFINITE State=UP" >>"$out"
+}
+
+write_conf() { # true when slurm.conf changed (then written)
+  mkdir -p "$MN_DIR/etc"
+  render_conf "$CONF.tmp"
   if cmp -s "$CONF.tmp" "$CONF"; then rm -f "$CONF.tmp"; return 1; fi
   mv "$CONF.tmp" "$CONF"
   return 0
+}
+
+conf_differs() { # true when slurm.conf would change; writes nothing
+  local tmp rc=1
+  tmp=$(mktemp)
+  render_conf "$tmp"
+  cmp -s "$tmp" "$CONF" || rc=0
+  rm -f "$tmp"
+  return $rc
 }
 
 hosts_file() {
@@ -208,18 +221,13 @@ smoke() {
 
 do_start() {
   if [ -s "$MN_DIR/env" ] && [ -f "$CONF" ] && alive "$RUN/slurmctld.pid" && nodes_idle \
-      && alive "$RUN/pgfwd.pid" && ! write_conf_changed; then
+      && alive "$RUN/pgfwd.pid" && ! conf_differs; then
     local i ok=1
     for i in $(seq 1 "$MN_NODES"); do alive "$RUN/slurmd-$(node "$i").pid" || ok=0; done
     if [ "$ok" = 1 ]; then say "already running (env in $MN_DIR/env)"; return 0; fi
   fi
   start_all
   smoke
-}
-
-write_conf_changed() { # true when slurm.conf would change
-  write_conf && return 0
-  return 1
 }
 
 kill_node() { # kill_node mnK: slurmd and everything in the node's namespace, SIGKILL
