@@ -39,8 +39,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
@@ -56,7 +55,7 @@ from autotune.layout import Layout
 from autotune.results import best_trial
 from autotune.runner.budget import budget_reached, within_budget
 from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
-from autotune.runner.lifecycle import StopSignals, heartbeat
+from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
 from autotune.runner.optuna_io import (
     enqueue,
     history,
@@ -96,31 +95,6 @@ __all__ = ["RunSummary", "run_study"]
 
 _MAX_IDLE_PROPOSALS = 200
 _SIBLING_POLL_S = 0.5
-
-
-class _Busy:
-    """How many of one process's side-by-side workers are measuring a trial right now."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._mine: dict[int, int] = {}
-
-    @contextmanager
-    def measuring(self) -> Iterator[None]:
-        me = threading.get_ident()
-        with self._lock:
-            self._mine[me] = self._mine.get(me, 0) + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._mine[me] -= 1
-
-    def others(self) -> int:
-        """Trials being measured by the other workers (threads) of this process."""
-        me = threading.get_ident()
-        with self._lock:
-            return sum(n for t, n in self._mine.items() if t != me)
 
 
 @dataclass
@@ -201,7 +175,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     progress = progress or Progress(total=n_trials, enabled=False)
     progress.message(f"calibration: {learned_from_line(record)}")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
-    busy = _Busy()
+    busy = Busy()
     workers = [_Worker(spec, storage, study, launcher, learning.copy(), n_trials,
                        progress, name_suffix=f"/{i}" if len(launchers) > 1 else "", busy=busy)
                for i, launcher in enumerate(launchers)]
@@ -241,7 +215,7 @@ class _Worker:
     def __init__(self, spec: StudySpec, storage: Storage, study: optuna.Study,
                  launcher: Launcher, learning: StudyLearning, n_trials: int,
                  progress: Progress, *, name_suffix: str = "",
-                 busy: _Busy | None = None) -> None:
+                 busy: Busy | None = None) -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
         self.learning = learning
         self.constraints: Constraints = learning.constraints
@@ -261,7 +235,7 @@ class _Worker:
         self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
         self.run_cfg = spec.run_config()
         self.summary = RunSummary()
-        self.busy = busy or _Busy()
+        self.busy = busy or Busy()
 
     def run(self, timeout_s: float | None, signals: StopSignals) -> RunSummary:
         started = time.monotonic()
