@@ -20,6 +20,7 @@ from typing import Any
 import optuna
 import pytest
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import create_engine, text
 
 from tests.helpers import write_study
 from tests.multinode.conftest import MnCluster, salloc
@@ -49,6 +50,15 @@ def _autotune(path: Path, env: dict[str, str], **popen: Any) -> subprocess.Popen
 def _trials(tmp_path: Path, name: str) -> list[FrozenTrial]:
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'study.db'}")
     return study.get_trials(deepcopy=False)
+
+
+def _claims(tmp_path: Path, name: str) -> int:
+    engine = create_engine(f"sqlite:///{tmp_path / 'study.db'}")
+    with engine.connect() as c:
+        n = c.execute(text("select count(*) from layout_claims where study_name = :n"),
+                      {"n": name}).scalar_one()
+    engine.dispose()
+    return int(n)
 
 
 def _launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
@@ -94,6 +104,7 @@ def test_two_trials_side_by_side_on_disjoint_node_pairs(mn_cluster: MnCluster,
     first, second = sorted(done, key=lambda t: t.datetime_start)
     assert second.datetime_start < first.datetime_complete, "the trials did not overlap"
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert _claims(tmp_path, "mn-pair") == 2  # the budget, as with one worker
     each = ", ".join(f"{t.user_attrs['elapsed_s']:.1f}" for t in done)
     print(f"side by side: 2 trials in {wall_s:.1f} s wall ({each} s each)")
 
@@ -138,6 +149,7 @@ def test_a_node_lost_mid_trial_is_retried_on_the_healthy_pair(mn_cluster: MnClus
     assert kill_to_recorded_s < timeout_s
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(done) == 2 and len({t.user_attrs["layout"] for t in done}) == 2, out
+    assert _claims(tmp_path, "mn-loss") == 2  # the retry took the lost trial's claim
     (retry,) = [t for t in done if t.user_attrs.get("retry_of") == lost.number]
     assert retry.user_attrs["layout"] == lost.user_attrs["layout"]
     assert set(retry.user_attrs["hosts"]).isdisjoint({"mn3", "mn4"})
