@@ -25,6 +25,7 @@ OUTCOME_LABELS: dict[str, str] = {
     "complete": "complete", "stopped": "stopped early (hopeless)", "oom": "out of memory",
     "infeasible": "infeasible",
     "error": "failed", "timeout": "timed out", "interrupted": "interrupted",
+    "node_failure": "node failed",
     "fail": "failed (runner died)", "running": "running", "skipped": "skipped",
 }
 """Readable names of the outcome kinds (:mod:`autotune.runner.outcome`) and of trials

@@ -162,12 +162,13 @@ def suggest(trial: optuna.Trial, spec: StudySpec) -> Layout:
 
 def retryable(study: optuna.Study, owner_trial_id: int) -> bool:
     """A claim may pass on when its trial can no longer measure: failed while stale (the
-    runner died: no outcome recorded) or interrupted."""
+    runner died: no outcome recorded), interrupted, or cut short by a node that died."""
     try:
         owner = study._storage.get_trial(owner_trial_id)
     except KeyError:
         return True
-    return owner.state == TrialState.FAIL and trial_outcome(owner) in (None, "interrupted")
+    return owner.state == TrialState.FAIL and trial_outcome(owner) in (None, "interrupted",
+                                                                  "node_failure")
 
 
 def is_retry(study: optuna.Study, trial: optuna.Trial) -> bool:

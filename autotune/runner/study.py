@@ -61,7 +61,7 @@ from autotune.layout import Layout
 from autotune.results import best_trial
 from autotune.runner.budget import budget_reached, within_budget
 from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
-from autotune.runner.lifecycle import StopSignals, heartbeat
+from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
 from autotune.runner.optuna_io import (
     enqueue,
     history,
@@ -74,7 +74,7 @@ from autotune.runner.optuna_io import (
     tell_outcome,
     tell_skipped,
 )
-from autotune.runner.outcome import classify, infeasible
+from autotune.runner.outcome import Outcome, classify, infeasible
 from autotune.runner.progress import Progress
 from autotune.runner.records import (
     StudyAttr,
@@ -100,6 +100,7 @@ from autotune.trial import TrialPaths, TrialSpec
 __all__ = ["RunSummary", "run_study"]
 
 _MAX_IDLE_PROPOSALS = 200
+_SIBLING_POLL_S = 0.5
 
 
 @dataclass
@@ -109,7 +110,9 @@ class RunSummary:
     infeasible: int = 0
     stopped_by: str = "budget"
     """``budget``, ``timeout``, ``exhausted``, ``strategy`` (it stopped early: see
-    ``stop_reason``), ``interrupt`` or ``sigterm``."""
+    ``stop_reason``), ``interrupt``, ``sigterm`` or ``node_failure`` (a node of this
+    worker's group died; ``stop_reason`` says which; with several groups, only when every
+    group lost one)."""
     stop_reason: str | None = None
     """With ``strategy``: the strategy's reason, e.g. ``expected improvement 0.31% < 1%
     after 6 trials (14 layouts untried)``."""
@@ -178,9 +181,10 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     progress = progress or Progress(total=n_trials, enabled=False)
     progress.message(f"calibration: {learned_from_line(record)}")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
+    busy = Busy()
     workers = [_Worker(spec, storage, study, launcher, learning.copy(), n_trials,
                        progress, name_suffix=f"/{i}" if len(launchers) > 1 else "",
-                       siblings=len(launchers))
+                       siblings=len(launchers), busy=busy)
                for i, launcher in enumerate(launchers)]
     with StopSignals(launchers) as signals:
         if len(workers) == 1:
@@ -205,7 +209,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
             raise errors[0]
     summaries = [w.summary for w in workers]
     ended = next((s for s in summaries if s.stopped_by in ("interrupt", "sigterm")),
-                 summaries[0])
+                 next((s for s in summaries if s.stopped_by != "node_failure"), summaries[0]))
     return RunSummary(measured=sum(s.measured for s in summaries),
                       infeasible=sum(s.infeasible for s in summaries),
                       stopped_by=ended.stopped_by, stop_reason=ended.stop_reason,
@@ -217,7 +221,8 @@ class _Worker:
 
     def __init__(self, spec: StudySpec, storage: Storage, study: optuna.Study,
                  launcher: Launcher, learning: StudyLearning, n_trials: int,
-                 progress: Progress, *, name_suffix: str = "", siblings: int = 1) -> None:
+                 progress: Progress, *, name_suffix: str = "", siblings: int = 1,
+                 busy: Busy | None = None) -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
         self.siblings = siblings
         """Workers of this run side by side: a batch takes no more than its share of
@@ -240,6 +245,7 @@ class _Worker:
         self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
         self.batch_size = spec.trial.batch_size if launcher.batches else 1
         self.summary = RunSummary()
+        self.busy = busy or Busy()
 
     def run(self, timeout_s: float | None, signals: StopSignals) -> RunSummary:
         started = time.monotonic()
@@ -253,8 +259,24 @@ class _Worker:
                 break
             batch, stop = self._next_batch()
             if batch:
-                self._measure(batch)
-            elif stop:
+                with self.busy.measuring():  # until its retries, if any, are enqueued
+                    outcomes = self._measure(batch)
+                lost = next((o for o in outcomes if o.node_lost), None)
+                if lost is not None:
+                    # The node group has a dead node for the rest of the allocation: leave
+                    # the retries to the workers of healthy groups.
+                    self.summary.stopped_by, self.summary.stop_reason = ("node_failure",
+                                                                         lost.reason)
+                    self.progress.message(f"worker{self.name_suffix}: {lost.reason}; its "
+                                          "node group is not used again")
+                    break
+                continue
+            if stop in ("budget", "exhausted") and self.busy.others():
+                # A side-by-side trial still runs: if it is cut short (a node dies under
+                # it), its retry is enqueued, and it must not be left without a worker.
+                time.sleep(_SIBLING_POLL_S)
+                continue
+            if stop:
                 self.summary.stopped_by = stop
                 break
         self._recalibrate(history(self.study, {}))  # the record holds the last trial too
@@ -368,7 +390,7 @@ class _Worker:
             return Admission.BUDGET, layout
         return Admission.LAUNCH, layout
 
-    def _measure(self, batch: list[tuple[optuna.Trial, Layout]]) -> None:
+    def _measure(self, batch: list[tuple[optuna.Trial, Layout]]) -> list[Outcome]:
         """Measure the admitted trials in one launch; record and tell each on its own."""
         spec = self.spec
         best = best_trial(self.study)
@@ -389,6 +411,7 @@ class _Worker:
                 beats.enter_context(heartbeat(self.storage, trial._trial_id))
             reports = self.launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s)
         finished = _utcnow()
+        outcomes: list[Outcome] = []
         for (trial, layout), report, cand, trial_paths in zip(batch, reports, cands, paths,
                                                              strict=True):
             outcome = classify(report)
@@ -413,3 +436,5 @@ class _Worker:
                 enqueue(self.study, layout, retry_of=trial.number)
             self.summary.measured += 1
             self.progress.trial_finished(trial.number, layout, outcome, best_trial(self.study))
+            outcomes.append(outcome)
+        return outcomes
