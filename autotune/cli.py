@@ -115,7 +115,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not names:
         print(f"no studies in {storage.masked_url}")
         return EXIT_OK
-    print(format_statuses([study_status(load_existing_study(storage, n)) for n in names]))
+    from autotune.storage.claims import claim_counts, repair_stale
+
+    statuses = []
+    for n in names:
+        study = load_existing_study(storage, n)
+        repair_stale(storage, n)  # a dead runner's trial shows as killed, not running
+        st = study_status(study)
+        st.retries = claim_counts(storage, n).retries
+        statuses.append(st)
+    print(format_statuses(statuses))
     return EXIT_OK
 
 

@@ -19,7 +19,13 @@ error           FAIL                     the trainer failed (traceback in ``reas
 timeout         FAIL                     killed at the per-trial timeout (or, a foreign
                                          program, when it made no progress)
 interrupted     FAIL                     cancelled (Ctrl-C, SIGTERM): retried later
+killed          FAIL                     the runner died before recording (its claim's
+                                         lease ran out: :mod:`autotune.storage.claims`
+                                         repairs it): retried later
 ==============  =======================  ==========================================
+
+An execution's ``measurements`` row carries ``running`` from its claim until the outcome
+replaces it.
 """
 
 from __future__ import annotations
@@ -36,11 +42,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcome", "classify", "infeasible", "OUTCOME_KINDS"]
 
-OUTCOME_KINDS = ("complete", "oom", "infeasible", "error", "timeout", "interrupted")
+OUTCOME_KINDS = ("complete", "oom", "infeasible", "error", "timeout", "interrupted", "killed")
 _STATE = {
     "complete": TrialState.COMPLETE, "oom": TrialState.PRUNED,
     "infeasible": TrialState.PRUNED, "error": TrialState.FAIL,
-    "timeout": TrialState.FAIL, "interrupted": TrialState.FAIL,
+    "timeout": TrialState.FAIL, "interrupted": TrialState.FAIL, "killed": TrialState.FAIL,
 }
 # SLURM job-step states (sacct) that decide the outcome when the trainer wrote no result.
 _SLURM_OOM = {"OUT_OF_MEMORY"}
@@ -63,7 +69,7 @@ class Outcome:
     @property
     def retry(self) -> bool:
         """Whether the layout should be measured again later (it was never judged)."""
-        return self.kind == "interrupted"
+        return self.kind in ("interrupted", "killed")
 
     @property
     def infeasible(self) -> bool:

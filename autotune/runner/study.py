@@ -39,39 +39,29 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from enum import Enum
+from typing import Any, TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.candidates import Candidate
-from autotune.errors import UsageError
+from autotune.errors import AutotuneError, UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.results import best_trial
-from autotune.runner.budget import budget_reached, within_budget
+from autotune.runner.budget import budget_reached
 from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
 from autotune.runner.lifecycle import StopSignals, heartbeat
-from autotune.runner.optuna_io import (
-    enqueue,
-    history,
-    is_retry,
-    open_study,
-    retryable,
-    set_search_stop,
-    suggest,
-    tell_infeasible,
-    tell_outcome,
-    tell_skipped,
-)
-from autotune.runner.outcome import classify, infeasible
+from autotune.runner.optuna_io import history, layout_params, open_study, set_search_stop
+from autotune.runner.outcome import Outcome, classify, infeasible
 from autotune.runner.progress import Progress
 from autotune.runner.records import (
     StudyAttr,
+    TrialAttr,
     TrialFacts,
     learned_from_line,
     learned_from_record,
@@ -79,6 +69,8 @@ from autotune.runner.records import (
     search_stop_of,
     search_stop_record,
     set_user_attrs,
+    user_attrs,
+    verdict_attrs,
 )
 from autotune.search import (
     Observation,
@@ -88,8 +80,20 @@ from autotune.search import (
     plan_order,
 )
 from autotune.spec import StudySpec
-from autotune.storage.db import ClaimResult, Storage
-from autotune.trial import TrialPaths, TrialSpec
+from autotune.storage._optuna_rdb import CONSTRAINT_ATTR
+from autotune.storage.claims import (
+    Claimed,
+    Refused,
+    claim_layout,
+    record_execution,
+    repair_stale,
+    retry_keys,
+    store_verdict,
+)
+from autotune.storage.db import Storage, with_connect_retry
+from autotune.trial import TrialPaths, TrialResult, TrialSpec
+
+T = TypeVar("T")
 
 __all__ = ["RunSummary", "run_study"]
 
@@ -109,17 +113,6 @@ class RunSummary:
     after 6 trials (14 layouts untried)``."""
     best: FrozenTrial | None = None
     trials: list[FrozenTrial] = field(default_factory=list)
-
-
-class Admission(Enum):
-    """What becomes of an asked trial before anything is launched."""
-
-    LAUNCH = "launch"
-    """Feasible, claimed and within the budget: measure it."""
-    PASSED = "passed"
-    """Told infeasible or skipped, or another worker runs it: ask again."""
-    BUDGET = "budget"
-    """The budget was reached meanwhile (another worker's claim came first): stop."""
 
 
 def _utcnow() -> datetime:
@@ -242,43 +235,38 @@ class _Worker:
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 self.summary.stopped_by = "timeout"
                 break
-            stop = self._enqueue_next()
-            if stop:
-                self.summary.stopped_by = stop
+            step = self._step()
+            if isinstance(step, str):
+                self.summary.stopped_by = step
                 break
-            trial = self.study.ask()
-            try:
-                admission, layout = self._admit(trial)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                # SQLite can hand one waiting trial to two workers; the other one has it
-                # (and its layout claim). Leave it alone.
-                continue
-            if admission is Admission.BUDGET:
-                self.summary.stopped_by = "budget"
-                break
-            if admission is Admission.PASSED:
+            if step is None:
                 idle += 1
                 if idle > _MAX_IDLE_PROPOSALS:
                     self.summary.stopped_by = "exhausted"
                     break
                 continue
             idle = 0
-            self._measure(trial, layout)
+            self._measure(*step)
         self._recalibrate(history(self.study, {}))  # the record holds the last trial too
         self.summary.best = best_trial(self.study)
         self.summary.trials = self.study.get_trials(deepcopy=False)
         return self.summary
 
-    def _enqueue_next(self) -> str | None:
-        """Enqueue the strategy's next layout unless a retry waits; a stop reason if none."""
-        optuna.storages.fail_stale_trials(self.study)
-        claimed = self.storage.claimed_keys(self.spec.name)
-        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        if waiting:
-            return None
-        if budget_reached(len(claimed), self.n_trials):
+    def _step(self) -> tuple[Claimed, Layout] | str | None:
+        """Repair, then claim a retry or the strategy's next layout: the claim and its
+        trial (measure it), a stop reason, or ``None`` (nothing claimed: propose again)."""
+        name = self.spec.name
+        self._retrying(lambda: repair_stale(self.storage, name))
+        for key in self._retrying(lambda: retry_keys(self.storage, name)):
+            if key not in self.by_key:
+                continue  # outside the space as it is now: not this worker's to re-run
+            claimed = self._claim(Layout.from_key(key), retry_only=True)
+            if isinstance(claimed, Claimed):
+                return claimed, Layout.from_key(key)
+        claimed_keys = self._retrying(lambda: self.storage.claimed_keys(name))
+        if budget_reached(len(claimed_keys), self.n_trials):
             return "budget"
-        observed = history(self.study, claimed)
+        observed = history(self.study, claimed_keys)
         self._recalibrate(observed)
         proposal = self.strategy.propose(self.plan, observed)
         stop = self.strategy.stop
@@ -294,8 +282,54 @@ class _Worker:
         if search_stop_of(self.study) is not None:
             # An earlier stop no longer holds (another threshold, or new measurements).
             set_search_stop(self.study, None)
-        enqueue(self.study, proposal)
-        return None
+        return self._admit(proposal, observed)
+
+    def _admit(self, layout: Layout, observed: list[Observation]) -> tuple[Claimed, Layout] \
+            | str | None:
+        """Check the proposal, then claim it (its trial is created with the claim)."""
+        key = layout.key()
+        if key not in self.by_key:
+            # Strategies pick from self.plan; a layout outside it is no candidate of the
+            # study's space (the planner's enumeration) and is never stored or measured.
+            raise AutotuneError(f"strategy {self.strategy.name!r} proposed {key}, which is "
+                                "not a candidate of the study's space")
+        reasons = self.constraints.check(layout, self.spec.model)
+        oom = dominated_by_oom(layout, observed)
+        if oom is not None:
+            reasons.append(Reason("oom_dominated", f"needs at least the memory of "
+                                  f"{oom.key()}, which ran out of memory"))
+        if reasons:
+            outcome = infeasible(reasons)
+            self._retrying(lambda: store_verdict(
+                self.storage, study_name=self.spec.name,
+                params=layout_params(layout, self.spec),
+                user_attrs=verdict_attrs(layout, outcome.kind, outcome.reason,
+                                         worker=self.name)))
+            self.summary.infeasible += 1
+            return None
+        claimed = self._claim(layout)
+        if claimed is Refused.BUDGET:
+            return "budget"
+        if isinstance(claimed, Claimed):
+            return claimed, layout
+        return None  # another worker owns it (it is pending in the next history)
+
+    def _claim(self, layout: Layout, *, retry_only: bool = False) -> Claimed | Refused:
+        cand = self.by_key.get(layout.key())
+        facts = self._facts(layout, trial_id=0, number=0, outcome=Outcome("killed"),
+                            t0=_utcnow(), elapsed_s=0.0, result=None, hosts=[],
+                            paths=None, cand=cand)
+        row = self._row(facts)
+        attrs = {TrialAttr.LAYOUT: layout.key(), TrialAttr.LAYOUT_DICT: layout.to_dict(),
+                 TrialAttr.WORKER: self.name, TrialAttr.LAUNCHER: self.launcher.kind}
+        return self._retrying(lambda: claim_layout(
+            self.storage, study_name=self.spec.name, key=layout.key(),
+            n_trials=self.n_trials, worker=self.name,
+            params=layout_params(layout, self.spec), user_attrs=attrs, measurement=row,
+            retry_only=retry_only))
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
+        return with_connect_retry(f"worker {self.name}", self.storage.masked_url, fn)
 
     def _set_candidates(self, candidates: list[Candidate]) -> None:
         self.plan = plan_order(c.layout for c in candidates)
@@ -314,62 +348,67 @@ class _Worker:
         set_user_attrs(self.study, {StudyAttr.LEARNED_FROM: learned_from_record(
             self.learning.calibration, enabled=self.learning.enabled)})
 
-    def _admit(self, trial: optuna.Trial) -> tuple[Admission, Layout]:
-        """Check, claim and budget the trial's layout (and tell the trial if it is not
-        launched)."""
-        layout = suggest(trial, self.spec)
-        key = layout.key()
-        reasons = self.constraints.check(layout, self.spec.model)
-        oom = dominated_by_oom(layout, history(self.study, {}))
-        if oom is not None:
-            reasons.append(Reason("oom_dominated", f"needs at least the memory of "
-                                  f"{oom.key()}, which ran out of memory"))
-        if reasons:
-            tell_infeasible(self.study, trial, layout, infeasible(reasons), self.name)
-            self.summary.infeasible += 1
-            return Admission.PASSED, layout
-        claim = self.storage.claim(self.spec.name, key, trial._trial_id, self.name,
-                                   may_take_over=lambda owner: retryable(self.study, owner))
-        if claim is ClaimResult.OTHER_WORKER:
-            return Admission.PASSED, layout  # the same trial was handed to another worker
-        if claim is ClaimResult.TAKEN:
-            tell_skipped(self.study, trial, layout, "another trial owns this layout")
-            return Admission.PASSED, layout
-        rank = self.storage.claim_rank(self.spec.name, key)
-        if not within_budget(rank, self.n_trials) and not is_retry(self.study, trial):
-            self.storage.release(self.spec.name, key, trial._trial_id)
-            tell_skipped(self.study, trial, layout, "the trial budget was reached")
-            return Admission.BUDGET, layout
-        return Admission.LAUNCH, layout
-
-    def _measure(self, trial: optuna.Trial, layout: Layout) -> None:
+    def _measure(self, claimed: Claimed, layout: Layout) -> None:
         spec, key = self.spec, layout.key()
         cand = self.by_key.get(key)
-        paths = TrialPaths.for_trial(spec.launcher.run_dir, spec.name, trial.number, key)
+        paths = TrialPaths.for_trial(spec.launcher.run_dir, spec.name, claimed.number, key)
         trial_spec = TrialSpec(model=spec.model, layout=layout, run=self.run_cfg)
-        self.progress.trial_started(trial.number, layout,
+        _test_kill_point("after-claim")
+        self.progress.trial_started(claimed.number, layout,
                                     cand.predicted_tflops if cand else None)
         t0 = _utcnow()
-        with heartbeat(self.storage, trial._trial_id):
+        with heartbeat(self.storage, claimed.trial_id):
             report = self.launcher.run(trial_spec, paths, timeout_s=spec.trial.timeout_s)
-        outcome = classify(report)
-        facts = TrialFacts(
-            study_name=spec.name, trial_number=trial.number, trial_id=trial._trial_id,
-            layout=layout, outcome=outcome, result=report.result, launcher=self.launcher.kind,
+            _test_kill_point("after-launch")
+            outcome = classify(report)
+            facts = self._facts(layout, trial_id=claimed.trial_id, number=claimed.number,
+                                outcome=outcome, t0=t0, elapsed_s=report.elapsed_s,
+                                result=report.result, hosts=report.hosts, paths=paths,
+                                cand=cand)
+            constraint = {CONSTRAINT_ATTR: 1.0} if outcome.infeasible else (
+                {CONSTRAINT_ATTR: 0.0} if outcome.state == TrialState.COMPLETE else {})
+            recorded = self._retrying(lambda: record_execution(
+                self.storage, trial_id=claimed.trial_id, state=outcome.state,
+                value=outcome.value if outcome.state == TrialState.COMPLETE else None,
+                user_attrs=user_attrs(facts), system_attrs=constraint,
+                measurement=self._row(facts), retry=outcome.retry,
+                before_commit=lambda: _test_kill_point("in-record")))
+        if not recorded:
+            self.progress.message(f"trial {claimed.number} ({key}) was repaired as killed "
+                                  "while it ran (its runner was silent for longer than "
+                                  "storage.grace_period_s): its result is not recorded")
+        self.summary.measured += 1
+        self.progress.trial_finished(claimed.number, layout, outcome, best_trial(self.study))
+
+    def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Outcome,
+               t0: datetime, elapsed_s: float, result: TrialResult | None, hosts: list[str],
+               paths: TrialPaths | None, cand: Candidate | None) -> TrialFacts:
+        return TrialFacts(
+            study_name=self.spec.name, trial_number=number, trial_id=trial_id,
+            layout=layout, outcome=outcome, result=result, launcher=self.launcher.kind,
             worker=self.name, started_at=t0, finished_at=_utcnow(),
-            elapsed_s=report.elapsed_s, hosts=report.hosts,
+            elapsed_s=elapsed_s, hosts=hosts,
             predicted_tflops_per_device=cand.predicted_tflops if cand else None,
             predicted_memory_bytes=cand.predicted_memory_bytes if cand else None,
-            trial_dir=str(paths.root),
+            trial_dir=str(paths.root) if paths else None,
             calibrated_tflops_per_device=cand.predicted_tflops
             * self.learning.calibration.throughput_factor if cand else None,
             calibrated_memory_bytes=self.learning.calibrated_memory_bytes(layout))
-        self.storage.add_measurement(measurement_row(
-            facts, model=spec.model, cluster=spec.cluster,
-            global_batch=spec.training.global_batch, dtype=spec.training.dtype,
-            workload=self.learning.key.workload))
-        tell_outcome(self.study, trial, facts)
-        if outcome.retry:
-            enqueue(self.study, layout, retry_of=trial.number)
-        self.summary.measured += 1
-        self.progress.trial_finished(trial.number, layout, outcome, best_trial(self.study))
+
+    def _row(self, facts: TrialFacts) -> dict[str, Any]:
+        spec = self.spec
+        return measurement_row(facts, model=spec.model, cluster=spec.cluster,
+                               global_batch=spec.training.global_batch,
+                               dtype=spec.training.dtype, workload=self.learning.key.workload)
+
+
+TEST_KILL_ENV = "AUTOTUNE_TEST_KILL_AT"
+"""A test hook, not a setting: ``after-claim`` (between the claim and the launch),
+``after-launch`` (the trial ran, nothing recorded) or ``in-record`` (inside the record's
+transaction, before its commit) makes the runner SIGKILL itself there, so that the
+fault-injection tests (tests/runner/test_kills.py) hit those instants exactly."""
+
+
+def _test_kill_point(point: str) -> None:
+    if os.environ.get(TEST_KILL_ENV) == point:
+        os.kill(os.getpid(), signal.SIGKILL)
