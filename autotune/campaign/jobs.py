@@ -137,9 +137,8 @@ def study_progress(url: str, study: str) -> StudyProgress:
     import optuna
 
     from autotune.results import study_status
-    from autotune.storage.db import Storage
-
     from autotune.storage.claims import claim_counts, repair_stale
+    from autotune.storage.db import Storage
 
     storage = Storage(StorageConfig(url=url))
     try:

@@ -247,7 +247,7 @@ class _Worker:
                 continue
             idle = 0
             self._measure(*step)
-        self._recalibrate(history(self.study, {}))  # the record holds the last trial too
+        self._recalibrate(history(self.study, {}), final=True)  # the record holds the last too
         self.summary.best = best_trial(self.study)
         self.summary.trials = self.study.get_trials(deepcopy=False)
         return self.summary
@@ -335,11 +335,19 @@ class _Worker:
         self.plan = plan_order(c.layout for c in candidates)
         self.by_key: dict[str, Candidate] = {c.layout.key(): c for c in candidates}
 
-    def _recalibrate(self, observed: list[Observation]) -> None:
+    def _recalibrate(self, observed: list[Observation], *, final: bool = False) -> None:
         """Refit the corrections when the study has judged more trials (one query); every
-        untried layout gets its new probability of fitting, given the OOMs."""
+        untried layout gets its new probability of fitting, given the OOMs.
+
+        After every trial up to 20, then whenever the judged trials grew by 5%, and at the
+        end of the run: a refit costs a query and a grid posterior per ZeRO stage, which
+        64 workers paying after every trial of a 200-trial study made the loop CPU-bound
+        (issue #17), and the 201st point moves a posterior of 200 little."""
         judged = sum(o.status in ("ok", "oom") for o in observed)
         if judged == self._judged:
+            return
+        if (not final and self._judged is not None and self._judged >= 20
+                and judged < self._judged * 1.05):
             return
         self._judged = judged
         ooms = [o.layout for o in observed if o.status == "oom"]
