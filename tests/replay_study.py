@@ -1,10 +1,11 @@
-"""A replay study of 104 layouts for the robustness tests and ``benchmarks/many_workers.py``:
-trials cost nothing, so what is exercised is the runner and the database.
+"""A replay study for the robustness tests and ``benchmarks/many_workers.py``: trials cost
+nothing, so what is exercised is the runner and the database.
 
-The table is synthetic (vTrain's column format, 64 A100s, global batch 256: every tp x pp x
-micro-batch that divides), its step times a smooth function of the layout; nothing is
-fitted to it. ``own_pg_database`` makes a PostgreSQL database for one test or benchmark
-(a newer schema must never touch the shared ``test`` database).
+The table is synthetic (vTrain's column format; 8 nodes of 8 A100s at global batch 256 by
+default, 161 layouts; 206 on 32 nodes at 1024: every tp x pp x micro-batch that divides),
+its step times a smooth function of the layout; nothing is fitted to it.
+``own_pg_database`` makes a PostgreSQL database for one test or benchmark (a newer schema
+must never touch the shared ``test`` database).
 """
 
 from __future__ import annotations
@@ -21,35 +22,36 @@ HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,
           "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n")
 
 
-def table_rows() -> list[tuple[int, int, int, int, int, int, float]]:
+def table_rows(nodes: int = 8) -> list[tuple[int, int, int, int, int, int, float]]:
     """``(gpus, global batch, micro batch, tp, dp, pp, ms)`` of the table's layouts."""
+    gpus, gb = 8 * nodes, 32 * nodes
     rows = []
-    for tp in (1, 2, 4, 8):
-        for pp in (1, 2, 4, 8, 16):
-            dp = 64 // (tp * pp)
+    for tp in (1, 2, 4, 8, 16):
+        for pp in (1, 2, 4, 8, 16, 32):
+            dp = gpus // (tp * pp)
             if dp < 1:
                 continue
-            for mb in (1, 2, 4, 8, 16, 32):
-                if mb * dp > 256:
+            for mb in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+                if mb * dp > gb:
                     continue
                 ms = 100.0 + 7.0 * tp + 11.0 * pp + 5.0 * abs(mb - 4) + 0.5 * dp
-                rows.append((64, 256, mb, tp, dp, pp, ms))
+                rows.append((gpus, gb, mb, tp, dp, pp, ms))
     return rows
 
 
 def write_replay_study(directory: Path, *, name: str, url: str, n_trials: int,
                        heartbeat_s: int = 1, grace_s: int = 3, seed: int = 0,
-                       strategy: str = "default") -> Path:
+                       strategy: str = "default", nodes: int = 8) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     lines = [f"{g},{gb},{mb},1024,16,32,1024,{tp},{dp},{pp},{ms}"
-             for g, gb, mb, tp, dp, pp, ms in table_rows()]
+             for g, gb, mb, tp, dp, pp, ms in table_rows(nodes)]
     (directory / "table.csv").write_text(HEADER + "\n".join(lines) + "\n")
     study: dict[str, Any] = {
         "name": name,
         "model": {"n_layer": 32, "hidden": 1024, "n_head": 16, "seq_len": 1024,
                   "vocab_size": 51200, "attention": "explicit", "name": "replay-350m"},
-        "cluster": {"nodes": 8, "devices_per_node": 8, "device": "a100-80gb"},
-        "training": {"global_batch": 256, "dtype": "bf16"},
+        "cluster": {"nodes": nodes, "devices_per_node": 8, "device": "a100-80gb"},
+        "training": {"global_batch": 32 * nodes, "dtype": "bf16"},
         "search": {"strategy": strategy, "seed": seed, "n_trials": n_trials},
         "storage": {"url": url, "heartbeat_interval_s": heartbeat_s, "grace_period_s": grace_s},
         "launcher": {"kind": "replay", "run_dir": str(directory / "runs"),

@@ -223,6 +223,8 @@ class _Worker:
         self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
         self.run_cfg = spec.run_config()
         self.summary = RunSummary()
+        self._claims: dict[str, int] = {}
+        self._last_claim_id = 0
 
     def run(self, timeout_s: float | None, signals: StopSignals) -> RunSummary:
         started = time.monotonic()
@@ -263,7 +265,7 @@ class _Worker:
             claimed = self._claim(Layout.from_key(key), retry_only=True)
             if isinstance(claimed, Claimed):
                 return claimed, Layout.from_key(key)
-        claimed_keys = self._retrying(lambda: self.storage.claimed_keys(name))
+        claimed_keys = self._claimed_keys()
         if budget_reached(len(claimed_keys), self.n_trials):
             return "budget"
         observed = history(self.study, claimed_keys)
@@ -327,6 +329,14 @@ class _Worker:
             n_trials=self.n_trials, worker=self.name,
             params=layout_params(layout, self.spec), user_attrs=attrs, measurement=row,
             retry_only=retry_only))
+
+    def _claimed_keys(self) -> dict[str, int]:
+        """The study's claimed layouts, read incrementally (new claims only)."""
+        for claim_id, key, trial_id in self._retrying(
+                lambda: self.storage.claims_since(self.spec.name, self._last_claim_id)):
+            self._claims[key] = trial_id
+            self._last_claim_id = max(self._last_claim_id, claim_id)
+        return self._claims
 
     def _retrying(self, fn: Callable[[], T]) -> T:
         return with_connect_retry(f"worker {self.name}", self.storage.masked_url, fn)

@@ -246,6 +246,17 @@ class Storage:
 
     # -- layout claims (autotune.storage.claims owns the writes) ------------------------
 
+    def claims_since(self, study: str, after_id: int) -> list[tuple[int, str, int]]:
+        """``(claim id, layout key, trial id)`` of the study's claims newer than
+        ``after_id``: a worker keeps the keys it has seen (claims are never deleted, only
+        passed on to a retry) and reads only the new ones each step."""
+        with self.session() as s:
+            rows = s.execute(select(LayoutClaim.id, LayoutClaim.layout_key,
+                                    LayoutClaim.trial_id).where(
+                LayoutClaim.study_name == study, LayoutClaim.id > after_id)
+                .order_by(LayoutClaim.id)).all()
+        return [(int(i), str(k), int(t)) for i, k, t in rows]
+
     def claimed_keys(self, study: str) -> dict[str, int]:
         with self.session() as s:
             rows = s.execute(select(LayoutClaim.layout_key, LayoutClaim.trial_id).where(
