@@ -1,21 +1,26 @@
 """The study runner: propose a layout, check it, measure it, record it; resume anywhere.
 
 One worker runs :func:`run_study`. Many workers may run it on the same study and database
-at once: a unique layout claim (:meth:`autotune.storage.db.Storage.claim`) keeps every
-layout measured once, and the claim order enforces the trial budget exactly.
+at once: a unique layout claim (:func:`autotune.storage.claims.claim_layout`) keeps every
+layout measured once, and the claims enforce the trial budget exactly.
 
-The loop uses Optuna's ask-and-tell interface rather than ``study.optimize`` because a
-trial here is an external process whose interruption must be handled precisely:
+The loop creates its trials itself rather than through ``study.optimize`` or ``ask``,
+because a trial here is an external process whose interruption must be handled
+precisely, and a kill at any instant must leave the study consistent (issue #17):
 
-* every proposal comes from the search strategy (:mod:`autotune.search`) and is enqueued
-  with per-axis parameters, so optuna-dashboard shows (tp, pp, micro_batch, ...);
-* an infeasible proposal (or one needing no less memory than a measured OOM) is told as
+* each step first repairs trials whose runner died (their claim's lease ran out:
+  :func:`~autotune.storage.claims.repair_stale`), re-runs a layout whose execution was cut
+  short (killed, interrupted) before anything new, and only then counts the budget;
+* every proposal comes from the search strategy (:mod:`autotune.search`) and must be a
+  candidate of the study's space; its trial is created with per-axis parameters (so
+  optuna-dashboard shows tp, pp, micro_batch, ...) in the transaction that claims its
+  layout and starts its lease; a lost claim race stores nothing;
+* an infeasible proposal (or one needing no less memory than a measured OOM) is stored as
   PRUNED with a violated constraint, never launched;
-* a heartbeat thread marks the running trial alive; a runner killed with SIGKILL leaves
-  a trial that the next run's :func:`optuna.storages.fail_stale_trials` fails, and
-  :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` re-enqueues its layout;
-* Ctrl-C or SIGTERM cancels the launcher (the trial's whole process group dies), the
-  trial is failed as ``interrupted`` and re-enqueued, and the database stays consistent;
+* a heartbeat thread renews the lease while the trial runs and while its result is
+  recorded, in one transaction (values, attributes, state, the ``measurements`` row);
+* Ctrl-C or SIGTERM cancels the launcher (the trial's whole process tree dies), the
+  trial is recorded as ``interrupted`` and its layout retried later;
 * a strategy that stops early (``search.min_improvement``) ends this worker's run; its
   reason is stored as the study's ``search_stop`` user attribute (``autotune status``
   shows it) and cleared when a later proposal is made. The decision is a function of the
@@ -27,8 +32,8 @@ cost model's prediction and each candidate's probability of fitting apart. Whene
 study has judged more trials, the worker refits its memory and step-time corrections
 (:mod:`autotune.runner.learning`, warm-started from earlier studies of the device) and
 recomputes every candidate's probability of fitting, conditioned on the study's OOMs. How
-each step reads and writes the Optuna study is :mod:`autotune.runner.optuna_io`; when a
-study is done, :mod:`autotune.runner.budget`.
+the Optuna study is opened and read is :mod:`autotune.runner.optuna_io`; how trials are
+written, :mod:`autotune.storage.claims`; when a study is done, :mod:`autotune.runner.budget`.
 """
 
 from __future__ import annotations
