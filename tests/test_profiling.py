@@ -292,14 +292,16 @@ the peak resident set (as ``tests/models/test_memory_vs_trainer.py`` accepts for
 def test_profile_a_tiny_study_for_real_then_plan_uses_it(tmp_path: Path) -> None:
     """The study names its profile before it exists; ``autotune profile`` (real trainer
     runs) writes it there, and ``plan`` then ranks with it."""
-    # Wide enough that two layers (about 2 x 10 ms on one CPU core) stand well above the
-    # run-to-run noise of a busy 2-core machine; the 32-wide test model's layer does not.
+    # The fit reads the layer time from the 2 x 2 design's interaction contrast (one more
+    # micro-batch through two more layers), so the layer must stand well above the noise of
+    # a busy 2-core machine: a 128-wide layer over 64 tokens (about 4 ms a micro-batch) gave
+    # a contrast of -0.1 ms in CI; 256 wide over 128 tokens is about 8x the work.
     study = write_study(tmp_path / "s.yaml", devices=2,
-                        model={"n_layer": 2, "hidden": 128, "n_head": 4, "seq_len": 64,
-                               "vocab_size": 64, "ffn_hidden": 512, "name": "narrow"},
+                        model={"n_layer": 2, "hidden": 256, "n_head": 4, "seq_len": 128,
+                               "vocab_size": 64, "ffn_hidden": 1024, "name": "narrow"},
                         cluster={"nodes": 1, "devices_per_node": 2, "device": "cpu",
                                  "profile": "prof/tiny.json"},
-                        trial={"warmup_steps": 1, "measure_steps": 3, "timeout_s": 120,
+                        trial={"warmup_steps": 1, "measure_steps": 5, "timeout_s": 120,
                                "device": "cpu"})
     (tmp_path / "elsewhere").mkdir()
     run = run_cli("profile", str(study), "--top", "1", cwd=tmp_path / "elsewhere")

@@ -52,39 +52,41 @@ def _launched(url: str, name: str) -> list[tuple[int, str]]:
 
 def test_out_of_memory_is_infeasible_and_its_larger_sibling_is_not_launched(
         tmp_path: Path, deepspeed_cpu_ops: None) -> None:
-    # A 64k vocabulary makes the logits of 16 sequences (and their gradients, 256 MiB each)
-    # exceed 500 MiB more than the process maps after its imports; one sequence at a time
-    # (16 MiB each) fits with room for the threads and arenas a loaded machine maps (a
-    # 32k vocabulary under a 400 MiB budget left too little: micro-batch 1 failed in CI).
-    argv = [sys.executable, str(PROGRAMS / "limit_as.py"), "--budget-mb", "500", "--",
+    # Measured on this example (VmPeak above what the imports map, 64k vocabulary, one
+    # layer): micro-batch 1 needs about 330 MiB, 16 about 1 GiB, 64 about 3.3 GiB. A 1500 MiB
+    # budget leaves micro-batch 1 more than 1 GiB of room for the threads and arenas another
+    # machine maps (500 MiB left it 170 MiB: it ran out in CI), and micro-batch 64 short by
+    # more than 1.5 GiB, so the verdict does not hang on a machine's libraries.
+    argv = [sys.executable, str(PROGRAMS / "limit_as.py"), "--budget-mb", "1500", "--",
             "examples/deepspeed_gpt/train.py", "--micro-batch-size", "{micro_batch}",
             "--grad-accum", "{grad_accum}", "--zero-stage", "{zero_stage}",
             "--steps", "{train_iters}", "--layers", "1", "--hidden", "16", "--heads", "4",
             "--ffn", "64", "--seq-len", "64", "--vocab", "65536"]
     workload = {"kind": "command", "argv": argv, "no_progress_s": 120,
-                "env": {"DS_ACCELERATOR": "cpu", "MALLOC_ARENA_MAX": "2"}}
+                "env": {"DS_ACCELERATOR": "cpu", "MALLOC_ARENA_MAX": "2",
+                        "OMP_NUM_THREADS": "1"}}
     model = {"n_layer": 1, "hidden": 16, "n_head": 4, "ffn_hidden": 64, "seq_len": 64,
              "vocab_size": 65536, "name": "big-vocab"}
-    sections = {"model": model, "training": {"global_batch": 32, "dtype": "fp32"},
+    sections = {"model": model, "training": {"global_batch": 128, "dtype": "fp32"},
                 "trial": {"warmup_steps": 1, "measure_steps": 2, "timeout_s": 300,
                           "device": "cpu"}, "workload": workload}
-    # First the micro-batch-16 layout runs out of memory ...
+    # First the micro-batch-64 layout runs out of memory ...
     first = write_study(tmp_path / "oom.yaml", name="oom", devices=1, n_trials=1,
-                        search={**ONE_RANK, "micro_batch": [16], "n_trials": 1}, **sections)
+                        search={**ONE_RANK, "micro_batch": [64], "n_trials": 1}, **sections)
     _run(first)
-    # ... then the space grows: 32 needs no less memory than 16 and is never launched.
+    # ... then the space grows: 128 needs no less memory than 64 and is never launched.
     second = write_study(tmp_path / "oom.yaml", name="oom", devices=1, n_trials=2,
-                         search={**ONE_RANK, "micro_batch": [1, 16, 32], "n_trials": 2},
+                         search={**ONE_RANK, "micro_batch": [1, 64, 128], "n_trials": 2},
                          **sections)
     trials, url = _run(second)
-    assert _launched(url, "oom") == [(16, "oom"), (1, "complete")]
+    assert _launched(url, "oom") == [(64, "oom"), (1, "complete")]
     by_mb = {t.user_attrs["layout_dict"]["micro_batch"]: t for t in trials}
-    oom = by_mb[16]
+    oom = by_mb[64]
     assert oom.state == TrialState.PRUNED and oom.system_attrs["constraints:feasible"] == 1.0
     assert "Cannot allocate memory" in oom.user_attrs["reason"]
-    if 32 in by_mb:  # proposed and refused (the strategy may skip it itself)
-        assert by_mb[32].user_attrs["outcome"] == "infeasible"
-        assert "ran out of memory" in by_mb[32].user_attrs["reason"]
+    if 128 in by_mb:  # proposed and refused (the strategy may skip it itself)
+        assert by_mb[128].user_attrs["outcome"] == "infeasible"
+        assert "ran out of memory" in by_mb[128].user_attrs["reason"]
     assert by_mb[1].state == TrialState.COMPLETE
 
 
