@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # first: a bad launcher section touches no database
     launchers = make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,
                                source=spec.source, workload=spec.workload)
-    storage = open_storage(spec.storage)
+    storage = open_storage(spec.storage, connections=len(launchers))
     n = spec.search.n_trials
     progress = Progress(total=n, enabled=not args.quiet)
     progress.message(f"study {spec.name!r}: {spec.model.name} ({spec.model.n_params() / 1e6:.1f}M "

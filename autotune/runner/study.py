@@ -39,6 +39,7 @@ written, :mod:`autotune.storage.claims`; when a study is done, :mod:`autotune.ru
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import threading
@@ -103,6 +104,7 @@ T = TypeVar("T")
 __all__ = ["RunSummary", "run_study"]
 
 _MAX_IDLE_PROPOSALS = 200
+_LOST_RACE_BACKOFF_S = 0.1
 
 
 @dataclass
@@ -164,7 +166,9 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     if not candidates:
         raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")
-    study = open_study(spec, storage)  # once, before worker threads could race to create it
+    # once, before worker threads could race to create it
+    study = with_connect_retry("opening the study", storage.masked_url,
+                               lambda: open_study(spec, storage))
     record = learned_from_record(learning.calibration, enabled=learn)
     set_user_attrs(study, {StudyAttr.LEARNED_FROM: record})
     progress = progress or Progress(total=n_trials, enabled=False)
@@ -242,7 +246,7 @@ class _Worker:
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 self.summary.stopped_by = "timeout"
                 break
-            step = self._step()
+            step = self._retrying(self._step)
             if isinstance(step, str):
                 self.summary.stopped_by = step
                 break
@@ -319,7 +323,11 @@ class _Worker:
             return "budget"
         if isinstance(claimed, Claimed):
             return claimed, layout
-        return None  # another worker owns it (it is pending in the next history)
+        # Another worker owns it (it is pending in the next history). Workers that lost the
+        # same race wait a little, each a different while, so that their next proposals
+        # see each other's claims instead of racing again for one layout.
+        time.sleep(random.uniform(0.0, _LOST_RACE_BACKOFF_S))
+        return None
 
     def _claim(self, layout: Layout, *, retry_only: bool = False) -> Claimed | Refused:
         cand = self.by_key.get(layout.key())

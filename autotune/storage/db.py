@@ -35,17 +35,20 @@ T = TypeVar("T")
 _SCHEMA_ATTEMPTS = 8
 
 
-def engine_kwargs(url: str) -> dict[str, Any]:
+def engine_kwargs(url: str, connections: int = 1) -> dict[str, Any]:
     """Engine options per backend. Many workers share one server (64 on one study against
-    PostgreSQL's default ``max_connections`` of 100: issue #17), so each worker holds one
-    connection and borrows a second at most (its lease renewal beside a read), and checks
-    connections before use (a batch job may sit idle for hours)."""
+    PostgreSQL's default ``max_connections`` of 100: issue #17), so a worker keeps
+    ``connections`` (one per trial run side by side) and borrows one more at most: Optuna's
+    ``RDBStorage`` opens a second session inside its first while it starts (its version
+    check), and a heartbeat may renew a lease during a record. An overflow connection is
+    closed when it is returned. Connections are checked before use (a batch job may sit
+    idle for hours)."""
     backend = backend_of(url)
     if backend == "sqlite":
         # Wait for the writer lock instead of failing at once under concurrent workers.
         return {"connect_args": {"timeout": 120}}
-    return {"pool_size": 1, "max_overflow": 1, "pool_timeout": 120, "pool_pre_ping": True,
-            "pool_recycle": 1800}
+    return {"pool_size": connections, "max_overflow": 1, "pool_timeout": 300,
+            "pool_pre_ping": True, "pool_recycle": 1800}
 
 
 def _sqlite_immediate(engine: Engine) -> None:
@@ -83,8 +86,7 @@ def with_connect_retry(what: str, masked_url: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except (SQLAlchemyError, StorageError, optuna.exceptions.StorageInternalError) as err:
-            text = str(getattr(err, "orig", None) or err).lower()
-            if not any(t in text for t in _REFUSED):
+            if not _refused(err):
                 raise
             if attempt + 1 == _CONNECT_ATTEMPTS:
                 raise StorageError(
@@ -97,6 +99,20 @@ def with_connect_retry(what: str, masked_url: str, fn: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
+def _refused(err: BaseException) -> bool:
+    """Whether ``err`` or what caused it (Optuna wraps the driver's error in a
+    ``StorageInternalError`` of its own words) is a refused connection."""
+    seen: BaseException | None = err
+    for _ in range(6):
+        if seen is None:
+            return False
+        text = str(getattr(seen, "orig", None) or seen).lower()
+        if any(t in text for t in _REFUSED):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
@@ -104,8 +120,9 @@ def _now() -> datetime:
 class Storage:
     """The study storage and the measurements tables of one database."""
 
-    def __init__(self, config: StorageConfig) -> None:
+    def __init__(self, config: StorageConfig, *, connections: int = 1) -> None:
         self.config = config
+        self.connections = connections
         self.url = resolve_url(config.url)
         self.masked_url = mask_url(self.url)
         self.backend = backend_of(self.url)
@@ -132,8 +149,8 @@ class Storage:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             # No Optuna heartbeats: a trial's liveness is its claim's lease
             # (autotune.storage.claims), written in autotune's own transactions.
-            self.optuna = optuna.storages.RDBStorage(self.url,
-                                                     engine_kwargs=engine_kwargs(self.url))
+            self.optuna = optuna.storages.RDBStorage(
+                self.url, engine_kwargs=engine_kwargs(self.url, self.connections))
         # One engine (one pool) for Optuna's tables and autotune's: a worker holds at most
         # engine_kwargs' connections, whichever table it reads.
         self.engine: Engine = self.optuna.engine
@@ -276,8 +293,9 @@ def _is_unique_violation(err: StorageError) -> bool:
     return any(t in text for t in ("UNIQUE", "unique", "Duplicate", "duplicate key"))
 
 
-def open_storage(config: StorageConfig) -> Storage:
-    return Storage(config)
+def open_storage(config: StorageConfig, *, connections: int = 1) -> Storage:
+    """The study's storage; ``connections``: the trials this process runs side by side."""
+    return Storage(config, connections=connections)
 
 
 def _short(err: BaseException, url: str) -> str:
