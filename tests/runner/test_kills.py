@@ -172,3 +172,22 @@ def test_sigkill_between_claim_and_launch_and_inside_the_record(tmp_path: Path,
     assert [t.user_attrs.get("retry_of") for t in trials[:3]] == [None, 0, 1]
     assert len({t.user_attrs["layout"] for t in trials[:3]}) == 1
     assert trials[2].state == TrialState.COMPLETE
+
+
+def test_a_study_whose_last_trial_was_killed_is_not_done(tmp_path: Path) -> None:
+    """The issue's case: SIGKILL during a study's last trial; a rerun said "budget reached"
+    and ``campaign check`` said done, at 1/2 measured with a trial RUNNING for ever."""
+    from autotune.campaign.jobs import study_progress
+
+    url = f"sqlite:///{tmp_path / 'last.db'}"
+    study = write_replay_study(tmp_path, name="last", url=url, n_trials=1)
+    proc = _start(study, kill_at="after-claim")
+    proc.join(60)
+    assert proc.exitcode == -signal.SIGKILL
+    progress = study_progress(url, "last")  # repairs first: the dead runner was here
+    assert (progress.claimed, progress.running, progress.waiting) == (1, 0, 1)
+    assert not progress.done(1, None)
+    assert _finish(study) == 0
+    assert study_progress(url, "last").done(1, None)
+    trials = optuna.load_study(study_name="last", storage=url).get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
