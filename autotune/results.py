@@ -121,7 +121,8 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
         rows.append([st.name, out.get("complete", 0), out.get("oom", 0),
                      out.get("infeasible", 0),
                      sum(out.get(k, 0) for k in ("error", "timeout", "fail")),
-                     out.get("interrupted", 0) + out.get("killed", 0), len(st.running),
+                     out.get("interrupted", 0) + out.get("killed", 0)
+                     + out.get("node_failure", 0), len(st.running),
                      st.waiting,
                      trial_layout_key(best) if best else None,
                      best.value if best else None])

@@ -3,8 +3,10 @@
 #
 #   1. scripts/setup.sh: the virtual environment (torch CPU, DeepSpeed, autotune[dev])
 #   2. .ci/services.sh: a real single-node SLURM with accounting, and the PostgreSQL and
-#      MariaDB this machine runs (needs root and apt; skipped elsewhere: the SLURM and
-#      database tests then skip with their reason, except under CI=true, where they fail)
+#      MariaDB this machine runs; .ci/cluster.sh: a 4-node SLURM cluster beside it (one
+#      network namespace per node; 2-3 s) for the `multinode` tests (needs root and apt;
+#      skipped elsewhere: the SLURM and database tests then skip with their reason, except
+#      under CI=true, where they fail)
 #   3. ruff and mypy, then pytest over tests/ and the doctests of autotune/ and trainer/
 #
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
@@ -14,6 +16,7 @@ t0=$(date +%s)
 bash scripts/setup.sh
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   bash .ci/services.sh start
+  bash .ci/cluster.sh start
 else
   echo "[test] not root with apt: SLURM/PostgreSQL services not started (their tests skip)"
 fi

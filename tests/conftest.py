@@ -40,9 +40,9 @@ def _load_env_file() -> None:
 _load_env_file()
 
 
-def unavailable(what: str, why: str) -> None:
+def unavailable(what: str, why: str, script: str = ".ci/services.sh") -> None:
     """Fail under CI=true (the services must be there), skip with the reason otherwise."""
-    msg = f"{what} unavailable: {why} (run `bash .ci/services.sh` as root)"
+    msg = f"{what} unavailable: {why} (run `bash {script}` as root)"
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(msg, pytrace=False)
     pytest.skip(msg)
@@ -120,7 +120,7 @@ def allocation(slurm: None) -> Iterator[str]:
         _run(["scancel", job])
 
 
-SERVICE_MARKERS = {"pg_url": "postgres", "slurm": "slurm"}
+SERVICE_MARKERS = {"pg_url": "postgres", "slurm": "slurm", "mn_cluster": "multinode"}
 """Fixture -> the marker every test that uses it (directly or through another fixture,
 e.g. ``allocation``) must carry."""
 

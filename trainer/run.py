@@ -323,6 +323,9 @@ def _finish_ok(job: _Job, ctx: _Context, engine: Any, losses: list[float],
     )
     _write(job.result_path, result, {
         "n_params_per_rank_all": [e["n_params"] for e in everyone],
+        # Which host each global rank ran on: with the layout's rank order it says where
+        # every TP group and pipeline stage was placed (a TP group crossing nodes shows).
+        "rank_hosts": [e["host"] for e in everyone],
         "model_flops_per_step": rates.model_flops_per_step,
         "peak_flops_per_device": rates.peak_flops,
         "global_batch": spec.layout.global_batch,

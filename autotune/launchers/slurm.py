@@ -30,7 +30,13 @@ that from ``squeue --steps`` by the unique step name. :meth:`_kill` cancels that
 Side-by-side trials: when a trial needs fewer nodes than the allocation has,
 :func:`node_groups` splits the allocation into disjoint groups; the runner makes one
 ``SlurmLauncher(nodelist=group)`` per group and runs each in its own thread (``--exact``
-keeps the steps from sharing CPUs; ``--nodelist`` keeps them on disjoint nodes).
+keeps the steps from sharing CPUs; ``--nodelist`` keeps them on disjoint nodes; ``--overlap``
+lets a group's steps start after the allocation lost a node of another group).
+
+A node that dies under a step (``salloc --no-kill`` keeps the allocation alive without it):
+sacct records the step as ``RESIZING`` (SLURM 22.05), so :meth:`_finish` asks ``sinfo`` for
+the state of the step's nodes and reports ``NODE_FAIL <node>: down* (Not responding)``; the
+trial is retried and the runner stops the worker of that node group.
 """
 
 from __future__ import annotations
@@ -66,10 +72,17 @@ __all__ = ["SlurmLauncher", "allocation_job_id", "expand_hostlist", "node_groups
 _KILL_GRACE_S = 10.0
 _SACCT_WAIT_S = 20.0
 """slurmdbd records a step's end a few seconds after srun returns."""
+_NODE_WAIT_S = 30.0
+"""How long a failed step whose job lost a node waits for the controller to mark it DOWN."""
 _STEP_RE = re.compile(r"launching StepId=(\d+)\.(\d+)")
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 TERMINAL_STATES = ("COMPLETED", "FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL",
                    "CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+_RESIZED = "RESIZING"
+"""sacct's final state of a step whose allocation (``--no-kill``) lost a node: SLURM 22.05
+removes the failed node from the job and records the step killed with it as RESIZING, not
+NODE_FAIL (slurmctld log: "Removing failed node mn2 from JobId=6", "Killing JobId=6
+StepId=0 due to failed node mn2"; measured on the CI cluster of .ci/cluster.sh)."""
 
 
 def allocation_job_id(env: dict[str, str] | None = None) -> str:
@@ -201,6 +214,13 @@ class SlurmLauncher(Launcher):
             cmd.append(f"--cpus-per-task={cpus}")
         if pinned:
             cmd.append(f"--nodelist={','.join(pinned)}")
+        if self.nodelist:
+            # The node group is this launcher's alone, so SLURM's bookkeeping of CPUs between
+            # steps adds nothing; and in 22.05, once a --no-kill allocation has lost a node,
+            # the CPUs of every step that ends are never given back ("_step_dealloc_lps:
+            # unable to update job's core use information due to job resizing"): a later
+            # plain step pends for ever, an --overlap step starts (measured, .ci/cluster.sh).
+            cmd.append("--overlap")
         cmd += list(site_slurm.srun_args if site_slurm else ()) + list(self.options.extra_args)
         return [*cmd, *self.workload.argv(spec, paths, self.placement(spec))]
 
@@ -268,12 +288,19 @@ class SlurmLauncher(Launcher):
         deadline = time.monotonic() + (3.0 if ok else _SACCT_WAIT_S)
         while time.monotonic() < deadline:
             state, nodelist = _sacct_step(step)
-            if state is not None and state.split(" ")[0] in TERMINAL_STATES:
+            if state is not None and state.split(" ")[0] in (*TERMINAL_STATES, _RESIZED):
                 break
             time.sleep(0.5)
         else:
             state = "COMPLETED" if ok else state
         hosts = expand_hostlist(nodelist) if nodelist and nodelist != "None assigned" else []
+        if not ok and hosts and (state or "").split(" ")[0] != "NODE_FAIL":
+            # A step killed with a node reads FAILED, CANCELLED or RESIZING in sacct: the
+            # node's own state is the scheduler's reason (sinfo: down*, "Not responding").
+            wait_s = _NODE_WAIT_S if (state or "").startswith(_RESIZED) else 0.0
+            down = _down_nodes(hosts, wait_s=wait_s)
+            if down:
+                state = f"NODE_FAIL {'; '.join(down)} (sacct step state {state})"
         return state, hosts
 
     def describe(self) -> dict[str, Any]:
@@ -315,6 +342,29 @@ def _wait(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
         return True
     except subprocess.TimeoutExpired:
         return False
+
+
+def _down_nodes(hosts: list[str], *, wait_s: float) -> list[str]:
+    """``host: state (reason)`` of each of ``hosts`` that the controller has marked down,
+    failed or not responding (``sinfo``'s ``*``); polled for ``wait_s`` until one is."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            out = _slurm(["sinfo", "-h", "-N", "-n", ",".join(hosts), "-o", "%N|%T|%E"])
+        except LaunchError:
+            return []
+        down = []
+        for line in out.splitlines():
+            name, _, rest = line.partition("|")
+            st, _, reason = rest.partition("|")
+            st = st.strip().lower()
+            if st.startswith(("down", "fail")) or st.endswith("*"):
+                down.append(f"{name.strip()}: {st}" + (f" ({reason.strip()})"
+                                                       if reason.strip() not in ("", "none")
+                                                       else ""))
+        if down or time.monotonic() >= deadline:
+            return sorted(set(down))
+        time.sleep(1.0)
 
 
 def _sacct_step(step: str) -> tuple[str | None, str]:

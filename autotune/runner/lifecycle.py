@@ -1,4 +1,5 @@
-"""A worker's life around one trial: heartbeats while it runs, signals that stop it.
+"""A worker's life around one trial: heartbeats while it runs, signals that stop it, and
+which side-by-side workers are busy.
 
 Kept apart from the runner's logic (:mod:`autotune.runner.study`) because both deal with threads
 and process-wide signal handlers, which deserve one small, careful place.
@@ -17,7 +18,7 @@ from autotune.launchers.base import Launcher
 from autotune.storage.claims import renew_lease
 from autotune.storage.db import Storage
 
-__all__ = ["heartbeat", "StopSignals"]
+__all__ = ["Busy", "heartbeat", "StopSignals"]
 
 
 @contextmanager
@@ -74,3 +75,28 @@ class StopSignals:
     def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+class Busy:
+    """How many of one process's side-by-side workers are measuring a trial right now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mine: dict[int, int] = {}
+
+    @contextmanager
+    def measuring(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._lock:
+            self._mine[me] = self._mine.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._mine[me] -= 1
+
+    def others(self) -> int:
+        """Trials being measured by the other workers (threads) of this process."""
+        me = threading.get_ident()
+        with self._lock:
+            return sum(n for t, n in self._mine.items() if t != me)

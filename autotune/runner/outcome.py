@@ -19,6 +19,8 @@ error           FAIL                     the trainer failed (traceback in ``reas
 timeout         FAIL                     killed at the per-trial timeout (or, a foreign
                                          program, when it made no progress)
 interrupted     FAIL                     cancelled (Ctrl-C, SIGTERM): retried later
+node_failure    FAIL                     a node of the step died (the scheduler says
+                                         ``NODE_FAIL``): retried on healthy nodes
 killed          FAIL                     the runner died before recording (its claim's
                                          lease ran out: :mod:`autotune.storage.claims`
                                          repairs it): retried later
@@ -42,11 +44,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcome", "classify", "infeasible", "OUTCOME_KINDS"]
 
-OUTCOME_KINDS = ("complete", "oom", "infeasible", "error", "timeout", "interrupted", "killed")
+OUTCOME_KINDS = ("complete", "oom", "infeasible", "error", "timeout", "interrupted",
+                 "node_failure", "killed")
 _STATE = {
     "complete": TrialState.COMPLETE, "oom": TrialState.PRUNED,
     "infeasible": TrialState.PRUNED, "error": TrialState.FAIL,
     "timeout": TrialState.FAIL, "interrupted": TrialState.FAIL, "killed": TrialState.FAIL,
+    "node_failure": TrialState.FAIL,
 }
 # SLURM job-step states (sacct) that decide the outcome when the trainer wrote no result.
 _SLURM_OOM = {"OUT_OF_MEMORY"}
@@ -69,7 +73,12 @@ class Outcome:
     @property
     def retry(self) -> bool:
         """Whether the layout should be measured again later (it was never judged)."""
-        return self.kind in ("interrupted", "killed")
+        return self.kind in ("interrupted", "node_failure", "killed")
+
+    @property
+    def node_lost(self) -> bool:
+        """A node under the trial died: its launcher's node group is not used again."""
+        return self.kind == "node_failure"
 
     @property
     def infeasible(self) -> bool:
@@ -94,6 +103,10 @@ def classify(report: LaunchReport) -> Outcome:
     if report.timed_out:
         return Outcome("timeout", reason=f"killed after {report.elapsed_s:.0f} s (trial timeout)")
     state = (report.scheduler_state or "").upper().split(" ")[0] or None
+    if state == "NODE_FAIL" and (res is None or res.status != "ok"):
+        # The ranks that survived report the lost peer ("Connection closed by peer"): the
+        # node's death is the cause, and the layout was never judged.
+        return Outcome("node_failure", reason=f"job step state {report.scheduler_state}")
     if res is not None:
         return _from_result(res)
     if state in _SLURM_OOM:

@@ -36,6 +36,8 @@ _STOP_MESSAGES = {
     "timeout": "wall-time budget reached (run again to continue)",
     "interrupt": "interrupted: the running trial was killed and will be retried",
     "sigterm": "stopped by SIGTERM: the running trial will be retried",
+    "node_failure": "a node of the allocation died: its trial will be retried on healthy "
+                    "nodes (run again in a new allocation)",
 }
 
 

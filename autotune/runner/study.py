@@ -61,7 +61,7 @@ from autotune.layout import Layout
 from autotune.results import best_trial
 from autotune.runner.budget import budget_reached
 from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
-from autotune.runner.lifecycle import StopSignals, heartbeat
+from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
 from autotune.runner.optuna_io import history, layout_params, open_study, set_search_stop
 from autotune.runner.outcome import Outcome, classify, infeasible
 from autotune.runner.progress import Progress
@@ -105,6 +105,7 @@ __all__ = ["RunSummary", "run_study"]
 
 _MAX_IDLE_PROPOSALS = 200
 _LOST_RACE_BACKOFF_S = 0.1
+_SIBLING_POLL_S = 0.5
 
 
 @dataclass
@@ -114,7 +115,9 @@ class RunSummary:
     infeasible: int = 0
     stopped_by: str = "budget"
     """``budget``, ``timeout``, ``exhausted``, ``strategy`` (it stopped early: see
-    ``stop_reason``), ``interrupt`` or ``sigterm``."""
+    ``stop_reason``), ``interrupt``, ``sigterm`` or ``node_failure`` (a node of this
+    worker's group died; ``stop_reason`` says which; with several groups, only when every
+    group lost one)."""
     stop_reason: str | None = None
     """With ``strategy``: the strategy's reason, e.g. ``expected improvement 0.31% < 1%
     after 6 trials (14 layouts untried)``."""
@@ -174,8 +177,9 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     progress = progress or Progress(total=n_trials, enabled=False)
     progress.message(f"calibration: {learned_from_line(record)}")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
+    busy = Busy()
     workers = [_Worker(spec, storage, study, launcher, learning.copy(), n_trials,
-                       progress, name_suffix=f"/{i}" if len(launchers) > 1 else "")
+                       progress, name_suffix=f"/{i}" if len(launchers) > 1 else "", busy=busy)
                for i, launcher in enumerate(launchers)]
     with StopSignals(launchers) as signals:
         if len(workers) == 1:
@@ -200,7 +204,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
             raise errors[0]
     summaries = [w.summary for w in workers]
     ended = next((s for s in summaries if s.stopped_by in ("interrupt", "sigterm")),
-                 summaries[0])
+                 next((s for s in summaries if s.stopped_by != "node_failure"), summaries[0]))
     return RunSummary(measured=sum(s.measured for s in summaries),
                       infeasible=sum(s.infeasible for s in summaries),
                       stopped_by=ended.stopped_by, stop_reason=ended.stop_reason,
@@ -212,7 +216,8 @@ class _Worker:
 
     def __init__(self, spec: StudySpec, storage: Storage, study: optuna.Study,
                  launcher: Launcher, learning: StudyLearning, n_trials: int,
-                 progress: Progress, *, name_suffix: str = "") -> None:
+                 progress: Progress, *, name_suffix: str = "",
+                 busy: Busy | None = None) -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
         self.learning = learning
         self.constraints: Constraints = learning.constraints
@@ -232,6 +237,7 @@ class _Worker:
         self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
         self.run_cfg = spec.run_config()
         self.summary = RunSummary()
+        self.busy = busy or Busy()
         self._claims: dict[str, int] = {}
         self._last_claim_id = 0
 
@@ -247,6 +253,12 @@ class _Worker:
                 self.summary.stopped_by = "timeout"
                 break
             step = self._retrying(self._step)
+            if step in ("budget", "exhausted") and self.busy.others():
+                # A side-by-side trial still runs: if it is cut short (a node dies under
+                # it), its layout waits for a retry, and it must not be left without a
+                # worker.
+                time.sleep(_SIBLING_POLL_S)
+                continue
             if isinstance(step, str):
                 self.summary.stopped_by = step
                 break
@@ -257,7 +269,15 @@ class _Worker:
                     break
                 continue
             idle = 0
-            self._measure(*step)
+            with self.busy.measuring():  # until its record (and its retry flag) is written
+                outcome = self._measure(*step)
+            if outcome.node_lost:
+                # The node group has a dead node for the rest of the allocation: leave the
+                # retry to the workers of healthy groups.
+                self.summary.stopped_by, self.summary.stop_reason = "node_failure", outcome.reason
+                self.progress.message(f"worker{self.name_suffix}: {outcome.reason}; its node "
+                                      "group is not used again")
+                break
         self._recalibrate(history(self.study, {}), final=True)  # the record holds the last too
         self.summary.best = best_trial(self.study)
         self.summary.trials = self.study.get_trials(deepcopy=False)
@@ -379,7 +399,7 @@ class _Worker:
         set_user_attrs(self.study, {StudyAttr.LEARNED_FROM: learned_from_record(
             self.learning.calibration, enabled=self.learning.enabled)})
 
-    def _measure(self, claimed: Claimed, layout: Layout) -> None:
+    def _measure(self, claimed: Claimed, layout: Layout) -> Outcome:
         spec, key = self.spec, layout.key()
         cand = self.by_key.get(key)
         paths = TrialPaths.for_trial(spec.launcher.run_dir, spec.name, claimed.number, key)
@@ -410,6 +430,7 @@ class _Worker:
                                   "storage.grace_period_s): its result is not recorded")
         self.summary.measured += 1
         self.progress.trial_finished(claimed.number, layout, outcome, best_trial(self.study))
+        return outcome
 
     def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Outcome,
                t0: datetime, elapsed_s: float, result: TrialResult | None, hosts: list[str],

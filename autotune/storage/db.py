@@ -201,13 +201,13 @@ class Storage:
                                   ("retry", "INTEGER NOT NULL DEFAULT 0")):
                     if name not in columns:
                         conn.execute(text(f"ALTER TABLE layout_claims ADD COLUMN {name} {ddl}"))
-                # Version 2 passed a claim on when its trial failed unjudged (stale) or
-                # interrupted: those wait for a retry now.
+                # Version 2 passed a claim on when its trial failed unjudged (stale),
+                # interrupted or on a dead node: those wait for a retry now.
                 conn.execute(text(
                     "UPDATE layout_claims SET retry = 1 WHERE trial_id IN (SELECT t.trial_id "
                     "FROM trials t WHERE t.state = 'FAIL' AND NOT EXISTS (SELECT 1 FROM "
                     "trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = "
-                    "'outcome' AND a.value_json <> '\"interrupted\"'))"))
+                    "'outcome' AND a.value_json NOT IN ('\"interrupted\"', '\"node_failure\"')))"))
         try:
             with self.session() as s:
                 s.add(SchemaVersion(version=SCHEMA_VERSION))

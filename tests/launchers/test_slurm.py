@@ -74,7 +74,7 @@ def test_step_command_geometry(tmp_path: Path) -> None:
     assert cmd[0] == "srun"
     for opt in ("--jobid=42", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--exact",
                 "--kill-on-bad-exit=1", "--time=2", "--gres=gpu:4", "--cpus-per-task=8",
-                "--nodelist=n1,n2", "--gpu-bind=closest", "--mpi=none"):
+                "--nodelist=n1,n2", "--overlap", "--gpu-bind=closest", "--mpi=none"):
         assert opt in cmd, opt
     name = next(a for a in cmd if a.startswith("--job-name="))
     assert name == "--job-name=at-s-x--trial-00001-k-ey"  # plain characters only
@@ -87,3 +87,26 @@ def test_step_command_geometry(tmp_path: Path) -> None:
 def test_pbs_site_is_refused() -> None:
     with pytest.raises(Exception, match="not SLURM"):
         SlurmLauncher(SlurmOptions(site="aurora"), env={"SLURM_JOB_ID": "1"})
+
+
+def test_a_failed_step_on_a_down_node_reads_node_fail(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    """sacct says RESIZING for a step killed with its node (SLURM 22.05, --no-kill); the
+    node's sinfo state is the reason. Fake sacct/sinfo answers, the real parsing."""
+    import autotune.launchers.slurm as slurm_mod
+
+    answers = {"sacct": "7.3|RESIZING|mn[3-4]\n",
+               "sinfo": "mn3|mixed|none\nmn4|down*|Not responding\n"}
+    monkeypatch.setattr(slurm_mod, "_slurm", lambda cmd: answers[cmd[0]])
+    monkeypatch.setattr(slurm_mod, "expand_hostlist", lambda s: ["mn3", "mn4"])
+    launcher = SlurmLauncher(devices_per_node=2, env={"SLURM_JOB_ID": "7"})
+    proc = subprocess.Popen(["false"])
+    proc.wait()
+    step = slurm_mod._Step(proc=proc, job_id="7", name="x", paths=TrialPaths(tmp_path),
+                           step_id="7.3")
+    state, hosts = launcher._finish(step)
+    assert hosts == ["mn3", "mn4"]
+    assert state == "NODE_FAIL mn4: down* (Not responding) (sacct step state RESIZING)"
+    answers["sinfo"] = "mn3|mixed|none\nmn4|idle|none\n"
+    answers["sacct"] = "7.3|FAILED|mn[3-4]\n"
+    assert launcher._finish(step)[0] == "FAILED"  # healthy nodes: an ordinary failure
