@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # first: a bad launcher section touches no database
     launchers = make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,
                                source=spec.source, workload=spec.workload)
-    storage = open_storage(spec.storage)
+    storage = open_storage(spec.storage, connections=len(launchers))
     n = spec.search.n_trials
     progress = Progress(total=n, enabled=not args.quiet)
     progress.message(f"study {spec.name!r}: {spec.model.name} ({spec.model.n_params() / 1e6:.1f}M "
@@ -122,7 +122,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not names:
         print(f"no studies in {storage.masked_url}")
         return EXIT_OK
-    print(format_statuses([study_status(load_existing_study(storage, n)) for n in names]))
+    from autotune.storage.claims import claim_counts, repair_stale
+
+    statuses = []
+    for n in names:
+        study = load_existing_study(storage, n)
+        repair_stale(storage, n)  # a dead runner's trial shows as killed, not running
+        st = study_status(study)
+        st.retries = claim_counts(storage, n).retries
+        statuses.append(st)
+    print(format_statuses(statuses))
     return EXIT_OK
 
 

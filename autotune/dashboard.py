@@ -58,7 +58,7 @@ def serve(url: str, *, host: str = LOCALHOST, port: int = 8080,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             storage = optuna.storages.RDBStorage(resolved,
-                                                 engine_kwargs=engine_kwargs(resolved))
+                                                 engine_kwargs=engine_kwargs(resolved, 4))
     except Exception as err:  # a driver error may quote the URL: mask it
         first = (str(err).splitlines() or [repr(err)])[0].replace(resolved, masked)
         password = make_url(resolved).password

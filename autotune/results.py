@@ -57,10 +57,16 @@ class StudyStatus:
     """Where the trials' wall time went, by phase (start-up, build, warm-up, measured
     steps, teardown): :mod:`autotune.timings`."""
 
+    retries: int = 0
+    """Layouts whose execution was cut short (killed, interrupted), waiting to be re-run
+    (their claims: :func:`autotune.storage.claims.claim_counts`; set by callers that hold
+    the storage)."""
+
     @property
     def waiting(self) -> int:
-        """Trials enqueued and not started (retries, or the next proposal)."""
-        return self.by_state.get(TrialState.WAITING.name, 0)
+        """Executions waiting to start: retries (and trials a study of an earlier version
+        enqueued)."""
+        return self.by_state.get(TrialState.WAITING.name, 0) + self.retries
 
 
 def list_studies(storage: Storage) -> list[str]:
@@ -121,8 +127,9 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
         rows.append([st.name, out.get("complete", 0), out.get("stopped", 0), out.get("oom", 0),
                      out.get("infeasible", 0),
                      sum(out.get(k, 0) for k in ("error", "timeout", "fail")),
-                     out.get("interrupted", 0) + out.get("node_failure", 0),
-                     len(st.running), st.waiting,
+                     out.get("interrupted", 0) + out.get("killed", 0)
+                     + out.get("node_failure", 0), len(st.running),
+                     st.waiting,
                      trial_layout_key(best) if best else None,
                      best.value if best else None])
     lines = [format_table(["study", "complete", "stopped", "oom", "infeasible", "failed",

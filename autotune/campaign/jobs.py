@@ -137,11 +137,16 @@ def study_progress(url: str, study: str) -> StudyProgress:
     import optuna
 
     from autotune.results import study_status
+    from autotune.storage.claims import claim_counts, repair_stale
     from autotune.storage.db import Storage
 
     storage = Storage(StorageConfig(url=url))
     try:
-        prog = StudyProgress(claimed=len(storage.claimed_keys(study)))
+        # Fail dead runners' trials first (their claims then wait for a retry), then count:
+        # a study whose last trial was killed is not done (issue #17).
+        repair_stale(storage, study)
+        counts = claim_counts(storage, study)
+        prog = StudyProgress(claimed=counts.claimed)
         try:
             s = optuna.load_study(study_name=study, storage=storage.optuna)
         except KeyError:
@@ -150,6 +155,7 @@ def study_progress(url: str, study: str) -> StudyProgress:
         prog.exists = True
         prog.search_stop = st.search_stop_record
         prog.complete = st.by_state.get("COMPLETE", 0)
+        st.retries = counts.retries
         prog.running, prog.waiting = len(st.running), st.waiting
         if st.best is not None:
             prog.best_value, prog.best_params = st.best.value, dict(st.best.params)

@@ -263,9 +263,10 @@ class StorageConfig:
     url: str = "sqlite:///autotune.db"
     """SQLAlchemy URL: ``sqlite:///file.db``, ``postgresql+psycopg://...``, ``mysql+pymysql://...``."""
     heartbeat_interval_s: int = 10
-    """How often a running trial proves it is alive."""
+    """How often a running trial renews its claim's lease (proves it is alive)."""
     grace_period_s: int = 60
-    """A running trial silent this long is stale: failed and retried."""
+    """A claim's lease: a running trial silent this long is stale, failed as ``killed``
+    and its layout retried."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or "://" not in self.url or len(self.url) > 4096 \

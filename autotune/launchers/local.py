@@ -1,9 +1,10 @@
 """Local launcher: ``torchrun --standalone`` on this machine, one process per device.
 
-The embedded default. Every trial runs in its own process session (``start_new_session``)
-so that a timeout or Ctrl-C kills the whole tree — torchrun *and* its ranks — with one
-``killpg``; ``--standalone`` lets torchrun pick a free rendezvous port, so several
-workers can share a machine.
+The embedded default. Every trial runs under a supervisor
+(:mod:`autotune.launchers._supervisor`) in its own process session: a timeout or Ctrl-C
+kills the whole tree — torchrun *and* its ranks — and so does the runner's death, even by
+SIGKILL (the supervisor watches the runner); ``--standalone`` lets torchrun pick a free
+rendezvous port, so several workers can share a machine.
 
 torchrun starts the workload's program (:meth:`Workload.argv <autotune.workloads.base.
 Workload.argv>`) with ``--no-python``, so the program may be any command: ``python -m
@@ -20,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from autotune.config.launcher import LocalOptions
@@ -48,9 +50,15 @@ def trainer_env(spec: TrialSpec, extra: dict[str, str] | None = None) -> dict[st
     return env
 
 
+SUPERVISOR = str(Path(__file__).with_name("_supervisor.py"))
+"""The trial's parent process (:mod:`autotune.launchers._supervisor`): it kills the whole
+tree when the runner dies, at once (a file: it imports nothing of autotune)."""
+
+
 def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the runner dies (even by SIGKILL), so torchrun tears
-    its ranks down instead of training on as an orphan (Linux ``PR_SET_PDEATHSIG``)."""
+    """In the child: get SIGTERM when the runner dies (even by SIGKILL), so that the
+    supervisor kills the tree at once, not only at its next poll (Linux
+    ``PR_SET_PDEATHSIG``)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
@@ -123,10 +131,12 @@ class LocalLauncher(Launcher):
 
     def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
         env = trainer_env(spec, {**self.options.env, **self.workload.env(spec, paths)})
+        # Under the supervisor: the tree dies with this runner, even by SIGKILL.
+        argv = [sys.executable, SUPERVISOR, str(os.getpid()), "--", *self.command(spec, paths)]
         try:
             with open(paths.stdout, "wb") as out, open(paths.stderr, "wb") as err:
                 return subprocess.Popen(
-                    self.command(spec, paths), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                    argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                     env=env, start_new_session=True, preexec_fn=_die_with_parent,
                 )
         except OSError as err:

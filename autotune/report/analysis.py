@@ -25,7 +25,7 @@ OUTCOME_LABELS: dict[str, str] = {
     "complete": "complete", "stopped": "stopped early (hopeless)", "oom": "out of memory",
     "infeasible": "infeasible",
     "error": "failed", "timeout": "timed out", "interrupted": "interrupted",
-    "node_failure": "node failed",
+    "node_failure": "node failed", "killed": "killed (runner died)",
     "fail": "failed (runner died)", "running": "running", "skipped": "skipped",
 }
 """Readable names of the outcome kinds (:mod:`autotune.runner.outcome`) and of trials

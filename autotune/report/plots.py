@@ -27,11 +27,11 @@ __all__ = ["OUTCOME_COLORS", "tp_pp_heatmap", "microbatch_effect", "memory_vs_ca
 OUTCOME_COLORS = {"complete": "#2e7d32", "stopped": "#9ccc65", "oom": "#c62828",
                   "infeasible": "#9e9e9e",
                   "error": "#ef6c00", "timeout": "#6a1b9a", "interrupted": "#1565c0",
-                  "node_failure": "#283593",
+                  "node_failure": "#283593", "killed": "#4a148c",
                   "fail": "#795548", "running": "#90caf9", "skipped": "#e0e0e0"}
 _SHORT = {"stopped": "stopped", "oom": "OOM", "infeasible": "infeas.", "error": "failed",
-          "timeout": "timeout",
-          "interrupted": "interr.", "fail": "failed", "node_failure": "node lost"}
+          "timeout": "timeout", "interrupted": "interr.", "fail": "failed",
+          "node_failure": "node lost", "killed": "killed"}
 _DPI = 100
 
 

@@ -4,14 +4,14 @@
 module                    owns
 ========================  ==============================================================
 ``study.py``              the loop: :func:`~autotune.runner.study.run_study`, one worker
-                          per launcher, claims, budget, retries
-``optuna_io.py``          reading and writing the Optuna study: open (fingerprint),
-                          history for the strategy, enqueue, suggest, tell
+                          per launcher, repair, retries, claims, budget
+``optuna_io.py``          reading the Optuna study: open (fingerprint), history for the
+                          strategy, a layout's trial parameters
 ``budget.py``             the one rule that says a study is done
 ``outcome.py``            what a trial did → its outcome and Optuna state (the one place)
 ``records.py``            every key stored on trials and studies, its writers and readers;
                           the ``measurements`` row
-``lifecycle.py``          heartbeats while a trial runs; SIGINT/SIGTERM
+``lifecycle.py``          lease renewals while a trial runs; SIGINT/SIGTERM
 ``progress.py``           progress lines, the trial table and the stop messages
 ========================  ==============================================================
 

@@ -15,6 +15,7 @@ from types import FrameType
 from typing import Any
 
 from autotune.launchers.base import Launcher
+from autotune.storage.claims import renew_lease
 from autotune.storage.db import Storage
 
 __all__ = ["Busy", "heartbeat", "StopSignals"]
@@ -22,18 +23,19 @@ __all__ = ["Busy", "heartbeat", "StopSignals"]
 
 @contextmanager
 def heartbeat(storage: Storage, trial_id: int) -> Iterator[None]:
-    """Record a heartbeat for ``trial_id`` until the block ends (Optuna's own thread is
-    private API; this is the public ``record_heartbeat`` on a timer)."""
+    """Renew ``trial_id``'s claim lease every ``storage.heartbeat_interval_s`` until the
+    block ends (the claim made the first lease in the trial's own transaction, so there is
+    no instant at which the trial is alive without one: :mod:`autotune.storage.claims`).
+    The block holds the launch and the record: a slow record is still beating."""
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.wait(storage.config.heartbeat_interval_s):
             try:
-                storage.optuna.record_heartbeat(trial_id)
+                renew_lease(storage, trial_id)
             except Exception:  # a missed beat is retried; never kill the trial for it
                 pass
 
-    storage.optuna.record_heartbeat(trial_id)
     thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
     thread.start()
     try:

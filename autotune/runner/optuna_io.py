@@ -1,10 +1,11 @@
-"""The runner's input and output through Optuna: open a study, read its history, enqueue a
-layout, read it back from a trial, tell the verdict.
+"""The runner's input and output through Optuna: open a study, read its history, the
+parameters a layout's trial is created with.
 
-The loop (:mod:`autotune.runner.study`) decides; this module knows how each decision is
-written to and read from an ``optuna.Study``. What the attributes are called and hold is
-:mod:`autotune.runner.records`'s; which Optuna state an outcome is told as is
-:mod:`autotune.runner.outcome`'s.
+The loop (:mod:`autotune.runner.study`) decides; this module knows how a study is opened
+and read. Trials are created and finished in autotune's own transactions
+(:mod:`autotune.storage.claims`: a claim with its trial, a record with its measurement);
+what the attributes are called and hold is :mod:`autotune.runner.records`'s; which Optuna
+state an outcome is told as is :mod:`autotune.runner.outcome`'s.
 """
 
 from __future__ import annotations
@@ -13,33 +14,27 @@ import warnings
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UsageError
 from autotune.hardware import GiB
 from autotune.layout import Layout
-from autotune.runner.outcome import Outcome
 from autotune.runner.records import (
-    SKIPPED,
     StudyAttr,
-    TrialFacts,
-    retry_attrs,
     set_user_attrs,
     study_attrs,
     study_fingerprint,
     trial_layout,
     trial_outcome,
-    user_attrs,
-    verdict_attrs,
     workload_record,
 )
-from autotune.runner.records import is_retry as _records_is_retry
 from autotune.search import Observation, dominated_by_oom
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
 
-__all__ = ["open_study", "fingerprint_of", "history", "enqueue", "suggest", "retryable",
-           "is_retry", "set_search_stop", "tell_infeasible", "tell_skipped", "tell_outcome"]
+__all__ = ["open_study", "fingerprint_of", "history", "layout_params", "NoSampling",
+           "set_search_stop"]
 
 # What each outcome tells a strategy; interrupted, infeasible and skipped trials say
 # nothing about their layout's throughput.
@@ -64,10 +59,10 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
             study = optuna.create_study(
                 study_name=spec.name, storage=storage.optuna, direction="maximize",
                 load_if_exists=True,
-                # Every trial is enqueued by the strategy; this sampler never chooses.
-                sampler=optuna.samplers.RandomSampler(seed=spec.search.seed))
+                sampler=NoSampling())
         else:
-            study = optuna.load_study(study_name=spec.name, storage=storage.optuna)
+            study = optuna.load_study(study_name=spec.name, storage=storage.optuna,
+                                      sampler=NoSampling())
     existing: dict[str, Any] | None = study_fingerprint(study) or None
     if existing is not None and isinstance(existing.get("model"), dict):
         # Studies created before ModelConfig had ``mlp`` / ``attention`` / ``dropout`` ran
@@ -141,69 +136,42 @@ def _observed(trial: FrozenTrial) -> Observation | None:
     return Observation(layout, status, trial.value if status == "ok" else None)
 
 
-def enqueue(study: optuna.Study, layout: Layout, *, retry_of: int | None = None) -> None:
-    """Queue ``layout`` as the next trial's per-axis parameters (``retry_of``: the number of
-    the trial whose interrupted run it repeats)."""
-    study.enqueue_trial(layout.params(),
-                        user_attrs=None if retry_of is None else retry_attrs(retry_of))
+class NoSampling(optuna.samplers.BaseSampler):
+    """The study's sampler: it never samples. Every trial is created for the strategy's
+    layout (:func:`layout_params`, :func:`autotune.storage.claims.claim_layout`); an
+    ``ask()`` that fell back to a sampler invented layouts outside the study's axes
+    (issue #17), so one that reaches this sampler is a bug and fails loudly."""
+
+    def infer_relative_search_space(self, study: optuna.Study,
+                                    trial: FrozenTrial) -> dict[str, Any]:
+        return {}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: Any) -> Any:
+        raise RuntimeError(f"autotune studies are not sampled by Optuna (asked for "
+                           f"{param_name!r} of trial {trial.number}): trials are created "
+                           "for the strategy's layout")
 
 
-def suggest(trial: optuna.Trial, spec: StudySpec) -> Layout:
-    """Read the enqueued layout through distributions that depend only on the study's
-    fingerprint (world size, global batch), not on its search space: a resumed study may
-    widen or narrow its axes, which Optuna's categorical distributions would refuse."""
+def layout_params(layout: Layout, spec: StudySpec) -> dict[str, tuple[Any, BaseDistribution]]:
+    """The trial's per-axis parameters (what optuna-dashboard plots) with distributions
+    that depend only on the study's fingerprint (world size, global batch), not on its
+    search space: a resumed study may widen or narrow its axes, which Optuna's categorical
+    distributions would refuse."""
     ws, gb = spec.world_size, spec.training.global_batch
-    params = {"tp": trial.suggest_int("tp", 1, ws), "pp": trial.suggest_int("pp", 1, ws),
-              "micro_batch": trial.suggest_int("micro_batch", 1, gb),
-              "zero_stage": trial.suggest_int("zero_stage", 0, 3),
-              "recompute": trial.suggest_categorical("recompute", ["none", "full"])}
-    return Layout.from_params(params, world_size=ws, global_batch=gb)
-
-
-def retryable(study: optuna.Study, owner_trial_id: int) -> bool:
-    """A claim may pass on when its trial can no longer measure: failed while stale (the
-    runner died: no outcome recorded), interrupted, or cut short by a node that died."""
-    try:
-        owner = study._storage.get_trial(owner_trial_id)
-    except KeyError:
-        return True
-    return owner.state == TrialState.FAIL and trial_outcome(owner) in (None, "interrupted",
-                                                                  "node_failure")
-
-
-def is_retry(study: optuna.Study, trial: optuna.Trial) -> bool:
-    """A re-run of a layout whose first run was cut short (it is within the budget)."""
-    frozen = study._storage.get_trial(trial._trial_id)
-    return _records_is_retry(frozen.user_attrs, frozen.system_attrs)
+    params = layout.params()
+    dists: dict[str, BaseDistribution] = {
+        "tp": IntDistribution(1, ws), "pp": IntDistribution(1, ws),
+        "micro_batch": IntDistribution(1, gb), "zero_stage": IntDistribution(0, 3),
+        "recompute": CategoricalDistribution(["none", "full"])}
+    return {name: (params[name], dists[name]) for name in dists}
 
 
 def set_search_stop(study: optuna.Study, record: dict[str, Any] | None) -> None:
     """Record why the search stopped early (a :func:`~autotune.runner.records.
     search_stop_record`), or clear it (``None``) when it no longer holds."""
     study.set_user_attr(StudyAttr.SEARCH_STOP, record)
-
-
-def tell_infeasible(study: optuna.Study, trial: optuna.Trial, layout: Layout,
-                    outcome: Outcome, worker: str) -> None:
-    set_user_attrs(trial, verdict_attrs(layout, outcome.kind, outcome.reason, worker=worker))
-    trial.set_constraint("feasible", 1.0)
-    study.tell(trial, state=outcome.state, skip_if_finished=True)  # see tell_skipped
-
-
-def tell_skipped(study: optuna.Study, trial: optuna.Trial, layout: Layout, why: str) -> None:
-    set_user_attrs(trial, verdict_attrs(layout, SKIPPED, why))
-    # SQLite can hand one waiting trial to two workers (the run loop's comment): both may
-    # reach this verdict; the second tell of the same verdict is a no-op, not an error.
-    study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
-
-
-def tell_outcome(study: optuna.Study, trial: optuna.Trial, facts: TrialFacts) -> None:
-    set_user_attrs(trial, user_attrs(facts))
-    outcome = facts.outcome
-    if outcome.infeasible:
-        trial.set_constraint("feasible", 1.0)
-    if outcome.state == TrialState.COMPLETE:
-        trial.set_constraint("feasible", 0.0)
-        study.tell(trial, outcome.value)
-    else:
-        study.tell(trial, state=outcome.state)

@@ -25,7 +25,13 @@ timeout         FAIL                     killed at the per-trial timeout (or, a 
 interrupted     FAIL                     cancelled (Ctrl-C, SIGTERM): retried later
 node_failure    FAIL                     a node of the step died (the scheduler says
                                          ``NODE_FAIL``): retried on healthy nodes
+killed          FAIL                     the runner died before recording (its claim's
+                                         lease ran out: :mod:`autotune.storage.claims`
+                                         repairs it): retried later
 ==============  =======================  ==========================================
+
+An execution's ``measurements`` row carries ``running`` from its claim until the outcome
+replaces it.
 """
 
 from __future__ import annotations
@@ -43,11 +49,11 @@ if TYPE_CHECKING:
 __all__ = ["Outcome", "classify", "infeasible", "OUTCOME_KINDS"]
 
 OUTCOME_KINDS = ("complete", "stopped", "oom", "infeasible", "error", "timeout",
-                 "interrupted", "node_failure")
+                 "interrupted", "node_failure", "killed")
 _STATE = {
     "complete": TrialState.COMPLETE, "stopped": TrialState.COMPLETE, "oom": TrialState.PRUNED,
     "infeasible": TrialState.PRUNED, "error": TrialState.FAIL,
-    "timeout": TrialState.FAIL, "interrupted": TrialState.FAIL,
+    "timeout": TrialState.FAIL, "interrupted": TrialState.FAIL, "killed": TrialState.FAIL,
     "node_failure": TrialState.FAIL,
 }
 # SLURM job-step states (sacct) that decide the outcome when the trainer wrote no result.
@@ -71,7 +77,7 @@ class Outcome:
     @property
     def retry(self) -> bool:
         """Whether the layout should be measured again later (it was never judged)."""
-        return self.kind in ("interrupted", "node_failure")
+        return self.kind in ("interrupted", "node_failure", "killed")
 
     @property
     def node_lost(self) -> bool:

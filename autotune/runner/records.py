@@ -75,7 +75,7 @@ class TrialAttr:
     PEAK_MEMORY_GIB = "peak_memory_gib"
     VERSIONS = "versions"
     RETRY_OF = "retry_of"
-    """On a re-enqueued trial: the number of the interrupted trial it measures again."""
+    """On a retry: the number of the interrupted or killed trial it measures again."""
     TIMINGS_S = "timings_s"
     """Where the trial's wall time went, seconds per phase (:data:`autotune.trial.PHASES`)."""
     MEASURE_PRECISION = "measure_precision"
@@ -97,7 +97,8 @@ its layout (another trial owns it, or the budget was reached)."""
 
 FAILED_TRIAL_SYSTEM_ATTR = "failed_trial"
 """Optuna's system attribute on a trial that
-:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` re-enqueued (Optuna's key)."""
+:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` re-enqueued (Optuna's key; studies
+run before schema v3, whose retries were enqueued trials)."""
 
 
 class StudyAttr:

@@ -1,28 +1,33 @@
 """The study runner: propose a layout, check it, measure it, record it; resume anywhere.
 
 One worker runs :func:`run_study`. Many workers may run it on the same study and database
-at once: a unique layout claim (:meth:`autotune.storage.db.Storage.claim`) keeps every
-layout measured once, and the claim order enforces the trial budget exactly.
+at once: a unique layout claim (:func:`autotune.storage.claims.claim_layout`) keeps every
+layout measured once, and the claims enforce the trial budget exactly.
 
-The loop uses Optuna's ask-and-tell interface rather than ``study.optimize`` because a
-trial here is an external process whose interruption must be handled precisely:
+The loop creates its trials itself rather than through ``study.optimize`` or ``ask``,
+because a trial here is an external process whose interruption must be handled
+precisely, and a kill at any instant must leave the study consistent (issue #17):
 
-* every proposal comes from the search strategy (:mod:`autotune.search`) and is enqueued
-  with per-axis parameters, so optuna-dashboard shows (tp, pp, micro_batch, ...);
-* an infeasible proposal (or one needing no less memory than a measured OOM) is told as
+* each step first repairs trials whose runner died (their claim's lease ran out:
+  :func:`~autotune.storage.claims.repair_stale`), re-runs a layout whose execution was cut
+  short (killed, interrupted) before anything new, and only then counts the budget;
+* every proposal comes from the search strategy (:mod:`autotune.search`) and must be a
+  candidate of the study's space; its trial is created with per-axis parameters (so
+  optuna-dashboard shows tp, pp, micro_batch, ...) in the transaction that claims its
+  layout and starts its lease; a lost claim race stores nothing;
+* an infeasible proposal (or one needing no less memory than a measured OOM) is stored as
   PRUNED with a violated constraint, never launched;
-* a heartbeat thread marks the running trial alive; a runner killed with SIGKILL leaves
-  a trial that the next run's :func:`optuna.storages.fail_stale_trials` fails, and
-  :class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` re-enqueues its layout;
-* Ctrl-C or SIGTERM cancels the launcher (the trial's whole process group dies), the
-  trial is failed as ``interrupted`` and re-enqueued, and the database stays consistent;
+* a heartbeat thread renews the lease while the trial runs and while its result is
+  recorded, in one transaction (values, attributes, state, the ``measurements`` row);
+* Ctrl-C or SIGTERM cancels the launcher (the trial's whole process tree dies), the
+  trial is recorded as ``interrupted`` and its layout retried later;
 * a strategy that stops early (``search.min_improvement``) ends this worker's run; its
   reason is stored as the study's ``search_stop`` user attribute (``autotune status``
   shows it) and cleared when a later proposal is made. The decision is a function of the
   history alone, so a resumed run reaches it again at once;
 * layouts are measured in batches of ``trial.batch_size`` per launch (they share the
-  study's world size): the worker asks, checks and claims every member before the launch,
-  beats for each while it runs, and tells each result on its own
+  study's world size): the worker checks and claims every member before the launch,
+  renews every member's lease while it runs, and records each result on its own
   (:meth:`autotune.launchers.base.Launcher.run_batch` has what a crash inside a batch
   does); the early stop's bar is the study's best when the batch is launched.
 
@@ -32,52 +37,43 @@ cost model's prediction and each candidate's probability of fitting apart. Whene
 study has judged more trials, the worker refits its memory and step-time corrections
 (:mod:`autotune.runner.learning`, warm-started from earlier studies of the device) and
 recomputes every candidate's probability of fitting, conditioned on the study's OOMs. How
-each step reads and writes the Optuna study is :mod:`autotune.runner.optuna_io`; when a
-study is done, :mod:`autotune.runner.budget`.
+the Optuna study is opened and read is :mod:`autotune.runner.optuna_io`; how trials are
+written, :mod:`autotune.storage.claims`; when a study is done, :mod:`autotune.runner.budget`.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from enum import Enum
+from typing import Any, TypeVar
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.candidates import Candidate
-from autotune.errors import UsageError
+from autotune.errors import AutotuneError, UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.results import best_trial
-from autotune.runner.budget import budget_reached, within_budget
+from autotune.runner.budget import budget_reached
 from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
 from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
-from autotune.runner.optuna_io import (
-    enqueue,
-    history,
-    is_retry,
-    open_study,
-    retryable,
-    set_search_stop,
-    suggest,
-    tell_infeasible,
-    tell_outcome,
-    tell_skipped,
-)
+from autotune.runner.optuna_io import history, layout_params, open_study, set_search_stop
 from autotune.runner.outcome import Outcome, classify, infeasible
 from autotune.runner.progress import Progress
 from autotune.runner.records import (
     StudyAttr,
+    TrialAttr,
     TrialFacts,
     learned_from_line,
     learned_from_record,
@@ -85,6 +81,8 @@ from autotune.runner.records import (
     search_stop_of,
     search_stop_record,
     set_user_attrs,
+    user_attrs,
+    verdict_attrs,
 )
 from autotune.search import (
     Observation,
@@ -94,12 +92,25 @@ from autotune.search import (
     plan_order,
 )
 from autotune.spec import StudySpec
-from autotune.storage.db import ClaimResult, Storage
-from autotune.trial import TrialPaths, TrialSpec
+from autotune.storage._optuna_rdb import CONSTRAINT_ATTR
+from autotune.storage.claims import (
+    Claimed,
+    Refused,
+    claim_layout,
+    record_execution,
+    repair_stale,
+    retry_keys,
+    store_verdict,
+)
+from autotune.storage.db import Storage, with_connect_retry
+from autotune.trial import TrialPaths, TrialResult, TrialSpec
+
+T = TypeVar("T")
 
 __all__ = ["RunSummary", "run_study"]
 
 _MAX_IDLE_PROPOSALS = 200
+_LOST_RACE_BACKOFF_S = 0.1
 _SIBLING_POLL_S = 0.5
 
 
@@ -118,17 +129,6 @@ class RunSummary:
     after 6 trials (14 layouts untried)``."""
     best: FrozenTrial | None = None
     trials: list[FrozenTrial] = field(default_factory=list)
-
-
-class Admission(Enum):
-    """What becomes of an asked trial before anything is launched."""
-
-    LAUNCH = "launch"
-    """Feasible, claimed and within the budget: measure it."""
-    PASSED = "passed"
-    """Told infeasible or skipped, or another worker runs it: ask again."""
-    BUDGET = "budget"
-    """The budget was reached meanwhile (another worker's claim came first): stop."""
 
 
 def _utcnow() -> datetime:
@@ -175,7 +175,9 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     if not candidates:
         raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")
-    study = open_study(spec, storage)  # once, before worker threads could race to create it
+    # once, before worker threads could race to create it
+    study = with_connect_retry("opening the study", storage.masked_url,
+                               lambda: open_study(spec, storage))
     record = learned_from_record(learning.calibration, enabled=learn)
     set_user_attrs(study, {StudyAttr.LEARNED_FROM: record})
     progress = progress or Progress(total=n_trials, enabled=False)
@@ -246,6 +248,8 @@ class _Worker:
         self.batch_size = spec.trial.batch_size if launcher.batches else 1
         self.summary = RunSummary()
         self.busy = busy or Busy()
+        self._claims: dict[str, int] = {}
+        self._last_claim_id = 0
 
     def run(self, timeout_s: float | None, signals: StopSignals) -> RunSummary:
         started = time.monotonic()
@@ -259,7 +263,7 @@ class _Worker:
                 break
             batch, stop = self._next_batch()
             if batch:
-                with self.busy.measuring():  # until its retries, if any, are enqueued
+                with self.busy.measuring():  # until their records (and retry flags) are in
                     outcomes = self._measure(batch)
                 lost = next((o for o in outcomes if o.node_lost), None)
                 if lost is not None:
@@ -273,60 +277,56 @@ class _Worker:
                 continue
             if stop in ("budget", "exhausted") and self.busy.others():
                 # A side-by-side trial still runs: if it is cut short (a node dies under
-                # it), its retry is enqueued, and it must not be left without a worker.
+                # it), its layout waits for a retry, and it must not be left without a
+                # worker.
                 time.sleep(_SIBLING_POLL_S)
                 continue
-            if stop:
-                self.summary.stopped_by = stop
-                break
-        self._recalibrate(history(self.study, {}))  # the record holds the last trial too
+            self.summary.stopped_by = stop or "exhausted"
+            break
+        self._recalibrate(history(self.study, {}), final=True)  # the record holds the last too
         self.summary.best = best_trial(self.study)
         self.summary.trials = self.study.get_trials(deepcopy=False)
         return self.summary
 
-    def _next_batch(self) -> tuple[list[tuple[optuna.Trial, Layout]], str | None]:
-        """Up to ``batch_size`` admitted (checked, claimed, budgeted) trials; with none, why
-        this worker stops. A stop met once some are admitted waits for their results
-        (the strategy decides again on them; the budget is met again at once)."""
-        batch: list[tuple[optuna.Trial, Layout]] = []
+    def _next_batch(self) -> tuple[list[tuple[Claimed, Layout]], str | None]:
+        """Up to ``batch_size`` claimed layouts (their trials created with the claims); with
+        none, why this worker stops. A stop met once some are claimed waits for their
+        results (the strategy decides again on them; the budget is met again at once)."""
+        batch: list[tuple[Claimed, Layout]] = []
         idle = 0
-        left = self.n_trials - len(self.storage.claimed_keys(self.spec.name))
+        left = self.n_trials - len(self._claimed_keys())
         size = max(1, min(self.batch_size, -(-left // self.siblings)))
         while len(batch) < size:
-            stop = self._enqueue_next()
-            if stop:
-                return batch, stop
-            trial = self.study.ask()
-            try:
-                admission, layout = self._admit(trial)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                # SQLite can hand one waiting trial to two workers; the other one has it
-                # (and its layout claim). Leave it alone.
-                continue
-            if admission is Admission.BUDGET:
-                return batch, "budget"
-            if admission is Admission.PASSED:
+            step = self._retrying(self._step)
+            if isinstance(step, str):
+                return batch, step
+            if step is None:
                 idle += 1
                 if idle > _MAX_IDLE_PROPOSALS:
                     return batch, "exhausted"
                 continue
             idle = 0
-            if batch and layout.world_size != batch[0][1].world_size:  # never in one study
-                self._measure([(trial, layout)])
+            if batch and step[1].world_size != batch[0][1].world_size:  # never in one study
+                self._measure([step])
                 continue
-            batch.append((trial, layout))
+            batch.append(step)
         return batch, None
 
-    def _enqueue_next(self) -> str | None:
-        """Enqueue the strategy's next layout unless a retry waits; a stop reason if none."""
-        optuna.storages.fail_stale_trials(self.study)
-        claimed = self.storage.claimed_keys(self.spec.name)
-        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-        if waiting:
-            return None
-        if budget_reached(len(claimed), self.n_trials):
+    def _step(self) -> tuple[Claimed, Layout] | str | None:
+        """Repair, then claim a retry or the strategy's next layout: the claim and its
+        trial (measure it), a stop reason, or ``None`` (nothing claimed: propose again)."""
+        name = self.spec.name
+        self._retrying(lambda: repair_stale(self.storage, name))
+        for key in self._retrying(lambda: retry_keys(self.storage, name)):
+            if key not in self.by_key:
+                continue  # outside the space as it is now: not this worker's to re-run
+            claimed = self._claim(Layout.from_key(key), retry_only=True)
+            if isinstance(claimed, Claimed):
+                return claimed, Layout.from_key(key)
+        claimed_keys = self._claimed_keys()
+        if budget_reached(len(claimed_keys), self.n_trials):
             return "budget"
-        observed = history(self.study, claimed)
+        observed = history(self.study, claimed_keys)
         self._recalibrate(observed)
         proposal = self.strategy.propose(self.plan, observed)
         stop = self.strategy.stop
@@ -342,18 +342,84 @@ class _Worker:
         if search_stop_of(self.study) is not None:
             # An earlier stop no longer holds (another threshold, or new measurements).
             set_search_stop(self.study, None)
-        enqueue(self.study, proposal)
+        return self._admit(proposal, observed)
+
+    def _admit(self, layout: Layout, observed: list[Observation]) -> tuple[Claimed, Layout] \
+            | str | None:
+        """Check the proposal, then claim it (its trial is created with the claim)."""
+        key = layout.key()
+        if key not in self.by_key:
+            # Strategies pick from self.plan; a layout outside it is no candidate of the
+            # study's space (the planner's enumeration) and is never stored or measured.
+            raise AutotuneError(f"strategy {self.strategy.name!r} proposed {key}, which is "
+                                "not a candidate of the study's space")
+        reasons = self.constraints.check(layout, self.spec.model)
+        oom = dominated_by_oom(layout, observed)
+        if oom is not None:
+            reasons.append(Reason("oom_dominated", f"needs at least the memory of "
+                                  f"{oom.key()}, which ran out of memory"))
+        if reasons:
+            outcome = infeasible(reasons)
+            self._retrying(lambda: store_verdict(
+                self.storage, study_name=self.spec.name,
+                params=layout_params(layout, self.spec),
+                user_attrs=verdict_attrs(layout, outcome.kind, outcome.reason,
+                                         worker=self.name)))
+            self.summary.infeasible += 1
+            return None
+        claimed = self._claim(layout)
+        if claimed is Refused.BUDGET:
+            return "budget"
+        if isinstance(claimed, Claimed):
+            return claimed, layout
+        # Another worker owns it (it is pending in the next history). Workers that lost the
+        # same race wait a little, each a different while, so that their next proposals
+        # see each other's claims instead of racing again for one layout.
+        time.sleep(random.uniform(0.0, _LOST_RACE_BACKOFF_S))
         return None
+
+    def _claim(self, layout: Layout, *, retry_only: bool = False) -> Claimed | Refused:
+        cand = self.by_key.get(layout.key())
+        facts = self._facts(layout, trial_id=0, number=0, outcome=Outcome("killed"),
+                            t0=_utcnow(), elapsed_s=0.0, result=None, hosts=[],
+                            paths=None, cand=cand)
+        row = self._row(facts)
+        attrs = {TrialAttr.LAYOUT: layout.key(), TrialAttr.LAYOUT_DICT: layout.to_dict(),
+                 TrialAttr.WORKER: self.name, TrialAttr.LAUNCHER: self.launcher.kind}
+        return self._retrying(lambda: claim_layout(
+            self.storage, study_name=self.spec.name, key=layout.key(),
+            n_trials=self.n_trials, worker=self.name,
+            params=layout_params(layout, self.spec), user_attrs=attrs, measurement=row,
+            retry_only=retry_only))
+
+    def _claimed_keys(self) -> dict[str, int]:
+        """The study's claimed layouts, read incrementally (new claims only)."""
+        for claim_id, key, trial_id in self._retrying(
+                lambda: self.storage.claims_since(self.spec.name, self._last_claim_id)):
+            self._claims[key] = trial_id
+            self._last_claim_id = max(self._last_claim_id, claim_id)
+        return self._claims
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
+        return with_connect_retry(f"worker {self.name}", self.storage.masked_url, fn)
 
     def _set_candidates(self, candidates: list[Candidate]) -> None:
         self.plan = plan_order(c.layout for c in candidates)
         self.by_key: dict[str, Candidate] = {c.layout.key(): c for c in candidates}
 
-    def _recalibrate(self, observed: list[Observation]) -> None:
+    def _recalibrate(self, observed: list[Observation], *, final: bool = False) -> None:
         """Refit the corrections when the study has judged more trials (one query); every
-        untried layout gets its new probability of fitting, given the OOMs."""
+        untried layout gets its new probability of fitting, given the OOMs.
+
+        After every trial up to 20, then whenever the judged trials grew by 5%, and at the
+        end of the run: a refit costs a query and a grid posterior per ZeRO stage, which
+        64 workers paying after every trial of a 200-trial study made the loop CPU-bound
+        (issue #17), and the 201st point moves a posterior of 200 little."""
         judged = sum(o.status in ("ok", "oom") for o in observed)
         if judged == self._judged:
+            return
+        if (not final and self._judged is not None and self._judged >= 20
+                and judged < self._judged * 1.05):
             return
         self._judged = judged
         ooms = [o.layout for o in observed if o.status == "oom"]
@@ -362,79 +428,92 @@ class _Worker:
         set_user_attrs(self.study, {StudyAttr.LEARNED_FROM: learned_from_record(
             self.learning.calibration, enabled=self.learning.enabled)})
 
-    def _admit(self, trial: optuna.Trial) -> tuple[Admission, Layout]:
-        """Check, claim and budget the trial's layout (and tell the trial if it is not
-        launched)."""
-        layout = suggest(trial, self.spec)
-        key = layout.key()
-        reasons = self.constraints.check(layout, self.spec.model)
-        oom = dominated_by_oom(layout, history(self.study, {}))
-        if oom is not None:
-            reasons.append(Reason("oom_dominated", f"needs at least the memory of "
-                                  f"{oom.key()}, which ran out of memory"))
-        if reasons:
-            tell_infeasible(self.study, trial, layout, infeasible(reasons), self.name)
-            self.summary.infeasible += 1
-            return Admission.PASSED, layout
-        claim = self.storage.claim(self.spec.name, key, trial._trial_id, self.name,
-                                   may_take_over=lambda owner: retryable(self.study, owner))
-        if claim is ClaimResult.OTHER_WORKER:
-            return Admission.PASSED, layout  # the same trial was handed to another worker
-        if claim is ClaimResult.TAKEN:
-            tell_skipped(self.study, trial, layout, "another trial owns this layout")
-            return Admission.PASSED, layout
-        rank = self.storage.claim_rank(self.spec.name, key)
-        if not within_budget(rank, self.n_trials) and not is_retry(self.study, trial):
-            self.storage.release(self.spec.name, key, trial._trial_id)
-            tell_skipped(self.study, trial, layout, "the trial budget was reached")
-            return Admission.BUDGET, layout
-        return Admission.LAUNCH, layout
-
-    def _measure(self, batch: list[tuple[optuna.Trial, Layout]]) -> list[Outcome]:
-        """Measure the admitted trials in one launch; record and tell each on its own."""
+    def _measure(self, batch: list[tuple[Claimed, Layout]]) -> list[Outcome]:
+        """Measure the claimed layouts in one launch; record each on its own, in one
+        transaction, while every member's lease is still renewed."""
         spec = self.spec
         best = best_trial(self.study)
         run_cfg = spec.run_config(best.value if best is not None and best.value else None)
         specs, paths, cands = [], [], []
-        for trial, layout in batch:
+        _test_kill_point("after-claim")
+        for claimed, layout in batch:
             key = layout.key()
             cand = self.by_key.get(key)
-            paths.append(TrialPaths.for_trial(spec.launcher.run_dir, spec.name, trial.number,
-                                              key))
+            paths.append(TrialPaths.for_trial(spec.launcher.run_dir, spec.name,
+                                              claimed.number, key))
             specs.append(TrialSpec(model=spec.model, layout=layout, run=run_cfg))
             cands.append(cand)
-            self.progress.trial_started(trial.number, layout,
+            self.progress.trial_started(claimed.number, layout,
                                         cand.predicted_tflops if cand else None)
         t0 = _utcnow()
-        with ExitStack() as beats:
-            for trial, _ in batch:
-                beats.enter_context(heartbeat(self.storage, trial._trial_id))
-            reports = self.launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s)
-        finished = _utcnow()
         outcomes: list[Outcome] = []
-        for (trial, layout), report, cand, trial_paths in zip(batch, reports, cands, paths,
-                                                             strict=True):
-            outcome = classify(report)
-            facts = TrialFacts(
-                study_name=spec.name, trial_number=trial.number, trial_id=trial._trial_id,
-                layout=layout, outcome=outcome, result=report.result,
-                launcher=self.launcher.kind, worker=self.name, started_at=t0,
-                finished_at=finished, elapsed_s=report.elapsed_s, hosts=report.hosts,
-                predicted_tflops_per_device=cand.predicted_tflops if cand else None,
-                predicted_memory_bytes=cand.predicted_memory_bytes if cand else None,
-                trial_dir=str(trial_paths.root),
-                calibrated_tflops_per_device=cand.predicted_tflops
-                * self.learning.calibration.throughput_factor if cand else None,
-                calibrated_memory_bytes=self.learning.calibrated_memory_bytes(layout),
-                batch=report.batch)
-            self.storage.add_measurement(measurement_row(
-                facts, model=spec.model, cluster=spec.cluster,
-                global_batch=spec.training.global_batch, dtype=spec.training.dtype,
-                workload=self.learning.key.workload))
-            tell_outcome(self.study, trial, facts)
-            if outcome.retry:
-                enqueue(self.study, layout, retry_of=trial.number)
-            self.summary.measured += 1
-            self.progress.trial_finished(trial.number, layout, outcome, best_trial(self.study))
-            outcomes.append(outcome)
+        with ExitStack() as beats:
+            for claimed, _ in batch:
+                beats.enter_context(heartbeat(self.storage, claimed.trial_id))
+            reports = self.launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s)
+            _test_kill_point("after-launch")
+            finished = _utcnow()
+            for (claimed, layout), report, cand, trial_paths in zip(batch, reports, cands,
+                                                                   paths, strict=True):
+                outcome = classify(report)
+                facts = self._facts(layout, trial_id=claimed.trial_id, number=claimed.number,
+                                    outcome=outcome, t0=t0, finished=finished,
+                                    elapsed_s=report.elapsed_s, result=report.result,
+                                    hosts=report.hosts, paths=trial_paths, cand=cand,
+                                    batch=report.batch)
+                self._record(claimed, layout, outcome, facts)
+                outcomes.append(outcome)
         return outcomes
+
+    def _record(self, claimed: Claimed, layout: Layout, outcome: Outcome,
+                facts: TrialFacts) -> None:
+        constraint = {CONSTRAINT_ATTR: 1.0} if outcome.infeasible else (
+            {CONSTRAINT_ATTR: 0.0} if outcome.state == TrialState.COMPLETE else {})
+        recorded = self._retrying(lambda: record_execution(
+            self.storage, trial_id=claimed.trial_id, state=outcome.state,
+            value=outcome.value if outcome.state == TrialState.COMPLETE else None,
+            user_attrs=user_attrs(facts), system_attrs=constraint,
+            measurement=self._row(facts), retry=outcome.retry,
+            before_commit=lambda: _test_kill_point("in-record")))
+        if not recorded:
+            self.progress.message(f"trial {claimed.number} ({layout.key()}) was repaired as "
+                                  "killed while it ran (its runner was silent for longer "
+                                  "than storage.grace_period_s): its result is not recorded")
+        self.summary.measured += 1
+        self.progress.trial_finished(claimed.number, layout, outcome, best_trial(self.study))
+
+    def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Outcome,
+               t0: datetime, elapsed_s: float, result: TrialResult | None, hosts: list[str],
+               paths: TrialPaths | None, cand: Candidate | None,
+               finished: datetime | None = None,
+               batch: dict[str, Any] | None = None) -> TrialFacts:
+        return TrialFacts(
+            study_name=self.spec.name, trial_number=number, trial_id=trial_id,
+            layout=layout, outcome=outcome, result=result, launcher=self.launcher.kind,
+            worker=self.name, started_at=t0, finished_at=finished or _utcnow(),
+            elapsed_s=elapsed_s, hosts=hosts,
+            predicted_tflops_per_device=cand.predicted_tflops if cand else None,
+            predicted_memory_bytes=cand.predicted_memory_bytes if cand else None,
+            trial_dir=str(paths.root) if paths else None,
+            calibrated_tflops_per_device=cand.predicted_tflops
+            * self.learning.calibration.throughput_factor if cand else None,
+            calibrated_memory_bytes=self.learning.calibrated_memory_bytes(layout),
+            batch=batch)
+
+    def _row(self, facts: TrialFacts) -> dict[str, Any]:
+        spec = self.spec
+        return measurement_row(facts, model=spec.model, cluster=spec.cluster,
+                               global_batch=spec.training.global_batch,
+                               dtype=spec.training.dtype, workload=self.learning.key.workload)
+
+
+TEST_KILL_ENV = "AUTOTUNE_TEST_KILL_AT"
+"""A test hook, not a setting: ``after-claim`` (between the claim and the launch),
+``after-launch`` (the trial ran, nothing recorded) or ``in-record`` (inside the record's
+transaction, before its commit) makes the runner SIGKILL itself there, so that the
+fault-injection tests (tests/runner/test_kills.py) hit those instants exactly."""
+
+
+def _test_kill_point(point: str) -> None:
+    if os.environ.get(TEST_KILL_ENV) == point:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -15,11 +15,10 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
-from sqlalchemy import create_engine, delete, func, inspect, select, text, update
+from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,48 +28,112 @@ from autotune.errors import AutotuneError, StorageError
 from autotune.storage.schema import SCHEMA_VERSION, Base, LayoutClaim, Measurement, SchemaVersion
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
-__all__ = ["Storage", "ClaimResult", "open_storage", "engine_kwargs"]
+__all__ = ["Storage", "open_storage", "engine_kwargs", "with_connect_retry"]
+
+T = TypeVar("T")
 
 _SCHEMA_ATTEMPTS = 8
 
 
-def engine_kwargs(url: str) -> dict[str, Any]:
-    """Engine options per backend. Many workers share one server, so each keeps a small
-    pool and checks connections before use (a batch job may sit idle for hours)."""
+def engine_kwargs(url: str, connections: int = 1) -> dict[str, Any]:
+    """Engine options per backend. Many workers share one server (64 on one study against
+    PostgreSQL's default ``max_connections`` of 100: issue #17), so a worker keeps
+    ``connections`` (one per trial run side by side) and borrows one more at most: Optuna's
+    ``RDBStorage`` opens a second session inside its first while it starts (its version
+    check), and a heartbeat may renew a lease during a record. An overflow connection is
+    closed when it is returned. Connections are checked before use (a batch job may sit
+    idle for hours)."""
     backend = backend_of(url)
     if backend == "sqlite":
         # Wait for the writer lock instead of failing at once under concurrent workers.
         return {"connect_args": {"timeout": 120}}
-    return {"pool_size": 2, "max_overflow": 4, "pool_pre_ping": True, "pool_recycle": 1800}
+    return {"pool_size": connections, "max_overflow": 1, "pool_timeout": 300,
+            "pool_pre_ping": True, "pool_recycle": 1800}
+
+
+def _sqlite_immediate(engine: Engine) -> None:
+    """Every SQLite transaction takes the writer lock at BEGIN (``BEGIN IMMEDIATE``).
+
+    A deferred transaction that reads and then writes can meet another one doing the same
+    and be refused at once (SQLite cannot wait out that deadlock); a claim reads the
+    study's claims and writes its own in one transaction. The pysqlite recipe of
+    SQLAlchemy's SQLite dialect docs ("Serializable isolation / Savepoints / Transactional
+    DDL"): the driver's own BEGIN is turned off, the engine's begin event issues ours.
+    """
+    @event.listens_for(engine, "connect")
+    def _no_driver_begin(dbapi_conn: Any, record: Any) -> None:
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections made before the listeners: made again with them
+
+
+_REFUSED = ("too many clients", "too many connections", "remaining connection slots",
+            "the database system is starting up")
+"""Driver messages of a server that answers but is full or not yet accepting: worth
+waiting for. A server that does not answer at all (connection refused, no such host) is
+most often a wrong URL: that fails at once, naming it, rather than after minutes."""
+
+_CONNECT_ATTEMPTS = 20
+"""About 4 minutes of waiting (0.5 s doubling to 16 s): 64 workers started at once against
+100 connections wait out the first ones' start-up (benchmarks/many_workers.py)."""
+
+
+def with_connect_retry(what: str, masked_url: str, fn: Callable[[], T]) -> T:
+    """``fn()``, retried with exponential back-off (0.5 s doubling to 16 s, jittered) while
+    the server refuses connections; then a :class:`StorageError` that says so."""
+    delay, started = 0.5, time.monotonic()
+    for attempt in range(_CONNECT_ATTEMPTS):
+        try:
+            return fn()
+        except (SQLAlchemyError, StorageError, optuna.exceptions.StorageInternalError) as err:
+            if not _refused(err):
+                raise
+            if attempt + 1 == _CONNECT_ATTEMPTS:
+                raise StorageError(
+                    f"{what}: the database server {masked_url} refused connections "
+                    f"{_CONNECT_ATTEMPTS} times over {time.monotonic() - started:.0f} s (too "
+                    "many clients?):"
+                    " raise its max_connections, run fewer workers, or use a connection "
+                    "pooler (docs/hpc.md)") from None
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 16.0)
+    raise AssertionError("unreachable")
+
+
+def _refused(err: BaseException) -> bool:
+    """Whether ``err`` or what caused it (Optuna wraps the driver's error in a
+    ``StorageInternalError`` of its own words) is a refused connection."""
+    seen: BaseException | None = err
+    for _ in range(6):
+        if seen is None:
+            return False
+        text = str(getattr(seen, "orig", None) or seen).lower()
+        if any(t in text for t in _REFUSED):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-class ClaimResult(Enum):
-    """What :meth:`Storage.claim` found."""
-
-    CLAIMED = "claimed"
-    """The trial owns the layout now (or already did): it may measure it."""
-    TAKEN = "taken"
-    """Another trial owns the layout (and may still measure it)."""
-    OTHER_WORKER = "other-worker"
-    """This very trial is claimed by another worker: SQLite can hand one waiting trial to
-    two workers, and the other one runs it."""
-
-
 class Storage:
     """The study storage and the measurements tables of one database."""
 
-    def __init__(self, config: StorageConfig) -> None:
+    def __init__(self, config: StorageConfig, *, connections: int = 1) -> None:
         self.config = config
+        self.connections = connections
         self.url = resolve_url(config.url)
         self.masked_url = mask_url(self.url)
         self.backend = backend_of(self.url)
         for attempt in range(_SCHEMA_ATTEMPTS):
             try:
-                self._open()
+                with_connect_retry("opening the study database", self.masked_url, self._open)
                 break
             except AutotuneError:
                 raise
@@ -87,16 +150,17 @@ class Storage:
                                    f"{_short(err, self.url)}") from None
 
     def _open(self) -> None:
-        self.engine: Engine = create_engine(self.url, **engine_kwargs(self.url))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # No Optuna heartbeats: a trial's liveness is its claim's lease
+            # (autotune.storage.claims), written in autotune's own transactions.
             self.optuna = optuna.storages.RDBStorage(
-                self.url, engine_kwargs=engine_kwargs(self.url),
-                heartbeat_interval=self.config.heartbeat_interval_s,
-                grace_period=self.config.grace_period_s,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                    max_retry=3),
-            )
+                self.url, engine_kwargs=engine_kwargs(self.url, self.connections))
+        # One engine (one pool) for Optuna's tables and autotune's: a worker holds at most
+        # engine_kwargs' connections, whichever table it reads.
+        self.engine: Engine = self.optuna.engine
+        if self.backend == "sqlite":
+            _sqlite_immediate(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._create_schema()
 
@@ -131,6 +195,21 @@ class Storage:
                                       "VARCHAR(64) NOT NULL DEFAULT 'builtin'"))
                     conn.execute(text("UPDATE measurements SET workload = 'replay' "
                                       "WHERE launcher = 'replay'"))
+        if found < 3:
+            columns = {c["name"] for c in inspect(self.engine).get_columns("layout_claims")}
+            with self.engine.begin() as conn:
+                for name, ddl in (("lease_until", "TIMESTAMP NULL"),
+                                  ("attempts", "INTEGER NOT NULL DEFAULT 1"),
+                                  ("retry", "INTEGER NOT NULL DEFAULT 0")):
+                    if name not in columns:
+                        conn.execute(text(f"ALTER TABLE layout_claims ADD COLUMN {name} {ddl}"))
+                # Version 2 passed a claim on when its trial failed unjudged (stale),
+                # interrupted or on a dead node: those wait for a retry now.
+                conn.execute(text(
+                    "UPDATE layout_claims SET retry = 1 WHERE trial_id IN (SELECT t.trial_id "
+                    "FROM trials t WHERE t.state = 'FAIL' AND NOT EXISTS (SELECT 1 FROM "
+                    "trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = "
+                    "'outcome' AND a.value_json NOT IN ('\"interrupted\"', '\"node_failure\"')))"))
         try:
             with self.session() as s:
                 s.add(SchemaVersion(version=SCHEMA_VERSION))
@@ -187,59 +266,18 @@ class Storage:
             rows = s.execute(query).all()
         return [dict(zip(columns, row, strict=True)) for row in reversed(rows)]
 
-    # -- layout claims: each layout measured once per study, across workers ---------------
+    # -- layout claims (autotune.storage.claims owns the writes) ------------------------
 
-    def claim(self, study: str, key: str, trial_id: int, worker: str,
-              *, may_take_over: Callable[[int], bool]) -> ClaimResult:
-        """Make ``trial_id`` (run by ``worker``) the owner of layout ``key``.
-
-        A claim held by a trial that can no longer measure (``may_take_over(owner)``: it
-        failed stale or was interrupted) is taken over atomically: that is how a layout
-        whose runner was killed is retried once. The loser of a race for the claim (or for
-        its take-over) gets :attr:`ClaimResult.TAKEN`.
-        """
-        try:
-            with self.session() as s:
-                s.add(LayoutClaim(study_name=study, layout_key=key, trial_id=trial_id,
-                                  worker=worker, created_at=_now()))
-            return ClaimResult.CLAIMED
-        except StorageError as err:
-            if not _is_unique_violation(err):
-                raise
+    def claims_since(self, study: str, after_id: int) -> list[tuple[int, str, int]]:
+        """``(claim id, layout key, trial id)`` of the study's claims newer than
+        ``after_id``: a worker keeps the keys it has seen (claims are never deleted, only
+        passed on to a retry) and reads only the new ones each step."""
         with self.session() as s:
-            row = s.execute(select(LayoutClaim.trial_id, LayoutClaim.worker).where(
-                LayoutClaim.study_name == study, LayoutClaim.layout_key == key)).first()
-            if row is None:
-                # Its owner released it after our insert failed (over the budget): the
-                # layout was not free when this trial asked, so it is not this trial's.
-                return ClaimResult.TAKEN
-            owner, owner_worker = row
-            if owner == trial_id:
-                return ClaimResult.CLAIMED if owner_worker == worker else ClaimResult.OTHER_WORKER
-            if not may_take_over(owner):
-                return ClaimResult.TAKEN
-            done = s.execute(update(LayoutClaim).where(
-                LayoutClaim.study_name == study, LayoutClaim.layout_key == key,
-                LayoutClaim.trial_id == owner).values(trial_id=trial_id, worker=worker))
-            # Exactly one row changed: this worker won the take-over race.
-            won = getattr(done, "rowcount", 0) == 1
-            return ClaimResult.CLAIMED if won else ClaimResult.TAKEN
-
-    def release(self, study: str, key: str, trial_id: int) -> None:
-        with self.session() as s:
-            s.execute(delete(LayoutClaim).where(
-                LayoutClaim.study_name == study, LayoutClaim.layout_key == key,
-                LayoutClaim.trial_id == trial_id))
-
-    def claim_rank(self, study: str, key: str) -> int:
-        """1-based position of this layout's claim among the study's claims (budget order)."""
-        with self.session() as s:
-            my_id = s.scalar(select(LayoutClaim.id).where(
-                LayoutClaim.study_name == study, LayoutClaim.layout_key == key))
-            if my_id is None:
-                return 0
-            return int(s.scalar(select(func.count()).select_from(LayoutClaim).where(
-                LayoutClaim.study_name == study, LayoutClaim.id <= my_id)) or 0)
+            rows = s.execute(select(LayoutClaim.id, LayoutClaim.layout_key,
+                                    LayoutClaim.trial_id).where(
+                LayoutClaim.study_name == study, LayoutClaim.id > after_id)
+                .order_by(LayoutClaim.id)).all()
+        return [(int(i), str(k), int(t)) for i, k, t in rows]
 
     def claimed_keys(self, study: str) -> dict[str, int]:
         with self.session() as s:
@@ -248,9 +286,8 @@ class Storage:
         return {k: t for k, t in rows}
 
     def close(self) -> None:
-        self.engine.dispose()
         self.optuna.remove_session()
-        self.optuna.engine.dispose()
+        self.engine.dispose()
 
 
 def _is_unique_violation(err: StorageError) -> bool:
@@ -261,8 +298,9 @@ def _is_unique_violation(err: StorageError) -> bool:
     return any(t in text for t in ("UNIQUE", "unique", "Duplicate", "duplicate key"))
 
 
-def open_storage(config: StorageConfig) -> Storage:
-    return Storage(config)
+def open_storage(config: StorageConfig, *, connections: int = 1) -> Storage:
+    """The study's storage; ``connections``: the trials this process runs side by side."""
+    return Storage(config, connections=connections)
 
 
 def _short(err: BaseException, url: str) -> str:

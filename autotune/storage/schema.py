@@ -17,7 +17,15 @@ Version history (each step a migration in :mod:`autotune.storage.db`):
 2. ``measurements.workload``: what ran the trial (``builtin``: the built-in trainer;
    ``replay``: a replayed table), part of the calibration key with the device type and
    the dtype (:mod:`autotune.models.calibration`). Rows of version 1 get ``replay`` where
-   their launcher was the replay launcher, ``builtin`` otherwise.
+   their launcher was the replay launcher, ``builtin`` otherwise;
+3. ``layout_claims.lease_until``, ``attempts``, ``retry`` (issue #17): a claim is made in
+   the transaction that creates its trial and carries a lease until its result is
+   recorded, so that a runner killed at any instant leaves a trial the next run repairs
+   (:mod:`autotune.storage.claims`); ``retry`` marks a claim whose execution was cut short
+   (killed, interrupted), ``attempts`` counts its executions. Every execution has its
+   ``measurements`` row from the claim on (outcome ``running`` until it is recorded, or
+   ``killed`` when it is repaired). Claims of version 2 whose trial failed unjudged or
+   interrupted get ``retry`` = 1.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = ["Base", "Measurement", "LayoutClaim", "SchemaVersion", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bump with a migration in :mod:`autotune.storage.db` when a table changes."""
 
 
@@ -107,6 +115,14 @@ class LayoutClaim(Base):
     trial_id: Mapped[int] = mapped_column(Integer)
     worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    """Until when the trial is alive without another heartbeat (naive UTC); ``None`` once
+    its result is recorded or it was repaired."""
+    attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    """Executions of the layout so far (a retry adds one)."""
+    retry: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """1: its last execution was cut short (killed, interrupted); the next worker re-runs
+    it within the budget."""
 
 
 class SchemaVersion(Base):

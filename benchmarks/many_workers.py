@@ -1,0 +1,212 @@
+"""Many workers on one study: do more workers finish sooner, store no junk, stay within the
+server's connections? (issue #17)
+
+One replay study (trials cost nothing: what is measured is the runner and the database;
+206 layouts, budget 200) run by 1, 16 and 64 ``autotune run`` processes on PostgreSQL in
+a database of its own on the server's default ``max_connections``, and by 8 on SQLite,
+side by side. Per row: wall time (first start to last exit), failed workers (non-zero
+exit), stored trials per measured layout (every trial in the study over the distinct
+COMPLETE layouts; 1.0 is no junk), peak connections to the study's database
+(``pg_stat_activity``, polled every 0.1 s) and per worker.
+
+Goal at 64 workers: 0 failed, <= 1.1 trials per layout, <= 2 connections per worker, wall
+time no worse than 1 worker's. Nothing is asserted.
+
+    python benchmarks/many_workers.py                       # PG 1, 16, 64 and SQLite 8
+    python benchmarks/many_workers.py --rows pg:1,pg:64 --json out.json
+    python benchmarks/many_workers.py --pg-url postgresql+psycopg://postgres@127.0.0.1/test
+
+Workers are separate processes, started at once (``--start exec``: each pays Python's and
+autotune's import, as a job array's would; ``--start fork``: forked from this process
+after the imports, to see the loop alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.replay_study import own_pg_database, write_replay_study  # noqa: E402
+
+DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+N_TRIALS = 200
+NODES = 32  # 206 layouts
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", default="pg:1,pg:16,pg:64,sqlite:8",
+                   help="BACKEND:WORKERS,... (backend pg or sqlite)")
+    p.add_argument("--pg-url", default=os.environ.get("AUTOTUNE_TEST_PG_URL", DEFAULT_PG),
+                   help="a server to create the study's own database on")
+    p.add_argument("--n-trials", type=int, default=N_TRIALS)
+    p.add_argument("--start", choices=["exec", "fork"], default="exec")
+    p.add_argument("--timeout", type=float, default=900, help="per row, seconds")
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    return p.parse_args(argv)
+
+
+class _ConnectionPoll:
+    """Peak connections to one PostgreSQL database, polled in a thread."""
+
+    def __init__(self, admin_url: str, database: str) -> None:
+        from sqlalchemy import create_engine
+
+        self.engine = create_engine(admin_url, pool_size=1, max_overflow=0)
+        self.database, self.peak = database, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        from sqlalchemy import text
+
+        with self.engine.connect() as conn:
+            while not self._stop.wait(0.1):
+                n = conn.execute(text("select count(*) from pg_stat_activity where datname = "
+                                      ":d"), {"d": self.database}).scalar()
+                self.peak = max(self.peak, int(n or 0))
+                conn.commit()
+
+    def __enter__(self) -> _ConnectionPoll:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.engine.dispose()
+
+
+def _fork_worker(study: str) -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    sys.stdout = open(os.devnull, "w")
+    from autotune.cli import main
+
+    os._exit(main(["run", study, "--quiet"]))
+
+
+def _run_workers(study: Path, n: int, start: str, timeout: float) -> tuple[float, list[int],
+                                                                         list[str]]:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    t0 = time.monotonic()
+    if start == "fork":
+        fork = multiprocessing.get_context("fork")
+        procs = [fork.Process(target=_fork_worker, args=(str(study),)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        return time.monotonic() - t0, [p.exitcode if p.exitcode is not None else -1
+                                       for p in procs], []
+    popen = [subprocess.Popen([sys.executable, "-m", "autotune", "run", str(study), "--quiet"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+             for _ in range(n)]
+    codes, errors = [], []
+    for w in popen:
+        try:
+            _, err = w.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            w.kill()
+            _, err = w.communicate()
+        codes.append(w.returncode)
+        if w.returncode != 0:
+            errors.append((err or b"").decode(errors="replace").strip().splitlines()[-1:][0]
+                          if err else f"exit {w.returncode}")
+    return time.monotonic() - t0, codes, errors
+
+
+def _study_counts(url: str, name: str) -> dict[str, Any]:
+    import optuna
+    from optuna.trial import TrialState
+
+    trials = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+    layouts = {t.user_attrs.get("layout") for t in trials if t.state == TrialState.COMPLETE}
+    return {"stored_trials": len(trials), "measured_layouts": len(layouts),
+            "running": sum(t.state == TrialState.RUNNING for t in trials),
+            "trials_per_layout": round(len(trials) / len(layouts), 3) if layouts else None}
+
+
+def run_row(backend: str, workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="many-workers-") as tmp:
+        directory = Path(tmp)
+        row: dict[str, Any] = {"backend": backend, "workers": workers}
+        if backend == "sqlite":
+            url = f"sqlite:///{directory / 'study.db'}"
+            study = write_replay_study(directory, name="many", url=url,
+                                       n_trials=args.n_trials, heartbeat_s=5, grace_s=60,
+                                       nodes=NODES)
+            wall, codes, errors = _run_workers(study, workers, args.start, args.timeout)
+            row["peak_connections"] = None
+        else:
+            from sqlalchemy import create_engine, text
+            from sqlalchemy.engine import make_url
+
+            engine = create_engine(args.pg_url)
+            with engine.connect() as conn:
+                row["max_connections"] = int(conn.execute(text("show max_connections"))
+                                             .scalar() or 0)
+            engine.dispose()
+            with own_pg_database(args.pg_url, "many_workers") as url:
+                study = write_replay_study(directory, name="many", url=url,
+                                           n_trials=args.n_trials, heartbeat_s=5, grace_s=60,
+                                           nodes=NODES)
+                with _ConnectionPoll(args.pg_url, str(make_url(url).database)) as poll:
+                    wall, codes, errors = _run_workers(study, workers, args.start,
+                                                       args.timeout)
+                row.update(_study_counts(url, "many"))
+                row["peak_connections"] = poll.peak
+        if backend == "sqlite":
+            row.update(_study_counts(url, "many"))
+        row["wall_s"] = round(wall, 1)
+        row["failed_workers"] = sum(c != 0 for c in codes)
+        row["errors"] = sorted(set(errors))[:5]
+        peak = row.get("peak_connections")
+        row["connections_per_worker"] = round(peak / workers, 2) if peak else None
+        return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    rows = []
+    for item in args.rows.split(","):
+        backend, _, n = item.partition(":")
+        if backend not in ("pg", "sqlite") or not n.isdigit():
+            print(f"--rows: got {item!r}; allowed: pg:N or sqlite:N", file=sys.stderr)
+            return 2
+        rows.append(run_row(backend, int(n), args))
+        r = rows[-1]
+        print(f"{r['backend']:>6} {r['workers']:>3} workers: {r['wall_s']:>7.1f} s, "
+              f"{r['failed_workers']} failed, {r['trials_per_layout']} trials/layout "
+              f"({r['stored_trials']} stored, {r['measured_layouts']} measured), peak "
+              f"connections {r['peak_connections']} ({r['connections_per_worker']}/worker)"
+              + (f"; errors: {r['errors']}" if r["errors"] else ""), flush=True)
+    header = ["backend", "workers", "wall_s", "failed_workers", "trials_per_layout",
+              "stored_trials", "measured_layouts", "peak_connections", "connections_per_worker"]
+    print("\n" + " | ".join(header))
+    for r in rows:
+        print(" | ".join(str(r.get(h)) for h in header))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"n_trials": args.n_trials, "start": args.start,
+                                               "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
