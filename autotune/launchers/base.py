@@ -203,6 +203,12 @@ class Launcher(ABC):
             if done.result is None and done.result_error is None:
                 reports.append(None)  # unfinished: run alone below (or interrupted)
                 continue
+            if launch.timed_out and _stopped_by_launcher(done):
+                # The trial our timeout killed: the trainer's SIGTERM handler still wrote
+                # it an ``error`` result (trainer/run.py, ``Terminated``), which would hide
+                # the timeout. It is the hung one below.
+                reports.append(None)
+                continue
             # Each trial is charged the launch's wall time since the previous result (the
             # first, the start-up too), so that a batch's reports add up to its launch.
             end = (done.result.wall_clock.get("result") if done.result else None) \
@@ -302,3 +308,11 @@ class Launcher(ABC):
         """Facts about the launcher for the measurements table."""
         return {"launcher": self.kind, **self.workload.describe()}
 
+
+_LAUNCHER_STOPPED = "(the launcher stopped this rank)"
+"""The trainer's words for a rank ended by the launcher's SIGTERM (trainer/run.py)."""
+
+
+def _stopped_by_launcher(report: LaunchReport) -> bool:
+    res = report.result
+    return res is not None and res.status == "error" and _LAUNCHER_STOPPED in (res.error or "")

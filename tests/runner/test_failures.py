@@ -96,6 +96,9 @@ def test_oom_is_infeasible_and_bigger_micro_batches_are_not_launched(tmp_path: P
 
 
 def test_hanging_trial_is_killed_at_its_timeout_and_the_study_goes_on(tmp_path: Path) -> None:
+    # Both in one launch (batch_size 4 by default). The hung layout was once recorded
+    # ``error``: the trainer's SIGTERM handler wrote it an error result when the launcher's
+    # timeout killed the batch; run_batch now knows that result for the timeout's.
     spec, storage = _study(tmp_path, "hang", 2, {**_ONE_DEVICE_SPACE, "micro_batch": [1, 8]},
                            timeout_s=25)
     launcher = InjectingLauncher(lambda lay: "hang" if lay.micro_batch == 8 else "none")
