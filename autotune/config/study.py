@@ -42,6 +42,8 @@ MAX_TRIAL_TIMEOUT_S = 30 * 86_400
 """Longest ``trial.timeout_s`` and ``trial.collective_timeout_s``: 30 days."""
 MAX_STEPS = 100_000
 """Most warm-up or measured steps of one trial."""
+DEFAULT_MAX_MEASURE_STEPS = 12
+"""``trial.max_measure_steps`` when unset (and ``measure_steps`` is smaller)."""
 MAX_HEARTBEAT_S = 86_400
 MAX_GRACE_S = 30 * 86_400
 
@@ -190,8 +192,9 @@ class TrialConfig:
     at least 6 timed steps) or ``max_measure_steps`` is reached; the precision reached is
     stored with the measurement. ``null``: exactly ``measure_steps`` steps. Built-in
     trainer only (a user's program runs ``measure_steps``)."""
-    max_measure_steps: int = 12
-    """The step cap with ``measure_precision`` (at least ``measure_steps``)."""
+    max_measure_steps: int | None = None
+    """The step cap with ``measure_precision`` (at least ``measure_steps``). ``null``: the
+    larger of 12 and ``measure_steps``."""
     early_stop_tolerance: float | None = None
     """Stop a layout once its first timed steps show, at 95% confidence (a lower bound of
     the median step time), that its throughput cannot come within this fraction of the
@@ -230,8 +233,10 @@ class TrialConfig:
         if self.measure_precision is not None:
             check_float("trial.measure_precision", self.measure_precision, strict=True,
                         maximum=1.0)
-        check_int("trial.max_measure_steps", self.max_measure_steps, maximum=MAX_STEPS)
-        if self.measure_precision is not None and self.max_measure_steps < self.measure_steps:
+        if self.max_measure_steps is not None:
+            check_int("trial.max_measure_steps", self.max_measure_steps, maximum=MAX_STEPS)
+        if (self.measure_precision is not None and self.max_measure_steps is not None
+                and self.max_measure_steps < self.measure_steps):
             raise SpecError("trial.max_measure_steps", self.max_measure_steps,
                             f"allowed: at least trial.measure_steps ({self.measure_steps})")
         if self.early_stop_tolerance is not None:

@@ -43,6 +43,10 @@ def test_two_study_campaign_of_two_node_jobs_survives_sigterm(
         monkeypatch.delenv(var)
     monkeypatch.setenv("SLURM_CONF", mn_cluster.conf)  # run_cli and squeue: this cluster
     study = yaml.safe_load((REPO / "studies" / "campaigns" / "ci-mn.yaml").read_text())
+    # One layout per launch, as in tests/campaign/test_slurm.py's SIGTERM test: the SIGTERM
+    # must fall between the first result and the next (a batch of both finished in one
+    # launch before it arrived, and the continuation had nothing left to measure).
+    study["trial"]["batch_size"] = 1
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
     names = [f"mn-{unique}-a", f"mn-{unique}-b"]
     campaign = {
