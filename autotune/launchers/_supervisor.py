@@ -39,9 +39,13 @@ def _prctl(option: int, value: int) -> None:
 
 
 def tree_of(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (Linux ``/proc``)."""
+    """Every live descendant of ``pid`` (Linux ``/proc``; empty elsewhere)."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:

@@ -26,6 +26,7 @@ from typing import Any
 
 from autotune.config.launcher import LocalOptions
 from autotune.errors import LaunchError
+from autotune.launchers._supervisor import tree_of
 from autotune.launchers.base import Launcher
 from autotune.trial import TrialPaths, TrialSpec
 from autotune.workloads.base import Placement
@@ -67,27 +68,9 @@ def _die_with_parent() -> None:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (Linux ``/proc``; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    """Every live descendant of ``pid`` (Linux ``/proc``; empty elsewhere): the
+    supervisor's walk, which stays in its standard-library-only module."""
+    return tree_of(pid)
 
 
 def _free_port() -> int:

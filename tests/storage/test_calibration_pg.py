@@ -20,10 +20,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from autotune.runner.records import StudyAttr, TrialAttr
 from tests.helpers import run_cli, write_study
+from tests.replay_study import own_pg_database
 from tests.runner.test_calibration_cpu import TINY_STUDY
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -33,18 +33,10 @@ STEP_TIME_NOISE = 0.4
 
 
 @pytest.fixture
-def own_database(pg_url: str, unique: str) -> Iterator[str]:
+def own_database(pg_url: str) -> Iterator[str]:
     """A fresh database on the PostgreSQL server, dropped afterwards."""
-    name = f"autotune_calib_{unique}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(pg_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with own_pg_database(pg_url, prefix="autotune_calib") as url:
+        yield url
 
 
 def _study(tmp: Path, name: str, url: str, n_trials: int, **search: Any) -> Path:
