@@ -73,6 +73,15 @@ def processes_mentioning(text: str) -> list[str]:
     return out
 
 
+def no_processes_mentioning(text: str, within_s: float = 30.0) -> list[str]:
+    """Poll until no live process mentions ``text``, for at most ``within_s`` (a killed
+    tree takes a moment to be reaped, longer on a loaded machine); the survivors, if any."""
+    deadline = time.monotonic() + within_s
+    while (left := processes_mentioning(text)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def wait_for_jobs(job_ids: list[str], timeout_s: float) -> None:
     """Poll squeue until none of the jobs is queued or running (sbatch --wait polls slowly)."""
 
