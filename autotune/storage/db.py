@@ -29,7 +29,7 @@ from autotune.errors import AutotuneError, StorageError
 from autotune.storage.guarded import database_error, guard
 from autotune.storage.limits import apply_session_limits
 from autotune.storage.schema import SCHEMA_VERSION, Base, LayoutClaim, Measurement, SchemaVersion
-from autotune.storage.transient import retrying
+from autotune.storage.transient import driver_message, retrying
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
 __all__ = ["Storage", "open_storage", "engine_kwargs", "with_connect_retry"]
@@ -308,7 +308,8 @@ def open_storage(config: StorageConfig, *, connections: int = 1) -> Storage:
 
 def _short(err: BaseException, url: str) -> str:
     """First line of a driver error, with the password masked wherever it appears."""
-    text = str(getattr(err, "orig", None) or err).strip().splitlines()[0] if str(err) else repr(err)
+    text = driver_message(err).strip()
+    text = text.splitlines()[0] if text else repr(err)
     masked = mask_url(url)
     text = text.replace(url, masked)
     try:

@@ -80,8 +80,9 @@ def database_error(err: BaseException) -> bool:
 def one_line(err: BaseException) -> str:
     """The driver's first line of ``err`` (without SQLAlchemy's SQL and background link),
     passwords masked as ``mask_url`` does."""
+    from autotune.storage.transient import driver_message
     from autotune.storage.urls import mask_url
 
-    text = str(getattr(err, "orig", None) or err).strip()
+    text = driver_message(err).strip()
     first = text.splitlines()[0] if text else type(err).__name__
     return " ".join(mask_url(w) if "://" in w else w for w in first.split(" "))[:500]

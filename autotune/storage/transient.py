@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from autotune.errors import StorageError
 
-__all__ = ["transient_reason", "retrying", "BACKOFF_START_S", "BACKOFF_MAX_S"]
+__all__ = ["transient_reason", "retrying", "driver_message", "BACKOFF_START_S", "BACKOFF_MAX_S"]
 
 T = TypeVar("T")
 
@@ -109,6 +109,21 @@ def transient_reason(err: BaseException, *, connected: bool = True) -> str | Non
     return None
 
 
+def driver_message(err: BaseException) -> str:
+    """The database driver's own words under ``err``: Optuna's ``StorageInternalError``
+    says only "An exception is raised during the commit" and SQLAlchemy's errors add the
+    SQL; what a person needs is the driver's message ("database or disk is full")."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            break
+        orig = getattr(seen, "orig", None)
+        if orig is not None:
+            return str(orig)
+        seen = seen.__cause__ or seen.__context__
+    return str(err) or type(err).__name__
+
+
 def _say(line: str) -> None:
     print(f"autotune: {line}", file=sys.stderr, flush=True)
 
@@ -119,8 +134,9 @@ def retrying(what: str, where: str, fn: Callable[[], T], *, wait_s: float,
              sleep: Callable[[float], None] = time.sleep,
              clock: Callable[[], float] = time.monotonic) -> T:
     """``fn()``, run again while it fails transiently (:func:`transient_reason`), for up
-    to ``wait_s`` seconds, with one line on stderr per wait; then a :class:`StorageError`
-    naming the database (``where``, masked), what it did and how long it was waited for.
+    to ``wait_s`` seconds (and once at least), with one line on stderr per wait; then a
+    :class:`StorageError` naming the database (``where``, masked), what it did and how
+    long it was waited for.
 
     ``fn`` must be one transaction or one read, so that running it again is safe.
     ``translate`` turns a non-transient error into the one to raise (``None``: raise it
@@ -138,7 +154,7 @@ def retrying(what: str, where: str, fn: Callable[[], T], *, wait_s: float,
                     raise
                 raise mapped from None
             waited = clock() - started
-            if waited >= wait_s:
+            if waited >= wait_s and waits > 0:  # once at least: a blip is not an outage
                 raise StorageError(
                     f"{what}: the database {where} {why}; gave up after waiting "
                     f"{waited:.0f} s and {waits} retries (storage.outage_wait_s={wait_s:g}). "
