@@ -222,3 +222,17 @@ def test_a_resume_on_a_full_disk_exits_1_in_one_line(tmp_path: Path, small_tmpfs
     assert_clean(tmp_path / "first.log", tmp_path / "full.log", tmp_path / "again.log")
     counts = invariants(url, "full", 10)
     assert counts["killed"] == 0, counts
+
+
+def test_each_postgresql_connection_carries_its_limits(own_pg: PgServer) -> None:
+    from sqlalchemy import text
+
+    from autotune.config.study import StorageConfig
+    from autotune.storage.db import Storage
+
+    storage = Storage(StorageConfig(url=own_pg.url, transaction_timeout_s=7))
+    with storage.engine.connect() as conn:
+        shown = [conn.execute(text(f"SHOW {name}")).scalar() for name in (
+            "idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout")]
+    storage.close()
+    assert shown == ["7s", "14s", "14s"]
