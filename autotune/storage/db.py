@@ -4,7 +4,11 @@ One :class:`Storage` per process holds one SQLAlchemy engine for autotune's tabl
 Optuna's :class:`~optuna.storages.RDBStorage` on the same URL. :meth:`Storage.session`
 is the one session scope: it commits, rolls back, and translates database errors into
 :class:`~autotune.errors.StorageError` with the password masked (Optuna's
-``_create_scoped_session`` pattern).
+``_create_scoped_session`` pattern). :meth:`Storage.retrying` waits out a database that
+fails transiently (:mod:`autotune.storage.transient`); ``Storage.optuna``, the storage every
+``optuna.Study`` is opened on, does the same for each of Optuna's calls
+(:mod:`autotune.storage.guarded`); each connection carries its own transaction limits
+(:mod:`autotune.storage.limits`).
 """
 
 from __future__ import annotations

@@ -52,6 +52,8 @@ def test_an_immediate_restart_during_a_real_cpu_trial_loses_no_result(
     are recorded, none is measured again."""
     with own_pg_database(own_pg.url, "restart_cpu") as url:
         study = write_study(tmp_path / "cpu.yaml", name="restart-cpu", n_trials=3,
+                            trial={"warmup_steps": 1, "measure_steps": 2,
+                                   "max_measure_steps": 2, "timeout_s": 180, "device": "cpu"},
                             storage={"url": url, "heartbeat_interval_s": 1,
                                      "grace_period_s": 120, "outage_wait_s": 240})
         log = tmp_path / "run.log"
@@ -71,8 +73,7 @@ def test_an_immediate_restart_during_a_real_cpu_trial_loses_no_result(
         finally:
             if proc.poll() is None:
                 proc.kill()
-            if own_pg.start() is not None:  # already running: pg_ctl says so
-                pass
+            own_pg.start()  # in case the test failed while it was down (else a no-op)
         again = subprocess.run([sys.executable, "-m", "autotune", "run", str(study),
                                 "--quiet"], capture_output=True, text=True, timeout=300)
         assert again.returncode == 0, again.stderr[-3000:]
@@ -85,14 +86,14 @@ def test_an_immediate_restart_during_a_real_cpu_trial_loses_no_result(
 def test_an_immediate_restart_under_8_replay_workers(tmp_path: Path, own_pg: PgServer) -> None:
     """Issue 23 A/B: 1 of 8 workers ended with a traceback on an immediate stop; now
     every worker waits it out and the study ends at its budget."""
-    n = 40
+    n = 24
     with own_pg_database(own_pg.url, "restart_replay") as url:
         # A lease longer than the outage: the point is that nobody is repaired as killed.
         study = write_replay_study(tmp_path, name="restart8", url=url, n_trials=n,
                                    heartbeat_s=2, grace_s=60)
         logs = [tmp_path / f"worker{i}.log" for i in range(8)]
         workers = [fork_run(study, log) for log in logs]
-        wait_for("the first claims", lambda: _claims(url, "restart8") >= 8, 120)
+        wait_for("the first claims", lambda: _claims(url, "restart8") >= 6, 120)
         down_s = own_pg.restart_immediately()
         for w in workers:
             w.join(300)
