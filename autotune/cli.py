@@ -8,6 +8,7 @@ interrupted by Ctrl-C (the running trial is killed and left to be retried).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -53,8 +54,7 @@ def _open(storage_url: str | None, study_arg: str | None):  # -> (Storage, name 
         spec = load_study(study_arg)
         name, config = spec.name, spec.storage
     if storage_url:
-        config = StorageConfig(url=storage_url, heartbeat_interval_s=config.heartbeat_interval_s,
-                               grace_period_s=config.grace_period_s)
+        config = dataclasses.replace(config, url=storage_url)
     return open_storage(config), name
 
 
@@ -374,6 +374,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)
         return EXIT_INTERRUPT
+    except Exception as err:
+        # The storage wraps every database call (autotune.storage.guarded); one that
+        # escaped it is still a database failure, never a traceback (issue 23 B).
+        from autotune.storage.guarded import database_error, one_line
+
+        if not database_error(err):
+            raise
+        print(f"autotune: error: database error: {one_line(err)}", file=sys.stderr)
+        return EXIT_FAIL
     except BrokenPipeError:
         return EXIT_OK
 

@@ -69,7 +69,8 @@ def own_pg_database(pg_url: str, prefix: str = "robust") -> Iterator[str]:
     from sqlalchemy.engine import make_url
 
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    # pre_ping: the fault tests restart the server under it (tests/faults)
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:

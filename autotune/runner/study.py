@@ -102,7 +102,7 @@ from autotune.storage.claims import (
     retry_keys,
     store_verdict,
 )
-from autotune.storage.db import Storage, with_connect_retry
+from autotune.storage.db import Storage
 from autotune.trial import TrialPaths, TrialResult, TrialSpec
 
 T = TypeVar("T")
@@ -176,8 +176,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
         raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")
     # once, before worker threads could race to create it
-    study = with_connect_retry("opening the study", storage.masked_url,
-                               lambda: open_study(spec, storage))
+    study = storage.retrying("opening the study", lambda: open_study(spec, storage))
     record = learned_from_record(learning.calibration, enabled=learn)
     set_user_attrs(study, {StudyAttr.LEARNED_FROM: record})
     progress = progress or Progress(total=n_trials, enabled=False)
@@ -390,7 +389,7 @@ class _Worker:
             self.storage, study_name=self.spec.name, key=layout.key(),
             n_trials=self.n_trials, worker=self.name,
             params=layout_params(layout, self.spec), user_attrs=attrs, measurement=row,
-            retry_only=retry_only))
+            retry_only=retry_only, before_commit=lambda: _test_kill_point("in-claim")))
 
     def _claimed_keys(self) -> dict[str, int]:
         """The study's claimed layouts, read incrementally (new claims only)."""
@@ -401,7 +400,7 @@ class _Worker:
         return self._claims
 
     def _retrying(self, fn: Callable[[], T]) -> T:
-        return with_connect_retry(f"worker {self.name}", self.storage.masked_url, fn)
+        return self.storage.retrying(f"worker {self.name}", fn)
 
     def _set_candidates(self, candidates: list[Candidate]) -> None:
         self.plan = plan_order(c.layout for c in candidates)
@@ -509,11 +508,22 @@ class _Worker:
 
 TEST_KILL_ENV = "AUTOTUNE_TEST_KILL_AT"
 """A test hook, not a setting: ``after-claim`` (between the claim and the launch),
-``after-launch`` (the trial ran, nothing recorded) or ``in-record`` (inside the record's
+``after-launch`` (the trial ran, nothing recorded), ``in-claim`` (inside the claim's
+transaction, its locks held, before its commit) or ``in-record`` (inside the record's
 transaction, before its commit) makes the runner SIGKILL itself there, so that the
-fault-injection tests (tests/runner/test_kills.py) hit those instants exactly."""
+fault-injection tests (tests/runner/test_kills.py, tests/faults/) hit those instants
+exactly."""
+
+TEST_STOP_ENV = "AUTOTUNE_TEST_STOP_AT"
+"""The same instants, with SIGSTOP instead, once per process: a worker frozen there (a
+node swapping, a suspended job) until the test sends it SIGCONT (tests/faults/)."""
+
+_stopped_once: set[str] = set()
 
 
 def _test_kill_point(point: str) -> None:
     if os.environ.get(TEST_KILL_ENV) == point:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(TEST_STOP_ENV) == point and point not in _stopped_once:
+        _stopped_once.add(point)
+        os.kill(os.getpid(), signal.SIGSTOP)

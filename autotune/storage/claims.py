@@ -88,7 +88,8 @@ class ClaimCounts:
 def claim_layout(storage: Storage, *, study_name: str, key: str, n_trials: int,
                  worker: str, params: Mapping[str, tuple[Any, BaseDistribution]],
                  user_attrs: Mapping[str, Any], measurement: Mapping[str, Any],
-                 retry_only: bool = False) -> Claimed | Refused:
+                 retry_only: bool = False,
+                 before_commit: Callable[[], None] | None = None) -> Claimed | Refused:
     """Claim layout ``key`` and create its trial, in one transaction.
 
     A new layout is claimed while fewer than ``n_trials`` are; a layout whose claim waits
@@ -131,6 +132,9 @@ def claim_layout(storage: Storage, *, study_name: str, key: str, n_trials: int,
             row.attempts, row.retry = attempt, 0
         s.add(Measurement(**{**measurement, "trial_id": trial_id, "trial_number": number,
                              "outcome": "running"}))
+        if before_commit is not None:
+            s.flush()
+            before_commit()
         return Claimed(trial_id, number, attempt)
 
 

@@ -4,7 +4,11 @@ One :class:`Storage` per process holds one SQLAlchemy engine for autotune's tabl
 Optuna's :class:`~optuna.storages.RDBStorage` on the same URL. :meth:`Storage.session`
 is the one session scope: it commits, rolls back, and translates database errors into
 :class:`~autotune.errors.StorageError` with the password masked (Optuna's
-``_create_scoped_session`` pattern).
+``_create_scoped_session`` pattern). :meth:`Storage.retrying` waits out a database that
+fails transiently (:mod:`autotune.storage.transient`); ``Storage.optuna``, the storage every
+``optuna.Study`` is opened on, does the same for each of Optuna's calls
+(:mod:`autotune.storage.guarded`); each connection carries its own transaction limits
+(:mod:`autotune.storage.limits`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import optuna
+from optuna.storages import BaseStorage
 from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -25,7 +30,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, StorageError
+from autotune.storage.guarded import database_error, guard
+from autotune.storage.limits import apply_session_limits
 from autotune.storage.schema import SCHEMA_VERSION, Base, LayoutClaim, Measurement, SchemaVersion
+from autotune.storage.transient import driver_message, retrying
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
 __all__ = ["Storage", "open_storage", "engine_kwargs", "with_connect_retry"]
@@ -35,18 +43,19 @@ T = TypeVar("T")
 _SCHEMA_ATTEMPTS = 8
 
 
-def engine_kwargs(url: str, connections: int = 1) -> dict[str, Any]:
+def engine_kwargs(url: str, connections: int = 1, *,
+                  busy_timeout_s: float = 120) -> dict[str, Any]:
     """Engine options per backend. Many workers share one server (64 on one study against
     PostgreSQL's default ``max_connections`` of 100: issue #17), so a worker keeps
     ``connections`` (one per trial run side by side) and borrows one more at most: Optuna's
     ``RDBStorage`` opens a second session inside its first while it starts (its version
     check), and a heartbeat may renew a lease during a record. An overflow connection is
     closed when it is returned. Connections are checked before use (a batch job may sit
-    idle for hours)."""
+    idle for hours). SQLite: a writer waits ``busy_timeout_s`` for the lock, then fails
+    "database is locked" (:mod:`autotune.storage.limits`)."""
     backend = backend_of(url)
     if backend == "sqlite":
-        # Wait for the writer lock instead of failing at once under concurrent workers.
-        return {"connect_args": {"timeout": 120}}
+        return {"connect_args": {"timeout": busy_timeout_s}}
     return {"pool_size": connections, "max_overflow": 1, "pool_timeout": 300,
             "pool_pre_ping": True, "pool_recycle": 1800}
 
@@ -71,51 +80,13 @@ def _sqlite_immediate(engine: Engine) -> None:
     engine.dispose()  # connections made before the listeners: made again with them
 
 
-_REFUSED = ("too many clients", "too many connections", "remaining connection slots",
-            "the database system is starting up")
-"""Driver messages of a server that answers but is full or not yet accepting: worth
-waiting for. A server that does not answer at all (connection refused, no such host) is
-most often a wrong URL: that fails at once, naming it, rather than after minutes."""
-
-_CONNECT_ATTEMPTS = 20
-"""About 4 minutes of waiting (0.5 s doubling to 16 s): 64 workers started at once against
-100 connections wait out the first ones' start-up (benchmarks/many_workers.py)."""
-
-
-def with_connect_retry(what: str, masked_url: str, fn: Callable[[], T]) -> T:
-    """``fn()``, retried with exponential back-off (0.5 s doubling to 16 s, jittered) while
-    the server refuses connections; then a :class:`StorageError` that says so."""
-    delay, started = 0.5, time.monotonic()
-    for attempt in range(_CONNECT_ATTEMPTS):
-        try:
-            return fn()
-        except (SQLAlchemyError, StorageError, optuna.exceptions.StorageInternalError) as err:
-            if not _refused(err):
-                raise
-            if attempt + 1 == _CONNECT_ATTEMPTS:
-                raise StorageError(
-                    f"{what}: the database server {masked_url} refused connections "
-                    f"{_CONNECT_ATTEMPTS} times over {time.monotonic() - started:.0f} s (too "
-                    "many clients?):"
-                    " raise its max_connections, run fewer workers, or use a connection "
-                    "pooler (docs/hpc.md)") from None
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 16.0)
-    raise AssertionError("unreachable")
-
-
-def _refused(err: BaseException) -> bool:
-    """Whether ``err`` or what caused it (Optuna wraps the driver's error in a
-    ``StorageInternalError`` of its own words) is a refused connection."""
-    seen: BaseException | None = err
-    for _ in range(6):
-        if seen is None:
-            return False
-        text = str(getattr(seen, "orig", None) or seen).lower()
-        if any(t in text for t in _REFUSED):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+def with_connect_retry(what: str, masked_url: str, fn: Callable[[], T], *,
+                       wait_s: float = 300) -> T:
+    """``fn()``, retried while it fails transiently (a full server, one starting up or in
+    crash recovery: :mod:`autotune.storage.transient`; a refused connection fails at once,
+    as before a first connection), for up to ``wait_s`` seconds. A :class:`Storage`'s own
+    calls go through :meth:`Storage.retrying`, which knows whether it connected before."""
+    return retrying(what, masked_url, fn, wait_s=wait_s, connected=lambda: False)
 
 
 def _now() -> datetime:
@@ -131,9 +102,14 @@ class Storage:
         self.url = resolve_url(config.url)
         self.masked_url = mask_url(self.url)
         self.backend = backend_of(self.url)
+        self._connected = False
+        """Whether this process reached the database: a refused connection is a restart
+        then, not a wrong URL (:func:`autotune.storage.transient.transient_reason`)."""
         for attempt in range(_SCHEMA_ATTEMPTS):
             try:
-                with_connect_retry("opening the study database", self.masked_url, self._open)
+                with_connect_retry("opening the study database", self.masked_url, self._open,
+                                   wait_s=config.outage_wait_s)
+                self._connected = True
                 break
             except AutotuneError:
                 raise
@@ -154,13 +130,19 @@ class Storage:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             # No Optuna heartbeats: a trial's liveness is its claim's lease
             # (autotune.storage.claims), written in autotune's own transactions.
-            self.optuna = optuna.storages.RDBStorage(
-                self.url, engine_kwargs=engine_kwargs(self.url, self.connections))
+            self.rdb = optuna.storages.RDBStorage(
+                self.url, engine_kwargs=engine_kwargs(
+                    self.url, self.connections,
+                    busy_timeout_s=self.config.transaction_timeout_s))
         # One engine (one pool) for Optuna's tables and autotune's: a worker holds at most
         # engine_kwargs' connections, whichever table it reads.
-        self.engine: Engine = self.optuna.engine
+        self.engine: Engine = self.rdb.engine
         if self.backend == "sqlite":
             _sqlite_immediate(self.engine)
+        apply_session_limits(self.engine, self.backend, self.config.transaction_timeout_s)
+        # What every optuna.Study of autotune's is opened on: Optuna's cached storage, each
+        # call waited out and translated like autotune's own (autotune.storage.guarded).
+        self.optuna: BaseStorage = guard(optuna.storages.get_storage(self.rdb), self.retrying)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._create_schema()
 
@@ -225,14 +207,30 @@ class Storage:
             yield s
             s.commit()
         except SQLAlchemyError as err:
-            s.rollback()
+            _quiet_rollback(s)
             raise StorageError(f"database error on {self.masked_url}: {_short(err, self.url)}") \
                 from None
         except BaseException:
-            s.rollback()
+            _quiet_rollback(s)
             raise
         finally:
-            s.close()
+            try:
+                s.close()
+            except SQLAlchemyError:
+                pass  # a connection the server closed: the pool drops it
+
+    def retrying(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()`` (one transaction or one read), waited out while the database fails
+        transiently, for up to ``storage.outage_wait_s``, one line per wait; any other
+        database error as one :class:`StorageError` line (issue 23 A, B)."""
+        return retrying(what, self.masked_url, fn, wait_s=self.config.outage_wait_s,
+                        connected=lambda: self._connected, translate=self._translate)
+
+    def _translate(self, err: BaseException) -> BaseException | None:
+        if database_error(err):
+            return StorageError(f"database error on {self.masked_url}: "
+                                f"{_short(err, self.url)}")
+        return None
 
     # -- measurements -------------------------------------------------------------------
 
@@ -286,8 +284,17 @@ class Storage:
         return {k: t for k, t in rows}
 
     def close(self) -> None:
-        self.optuna.remove_session()
+        self.rdb.remove_session()
         self.engine.dispose()
+
+
+def _quiet_rollback(s: Session) -> None:
+    """Roll back; on a connection the server closed, the rollback fails too: the original
+    error is the one to tell."""
+    try:
+        s.rollback()
+    except SQLAlchemyError:
+        pass
 
 
 def _is_unique_violation(err: StorageError) -> bool:
@@ -305,7 +312,8 @@ def open_storage(config: StorageConfig, *, connections: int = 1) -> Storage:
 
 def _short(err: BaseException, url: str) -> str:
     """First line of a driver error, with the password masked wherever it appears."""
-    text = str(getattr(err, "orig", None) or err).strip().splitlines()[0] if str(err) else repr(err)
+    text = driver_message(err).strip()
+    text = text.splitlines()[0] if text else repr(err)
     masked = mask_url(url)
     text = text.replace(url, masked)
     try:

@@ -62,6 +62,16 @@ def mask_url(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
+_AT_HINT = ("an unencoded '@' in the user name or password; allowed: '@' written as %40 "
+            "(urllib.parse.quote), or no password in the URL and AUTOTUNE_DB_PASSWORD or "
+            "AUTOTUNE_DB_PASSWORD_FILE set")
+
+
+def _netloc(url: str) -> str:
+    """What lies between ``://`` and the path: ``user:password@host:port``."""
+    return url.partition("://")[2].split("/", 1)[0]
+
+
 def parse_url(url: str, field: str = "storage.url") -> URL:
     """``url`` parsed, or a :class:`SpecError` (exit 2) that shows it masked: a URL that is
     not one, a port that is not a number in 1-65535, an unencoded ``@`` in the password
@@ -74,12 +84,12 @@ def parse_url(url: str, field: str = "storage.url") -> URL:
     except ArgumentError:
         raise SpecError(field, mask_url(url), f"not a database URL; {example}") from None
     except ValueError:
+        if _netloc(url).count("@") > 1:
+            raise SpecError(field, mask_url(url), _AT_HINT) from None
         raise SpecError(field, mask_url(url), "a port that is not a number; allowed: "
                         "host:PORT with PORT 1-65535, e.g. db.example.org:5432") from None
     if "@" in (parsed.host or "") or "@" in (parsed.username or ""):
-        raise SpecError(field, mask_url(url), "an unencoded '@' in the user name or password; "
-                        "allowed: '@' written as %40 (urllib.parse.quote), or no password in "
-                        "the URL and AUTOTUNE_DB_PASSWORD or AUTOTUNE_DB_PASSWORD_FILE set")
+        raise SpecError(field, mask_url(url), _AT_HINT)
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise SpecError(field, mask_url(url), f"port {parsed.port}; allowed: a port 1-65535")
     return parsed
