@@ -141,4 +141,10 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
               if st.learned_from]
     lines += [f"{st.name}: time: {breakdown_line(st.time)}" for st in statuses
               if st.time.trials]
+    from autotune.energy import energy_text
+
+    lines += [f"{st.name}: best: " + energy_text(st.best.user_attrs.get("energy_j_per_step"),
+                                                  st.best.user_attrs.get("energy_source"),
+                                                  st.best.user_attrs.get("joules_per_token"))
+              for st in statuses if st.best is not None]
     return "\n".join(lines)

@@ -87,7 +87,8 @@ class TrialAttr:
 
 RESULT_ATTRS: tuple[str, ...] = (
     TrialAttr.MODEL_TFLOPS, TrialAttr.HARDWARE_TFLOPS, TrialAttr.MFU, TrialAttr.STEP_TIME_S,
-    TrialAttr.STEP_TIME_IQR_S, TrialAttr.TOKENS_PER_S, TrialAttr.DEVICE, TrialAttr.DEVICE_NAME)
+    TrialAttr.STEP_TIME_IQR_S, TrialAttr.TOKENS_PER_S, TrialAttr.DEVICE, TrialAttr.DEVICE_NAME,
+    "energy_j_per_step", "energy_source", "joules_per_token", "model_tflops_per_watt")
 """Trial attributes copied from the :class:`~autotune.trial.TrialResult` field of the same
 name."""
 
@@ -198,6 +199,11 @@ def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch
         if res else None,
         "worker": facts.worker, "started_at": facts.started_at,
         "finished_at": facts.finished_at,
+        # NULL where no counter measured (never 0): trainer/energy.py, autotune/energy.py
+        "energy_j_per_step": res.energy_j_per_step if res else None,
+        "energy_source": res.energy_source if res else None,
+        "joules_per_token": res.joules_per_token if res else None,
+        "model_tflops_per_watt": res.model_tflops_per_watt if res else None,
     }
 
 
