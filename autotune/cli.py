@@ -132,6 +132,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         st.retries = claim_counts(storage, n).retries
         statuses.append(st)
     print(format_statuses(statuses))
+    from autotune.scaling.command import status_lines
+
+    for line in status_lines(storage, [load_existing_study(storage, n) for n in names]):
+        print(line)
     return EXIT_OK
 
 

@@ -149,3 +149,30 @@ def _database_exists(spec: StudySpec) -> bool:
         return True
     path = make_url(url).database
     return path is not None and path not in ("", ":memory:") and Path(path).is_file()
+
+
+def status_lines(storage: Any, studies: Sequence[Any]) -> list[str]:
+    """``autotune status``: the table of each scaling study among ``studies`` (measured
+    rows; their study file, recorded with them, says the sizes and the batch rule)."""
+    from autotune.scaling.run import SCALING_ATTR
+    from autotune.spec import load_study
+
+    groups: dict[tuple[str, str, str, tuple[int, ...]], str | None] = {}
+    for study in studies:
+        for mode, rec in (study.user_attrs.get(SCALING_ATTR) or {}).items():
+            if isinstance(rec, dict):
+                key = (str(rec.get("group")), str(mode), str(rec.get("axis")),
+                       tuple(int(s) for s in rec.get("sizes") or ()))
+                groups.setdefault(key, rec.get("source"))
+    lines = []
+    for (group, mode, axis, sizes), source in sorted(groups.items()):
+        head = f"scaling {group} ({mode}, {axis} {','.join(map(str, sizes))})"
+        try:
+            spec = load_study(source or "")
+        except SpecError as err:
+            lines.append(f"{head}: its study file cannot be read ({err})")
+            continue
+        request = ScalingRequest(mode, axis, sizes)
+        rows = scaling_table(storage, spec, request, predict=False)
+        lines += [f"{head}:", format_scaling(rows, request)]
+    return lines

@@ -9,8 +9,9 @@ starts from what the smaller ones measured: the calibration's key is device type
 and workload, not the world size (``docs/models.md``), so the earlier sizes' rows are its
 warm start, and the line each size prints says which studies it learned from.
 
-Each size's study carries the user attribute ``scaling`` (:func:`scaling_record`), by
-which ``autotune status`` finds the scaling studies of a database and shows their tables.
+Each size's study carries the user attribute ``scaling``, ``{mode: record}``
+(:func:`scaling_record`; one study may serve both modes), by which ``autotune status``
+finds the scaling studies of a database and shows their tables.
 Under SLURM, run it inside an allocation of the largest size (``salloc -N 4 autotune
 scaling ...``) or from a campaign job; the smaller sizes' trials run side by side on
 disjoint node groups of the allocation, as any study's do.
@@ -34,8 +35,11 @@ SCALING_ATTR = "scaling"
 def scaling_record(spec: StudySpec, request: ScalingRequest, size: int) -> dict[str, Any]:
     """What ``autotune status`` needs to rebuild the table: the group, mode, axis, sizes,
     and the study file it came from."""
+    from pathlib import Path
+
     return {"group": spec.name, "mode": request.mode, "axis": request.axis, "size": size,
-            "sizes": list(request.sizes), "source": spec.source}
+            "sizes": list(request.sizes),
+            "source": str(Path(spec.source).resolve()) if spec.source else None}
 
 
 @dataclass
@@ -78,7 +82,9 @@ def run_scaling(spec: StudySpec, request: ScalingRequest, *, n_trials: int | Non
                                 progress=Progress(total=at.search.n_trials,
                                                   enabled=not quiet))
             study = optuna.load_study(study_name=at.name, storage=storage.optuna)
-            study.set_user_attr(SCALING_ATTR, scaling_record(spec, request, size))
+            records = dict(study.user_attrs.get(SCALING_ATTR) or {})
+            records[request.mode] = scaling_record(spec, request, size)
+            study.set_user_attr(SCALING_ATTR, records)
             learned = learned_from_line(learned_from_of(study))
             if learned:
                 log(f"{request.axis} {size}: calibration carried over across world sizes: "

@@ -9,9 +9,12 @@ A scaling study tunes one study file at several world sizes (``docs/scaling.md``
   ``N`` it is ``training.global_batch * N / S``, ``S`` being the study file's own size
   (its ``cluster.nodes``, or ``devices_per_node`` with ``--devices``), i.e. the file's
   batch is its cluster's; **strong**: the global batch is the file's at every size.
-* Each size is its own study in the same database, named ``NAME-MODE-nN`` (``-dN`` with
-  ``--devices``), so that a second run resumes each where it stopped and a size already
-  done is not measured again.
+* Each size is its own study in the same database, named ``NAME-nN-gbB`` (``-dN-gbB``
+  with ``--devices``; ``B`` the size's global batch), so that a second run resumes each
+  where it stopped and a size already done is not measured again. A study is what it
+  measures (model, world size, batch), not the mode that asked for it: the study file's
+  own size has the same batch weak or strong, so a strong run after a weak one reuses
+  that size's study.
 
 Efficiency against the smallest size ``N0`` (:func:`scaling_efficiency`) is the same
 formula in both modes: per-device throughput at ``N`` over that at ``N0``. Weak: the
@@ -92,9 +95,9 @@ class ScalingRequest:
 
 
 def size_study_name(spec: StudySpec, request: ScalingRequest, size: int) -> str:
-    """``NAME-weak-n4`` / ``NAME-strong-d2``: the study of one size."""
+    """``NAME-n4-gb16`` / ``NAME-d2-gb8``: the study of one size (module docstring)."""
     letter = "n" if request.axis == "nodes" else "d"
-    name = f"{spec.name}-{request.mode}-{letter}{size}"
+    name = f"{spec.name}-{letter}{size}-gb{request.global_batch(spec, size)}"
     if len(name) > 100:
         raise SpecError("name", spec.name, "allowed for a scaling study: at most "
                         f"{100 - len(name) + len(spec.name)} characters (the size's study "
