@@ -86,7 +86,7 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
     """The best trial of each size's study that exists and has completed one."""
     import optuna
 
-    from autotune.results import best_trial, list_studies
+    from autotune.results import list_studies, selected_trial
     from autotune.runner.records import trial_layout_key
 
     have = set(list_studies(storage))
@@ -96,7 +96,7 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
         if at.name not in have:
             continue
         study = optuna.load_study(study_name=at.name, storage=storage.optuna)
-        best = best_trial(study)
+        best = selected_trial(study)
         if best is None or best.value is None:
             continue
         attrs = best.user_attrs
