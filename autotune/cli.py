@@ -348,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--format", choices=("md", "html"), default="md")
     sc.add_argument("--no-predict", action="store_true",
                     help="measured rows only (no cost-model curve)")
+    sc.add_argument("--table-only", action="store_true",
+                    help="run nothing: the table of what the database has")
+    sc.add_argument("--campaign-studies", action="store_true",
+                    help="run nothing: print the studies: entries of a campaign file that "
+                    "runs each size as its own study (one job array per size)")
     sc.add_argument("--quiet", action="store_true", help="no progress lines")
     sc.set_defaults(func=cmd_scaling)
 

@@ -17,7 +17,8 @@ from autotune.scaling.sizes import ScalingRequest, default_sizes, parse_sizes
 from autotune.scaling.table import ScalingRow, format_scaling, scaling_csv, scaling_table
 from autotune.spec import StudySpec
 
-__all__ = ["request_of", "run_command", "plan_command", "write_report", "parse_references"]
+__all__ = ["request_of", "run_command", "plan_command", "write_report", "parse_references",
+           "campaign_studies", "status_lines"]
 
 
 def request_of(spec: StudySpec, mode: str, nodes: str | None, devices: str | None,
@@ -84,14 +85,18 @@ def write_report(rows: Sequence[ScalingRow], request: ScalingRequest, spec: Stud
 def run_command(args: Any, log: Callable[[str], None]) -> int:
     """``autotune scaling``: tune every size, then print (and write) the table."""
     from autotune.config.study import StorageConfig
-    from autotune.scaling.run import run_scaling
+    from autotune.scaling.run import ScalingRun, run_scaling
     from autotune.spec import load_study
     from autotune.storage import open_storage
 
     spec = load_study(args.study)
     request = request_of(spec, args.mode, args.nodes, args.devices)
-    run = run_scaling(spec, request, n_trials=args.n_trials, storage_url=args.storage,
-                      log=log, quiet=args.quiet)
+    if args.campaign_studies:
+        print(campaign_studies(spec, request, args.study, n_trials=args.n_trials))
+        return 0
+    run = ScalingRun() if args.table_only else run_scaling(
+        spec, request, n_trials=args.n_trials, storage_url=args.storage, log=log,
+        quiet=args.quiet)
     config = StorageConfig(url=args.storage) if args.storage else spec.storage
     storage = open_storage(config)
     try:
@@ -116,6 +121,28 @@ def run_command(args: Any, log: Callable[[str], None]) -> int:
               "sizes were not run", file=sys.stderr)
         return 1
     return 0
+
+
+def campaign_studies(spec: StudySpec, request: ScalingRequest, file: str, *,
+                     n_trials: int | None) -> str:
+    """The ``studies:`` entries of a campaign file that runs each size as its own study
+    (one job array per size, resumable as any campaign's: docs/hpc.md); the table then
+    comes from ``autotune scaling ... --table-only``."""
+    import yaml
+
+    from autotune.scaling.sizes import size_spec
+
+    entries = []
+    for size in request.sizes:
+        at = size_spec(spec, request, size)
+        overrides: dict[str, Any] = {
+            "cluster": {"nodes": at.cluster.nodes,
+                        "devices_per_node": at.cluster.devices_per_node},
+            "training": {"global_batch": at.training.global_batch}}
+        if n_trials:
+            overrides["search"] = {"n_trials": n_trials}
+        entries.append({"file": file, "name": at.name, "overrides": overrides})
+    return yaml.safe_dump({"studies": entries}, sort_keys=False).rstrip("\n")
 
 
 def plan_command(spec: StudySpec, args: Any) -> str:

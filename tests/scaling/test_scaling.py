@@ -158,3 +158,24 @@ def test_plan_extends_the_175b_curve_to_128_nodes(mode: str, centre: int,
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert [r["nodes"] for r in rows] == ["16", "128"] and set(CONTRACT) <= set(rows[0])
     assert yaml.safe_load(Path(study).read_text())["cluster"]["nodes"] == 128
+
+
+def test_campaign_studies_make_a_campaign_of_one_study_per_size(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.campaign.config import load_campaign
+
+    path = _spec(tmp_path)
+    assert main(["scaling", str(path), "--mode", "weak", "--nodes", "1,2,4",
+                 "--campaign-studies", "--n-trials", "2"]) == 0
+    studies = yaml.safe_load(capsys.readouterr().out)["studies"]
+    for entry in studies:
+        entry["file"] = path.name  # relative to the campaign file, beside it
+    campaign = {"name": "scale", "storage": {"url": "postgresql+psycopg://autotune@db.example/scale"},
+                "site": "local-ci-mn", "slurm": {"time": "00:10:00", "workers": 1},
+                "studies": studies}
+    (tmp_path / "campaign.yaml").write_text(yaml.safe_dump(campaign))
+    spec = load_campaign(tmp_path / "campaign.yaml")
+    got = [(s.name, s.spec.cluster.nodes, s.spec.training.global_batch, s.n_trials)
+           for s in spec.studies]
+    assert got == [("sc-n1-gb4", 1, 4, 2), ("sc-n2-gb8", 2, 8, 2), ("sc-n4-gb16", 4, 16, 2)]
+    assert not (tmp_path / "study.db").exists()
