@@ -17,45 +17,37 @@ counter)", never a 0 that would win.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
-__all__ = ["OBJECTIVES", "SELECTION_ATTR", "select_best", "selection_record"]
+__all__ = ["OBJECTIVES", "select_best", "selection_record"]
 
 OBJECTIVES: tuple[str, ...] = ("throughput", "energy", "throughput-within")
-SELECTION_ATTR = "selection"
-"""Study user attribute: ``{"objective": ..., "throughput_within": ...}`` as last run."""
-
-
-class _Trial(Protocol):
-    @property
-    def value(self) -> float | None: ...
-
-    @property
-    def user_attrs(self) -> dict[str, Any]: ...
 
 
 def selection_record(objective: str, throughput_within: float) -> dict[str, Any]:
+    """The study's ``selection`` attribute (``runner/records.py``, ``StudyAttr``)."""
     return {"objective": objective, "throughput_within": throughput_within}
 
 
-def _jpt(trial: _Trial) -> float | None:
-    value = trial.user_attrs.get("joules_per_token")
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
-
-
-def select_best(trials: Sequence[Any], record: Any = None) -> Any:
-    """The best of ``trials`` (completed, with a value) under the study's selection
-    ``record`` (:func:`selection_record`; ``None``: throughput); ``None`` if none.
+def select_best(trials: Sequence[Any], record: Any = None, *,
+                joules_per_token: Callable[[Any], Any] = lambda t: None) -> Any:
+    """The best of ``trials`` (completed, with a ``value``: model TFLOPS per device)
+    under the study's selection ``record`` (:func:`selection_record`; ``None``:
+    throughput); ``None`` if none. ``joules_per_token(trial)``: its figure, ``None``
+    (or 0) where not measured.
 
     >>> from types import SimpleNamespace as T
-    >>> fast = T(value=10.0, user_attrs={"joules_per_token": 2.0})
-    >>> frugal = T(value=9.7, user_attrs={"joules_per_token": 1.4})
-    >>> slow = T(value=6.0, user_attrs={"joules_per_token": 1.0})
-    >>> pick = lambda obj: select_best([fast, frugal, slow], selection_record(obj, 0.05))
+    >>> fast, frugal, slow = T(value=10.0, j=2.0), T(value=9.7, j=1.4), T(value=6.0, j=1.0)
+    >>> pick = lambda obj: select_best([fast, frugal, slow], selection_record(obj, 0.05),
+    ...                                joules_per_token=lambda t: t.j)
     >>> pick("throughput") is fast, pick("energy") is slow, pick("throughput-within") is frugal
     (True, True, True)
     """
+    def _jpt(trial: Any) -> float | None:
+        value = joules_per_token(trial)
+        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
     done = [t for t in trials if t.value is not None]
     if not done:
         return None

@@ -92,10 +92,12 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
 def selected_trial(study: optuna.Study) -> FrozenTrial | None:
     """The best completed trial under the study's ``search.objective``
     (:func:`autotune.objective.select_best`; throughput for studies run before it)."""
-    from autotune.objective import SELECTION_ATTR, select_best
+    from autotune.objective import select_best
+    from autotune.runner.records import StudyAttr, TrialAttr, trial_energy
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return select_best(done, study.user_attrs.get(SELECTION_ATTR))
+    return select_best(done, study.user_attrs.get(StudyAttr.SELECTION),
+                       joules_per_token=lambda t: trial_energy(t)[TrialAttr.JOULES_PER_TOKEN])
 
 
 def best_layout(study: optuna.Study) -> tuple[Layout, FrozenTrial]:
@@ -150,10 +152,8 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
               if st.learned_from]
     lines += [f"{st.name}: time: {breakdown_line(st.time)}" for st in statuses
               if st.time.trials]
-    from autotune.energy import energy_text
+    from autotune.runner.records import trial_energy_line
 
-    lines += [f"{st.name}: best: " + energy_text(st.best.user_attrs.get("energy_j_per_step"),
-                                                  st.best.user_attrs.get("energy_source"),
-                                                  st.best.user_attrs.get("joules_per_token"))
-              for st in statuses if st.best is not None]
+    lines += [f"{st.name}: best: {trial_energy_line(st.best)}" for st in statuses
+              if st.best is not None]
     return "\n".join(lines)

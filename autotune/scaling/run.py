@@ -23,12 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autotune.runner.records import StudyAttr
 from autotune.scaling.sizes import ScalingRequest, size_spec
 from autotune.spec import StudySpec
 
 __all__ = ["SCALING_ATTR", "scaling_record", "run_scaling", "ScalingRun"]
 
-SCALING_ATTR = "scaling"
+SCALING_ATTR = StudyAttr.SCALING
 """Study user attribute of a size's study (:func:`scaling_record`)."""
 
 

@@ -87,7 +87,7 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
     import optuna
 
     from autotune.results import list_studies, selected_trial
-    from autotune.runner.records import trial_layout_key
+    from autotune.runner.records import trial_energy, trial_layout_key, trial_tokens_per_s
 
     have = set(list_studies(storage))
     rows = []
@@ -99,7 +99,7 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
         best = selected_trial(study)
         if best is None or best.value is None:
             continue
-        attrs = best.user_attrs
+        energy = trial_energy(best)
         done = len(study.get_trials(deepcopy=False,
                                     states=(optuna.trial.TrialState.COMPLETE,)))
         devices = request.devices(spec, size)
@@ -108,11 +108,8 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
             global_batch=at.training.global_batch, mode=request.mode, source="measured",
             study=at.name, best_layout=trial_layout_key(best),
             model_tflops_per_device=float(best.value),
-            tokens_per_s=attrs.get("tokens_per_s") or _tokens_per_s(at, best.value, devices),
-            trials=done, energy_j_per_step=attrs.get("energy_j_per_step"),
-            energy_source=attrs.get("energy_source"),
-            joules_per_token=attrs.get("joules_per_token"),
-            model_tflops_per_watt=attrs.get("model_tflops_per_watt")))
+            tokens_per_s=trial_tokens_per_s(best) or _tokens_per_s(at, best.value, devices),
+            trials=done, **energy))
     return rows
 
 

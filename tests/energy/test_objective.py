@@ -20,18 +20,26 @@ def _t(value: float | None, jpt: float | None = None) -> SimpleNamespace:
                            else {"joules_per_token": jpt})
 
 
+def _pick(trials: list[SimpleNamespace], objective: str | None,
+          within: float = 0.05) -> SimpleNamespace | None:
+    record = None if objective is None else selection_record(objective, within)
+    return select_best(trials, record,
+                       joules_per_token=lambda t: t.user_attrs.get("joules_per_token"))
+
+
 def test_each_objective_names_its_best() -> None:
     fast, near, slow, unmeasured = _t(100.0, 3.0), _t(96.0, 2.0), _t(50.0, 1.0), _t(99.0)
     trials = [fast, near, slow, unmeasured, _t(None)]
-    assert select_best(trials, None) is fast
-    assert select_best(trials, selection_record("throughput", 0.05)) is fast
-    assert select_best(trials, selection_record("energy", 0.05)) is slow
-    assert select_best(trials, selection_record("throughput-within", 0.05)) is near
-    assert select_best(trials, selection_record("throughput-within", 0.0)) is fast
+    assert _pick(trials, None) is fast
+    assert _pick(trials, "throughput") is fast
+    assert _pick(trials, "energy") is slow
+    assert _pick(trials, "throughput-within") is near
+    assert _pick(trials, "throughput-within", 0.0) is fast
     # Nothing measured energy: the fastest, never a layout whose "0 J" would win.
     blind = [_t(10.0), _t(12.0), _t(11.0, 0.0)]
-    assert select_best(blind, selection_record("energy", 0.05)).value == 12.0
-    assert select_best([], selection_record("energy", 0.05)) is None
+    best = _pick(blind, "energy")
+    assert best is not None and best.value == 12.0
+    assert _pick([], "energy") is None
 
 
 def test_the_objective_is_validated() -> None:
@@ -58,3 +66,19 @@ def test_the_pareto_front_of_time_and_energy() -> None:
     none = energy_section(meas.assign(joules_per_token=None))
     assert any(isinstance(b, Text) and "energy: not measured (no counter)" in b.text
                for b in none.blocks)
+
+
+def test_status_and_best_name_the_objective_s_best() -> None:
+    import optuna
+
+    from autotune.results import best_trial, selected_trial
+    from autotune.runner.records import StudyAttr
+
+    study = optuna.create_study(direction="maximize")
+    for value, jpt in ((10.0, 2.0), (9.8, 1.5), (5.0, 1.0)):
+        study.add_trial(optuna.trial.create_trial(
+            value=value, user_attrs={"layout": f"l{value}", "joules_per_token": jpt}))
+    assert selected_trial(study).value == 10.0  # a study run before objectives
+    study.set_user_attr(StudyAttr.SELECTION, selection_record("throughput-within", 0.05))
+    assert selected_trial(study).value == 9.8
+    assert best_trial(study).value == 10.0  # the early stop's bar stays the fastest
