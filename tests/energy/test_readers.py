@@ -167,3 +167,36 @@ def test_sacct_energy_as_slurm_prints_it() -> None:
     assert sacct_energy_j_per_step(unaccounted["4712.0"], 0.25) is None
     assert sacct_energy_j_per_step(None, 0.25) is None
     assert parse_sacct_energy("") == {}
+
+
+def test_the_slurm_launcher_fills_in_sacct_energy_only_where_devices_measured_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.launchers import slurm
+    from autotune.launchers.base import LaunchReport
+    from autotune.trial import TrialResult
+
+    asked: list[list[str]] = []
+
+    def fake_slurm(cmd: list[str]) -> str:
+        asked.append(cmd)
+        return SACCT_ACCOUNTED
+
+    monkeypatch.setattr(slurm, "_slurm", fake_slurm)
+    extra = {"tokens_per_step": 1000, "model_flops_per_step": 7.2e15}
+    bare = TrialResult(status="ok", step_time_s=0.25, extra=extra)
+    measured = TrialResult(status="ok", step_time_s=0.25, energy_j_per_step=50.0,
+                           energy_source="hwmon", extra=extra)
+    failed = TrialResult(status="oom")
+    reports = [LaunchReport(result=r, returncode=0) for r in (bare, measured, failed)]
+    out = slurm._with_sacct_energy(reports, "4711.0")
+    assert asked == [["sacct", "-n", "-P", "-j", "4711.0", "-o",
+                      "JobID,ConsumedEnergyRaw,ElapsedRaw"]]
+    first = out[0].result
+    assert first is not None and first.energy_source == "sacct"
+    assert first.energy_j_per_step == pytest.approx(3600.0)  # 907.2 kJ / 63 s x 0.25 s
+    assert first.joules_per_token == pytest.approx(3.6)
+    assert first.model_tflops_per_watt == pytest.approx(2.0)
+    assert out[1].result is measured and out[2].result is failed
+    monkeypatch.setattr(slurm, "_slurm", lambda cmd: SACCT_UNACCOUNTED)
+    assert slurm._with_sacct_energy(reports, "4712.0")[0].result is bare
+    assert slurm._with_sacct_energy(reports, None)[0].result is bare
