@@ -14,8 +14,10 @@ and resolution as their drivers document them:
   hardware's 32-bit energy register by ``SF_ENERGY`` = 10**6 and accumulates its
   overflows in software into a 64-bit count, printed as a ``long``). Read modulo 2**64:
   a value printed negative is the same count, and an end below the start has wrapped
-  once. Device (card) level under the hwmon named ``i915`` or ``xe``; tile level under
-  ``i915_gt<N>`` / ``xe_tile<N>`` where the driver has one (Max 1550: 2 tiles per card).
+  once. Device (card) level under the hwmon named ``i915`` or ``xe`` (xe registers one
+  hwmon per device, its ``energy1_input`` the card's: "drm/xe/hwmon: Treat hwmon as a
+  per-device concept", 2024); tile level under i915's ``i915_gt<N>`` where the platform
+  has per-tile energy (Max 1550: 2 tiles per card).
   Resolution: the register's unit, 1/2**14 J on Ponte Vecchio (``scl_shift_energy``).
 * **RAPL** through powercap (``Documentation/power/powercap/powercap.rst``):
   ``/sys/class/powercap/intel-rapl:<N>/energy_uj``, microjoules per CPU package, wrapping
@@ -128,7 +130,7 @@ def hwmon_counters(card: int, tile: int | None, *,
         return None
     found = ordered[card]
     if tile is not None:
-        for name in (f"i915_gt{tile}", f"xe_tile{tile}"):
+        for name in (f"i915_gt{tile}",):
             if name in found:
                 return Counter("hwmon", f"{socket.gethostname()}:{found[name]}",
                                _uj_reader(found[name], 2**64), HWMON_WRAP_J)
