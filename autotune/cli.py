@@ -132,6 +132,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         st.retries = claim_counts(storage, n).retries
         statuses.append(st)
     print(format_statuses(statuses))
+    from autotune.scaling.command import status_lines
+
+    for line in status_lines(storage, [load_existing_study(storage, n) for n in names]):
+        print(line)
     return EXIT_OK
 
 
@@ -203,6 +207,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from autotune.spec import load_study
 
     spec = load_study(args.study)
+    if args.scaling or args.nodes or args.devices or args.reference:
+        from autotune.scaling.command import plan_command
+
+        if not args.scaling:
+            raise UsageError("plan: --nodes, --devices and --reference go with --scaling "
+                             "weak|strong")
+        print(plan_command(spec, args))
+        return EXIT_OK
     learn = spec.search.learn_from_database and not args.no_learn
     calibration, ooms, note = plan_calibration(spec, learn=learn)
     if note:
@@ -255,6 +267,12 @@ def _table_options(args: argparse.Namespace) -> dict[str, Any]:
                                           "attention") if getattr(args, k) is not None}
 
 
+def cmd_scaling(args: argparse.Namespace) -> int:
+    from autotune.scaling.command import run_command
+
+    return run_command(args, _log(args.quiet, "scaling"))
+
+
 def cmd_campaign(args: argparse.Namespace) -> int:
     from autotune.campaign.cli import run
 
@@ -302,7 +320,41 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-learn", action="store_true",
                     help="calibrate on the study's own measurements only, not on earlier "
                     "studies' (search.learn_from_database: false)")
+    pl.add_argument("--scaling", choices=("weak", "strong"),
+                    help="the scaling curve instead: the best layout predicted at each size "
+                    "(docs/scaling.md), measured beside it where the database has it")
+    pl.add_argument("--nodes", metavar="N1,N2", help="with --scaling: the node counts "
+                    "(default: 1, 2, 4, ... up to the study's cluster)")
+    pl.add_argument("--devices", metavar="D1,D2",
+                    help="with --scaling: devices of one node instead of nodes")
+    pl.add_argument("--reference", action="append", metavar="SIZE=PCT",
+                    help="with --scaling: a published efficiency to show beside the "
+                    "prediction, e.g. 128=93 (repeatable)")
     pl.set_defaults(func=cmd_plan)
+
+    sc = sub.add_parser("scaling", help="tune the study at several sizes (weak or strong "
+                        "scaling); the table, its CSV and plot")
+    sc.add_argument("study", metavar="STUDY.yaml")
+    sc.add_argument("--mode", choices=("weak", "strong"), required=True,
+                    help="weak: the global batch grows with the size; strong: it is fixed")
+    sc.add_argument("--nodes", metavar="N1,N2", help="node counts, e.g. 1,2,4")
+    sc.add_argument("--devices", metavar="D1,D2",
+                    help="devices of one node instead, e.g. 1,2,4")
+    sc.add_argument("--storage", metavar="URL", help="database URL (overrides the study file)")
+    sc.add_argument("--n-trials", type=_positive_int, metavar="N",
+                    help="measured trials per size (resumes count)")
+    sc.add_argument("--csv", metavar="FILE", help="write the table as CSV")
+    sc.add_argument("--report", metavar="DIR", help="write scaling.md/.html, .png, .csv")
+    sc.add_argument("--format", choices=("md", "html"), default="md")
+    sc.add_argument("--no-predict", action="store_true",
+                    help="measured rows only (no cost-model curve)")
+    sc.add_argument("--table-only", action="store_true",
+                    help="run nothing: the table of what the database has")
+    sc.add_argument("--campaign-studies", action="store_true",
+                    help="run nothing: print the studies: entries of a campaign file that "
+                    "runs each size as its own study (one job array per size)")
+    sc.add_argument("--quiet", action="store_true", help="no progress lines")
+    sc.set_defaults(func=cmd_scaling)
 
     pf = sub.add_parser("profile", help="measure the layer times of a study's shapes (or "
                         "fit them from a measured table) for the cost model")

@@ -32,8 +32,8 @@ from autotune.storage.db import Storage
 from autotune.tables import format_table
 from autotune.timings import TimeBreakdown, breakdown_line, time_breakdown
 
-__all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "best_layout",
-           "list_studies", "format_statuses"]
+__all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "selected_trial",
+           "best_layout", "list_studies", "format_statuses"]
 
 
 @dataclass
@@ -89,8 +89,19 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
     return max(done, key=lambda t: t.value or 0.0) if done else None
 
 
+def selected_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The best completed trial under the study's ``search.objective``
+    (:func:`autotune.objective.select_best`; throughput for studies run before it)."""
+    from autotune.objective import select_best
+    from autotune.runner.records import StudyAttr, TrialAttr, trial_energy
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return select_best(done, study.user_attrs.get(StudyAttr.SELECTION),
+                       joules_per_token=lambda t: trial_energy(t)[TrialAttr.JOULES_PER_TOKEN])
+
+
 def best_layout(study: optuna.Study) -> tuple[Layout, FrozenTrial]:
-    trial = best_trial(study)
+    trial = selected_trial(study)
     if trial is None:
         raise UsageError(f"study {study.study_name!r} has no completed trial yet")
     layout = trial_layout(trial)
@@ -109,7 +120,7 @@ def study_status(study: optuna.Study) -> StudyStatus:
         # A trial nobody judged (its runner died: failed stale) counts by its state.
         by_outcome=dict(Counter(trial_outcome(t) or t.state.name.lower()
                                 for t in trials if t.state != TrialState.WAITING)),
-        best=best_trial(study),
+        best=selected_trial(study),
         running=[t for t in trials if t.state == TrialState.RUNNING],
         fingerprint=study_fingerprint(study),
         search_stop=search_stop_line(record),
@@ -141,4 +152,8 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
               if st.learned_from]
     lines += [f"{st.name}: time: {breakdown_line(st.time)}" for st in statuses
               if st.time.trials]
+    from autotune.runner.records import trial_energy_line
+
+    lines += [f"{st.name}: best: {trial_energy_line(st.best)}" for st in statuses
+              if st.best is not None]
     return "\n".join(lines)

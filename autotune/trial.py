@@ -199,6 +199,14 @@ class TrialResult:
     early_stopped: bool = False
     """Stopped before ``measure_steps``/the precision: hopeless (``early_stop_reason``)."""
     early_stop_reason: str | None = None
+    energy_j_per_step: float | None = None
+    """Joules per optimizer step over the trial's devices (each physical counter once);
+    ``None``: no counter measured it (never 0 for "not measured")."""
+    energy_source: str | None = None
+    """The counter: ``nvml``, ``hwmon``, ``rapl`` or ``sacct``; ``None`` with no figure."""
+    joules_per_token: float | None = None
+    model_tflops_per_watt: float | None = None
+    """Model FLOPs per step / energy per step / 1e12."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys a (newer) trainer wrote that this schema does not name: kept, not dropped."""
 

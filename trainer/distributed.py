@@ -39,7 +39,8 @@ from autotune.hostlist import parse_hostlist
 
 __all__ = ["LaunchEnv", "DeviceInfo", "launch_env_from", "pick_device",
            "prepare_environment", "init_process_group", "release_memory", "set_group_timeout",
-           "synchronize", "reset_peak_memory", "peak_memory", "DEFAULT_MASTER_PORT"]
+           "synchronize", "reset_peak_memory", "peak_memory", "energy_meter",
+           "DEFAULT_MASTER_PORT"]
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -277,3 +278,33 @@ def peak_memory(device: DeviceInfo) -> tuple[int, int | None]:
         return torch.xpu.max_memory_allocated(), torch.xpu.max_memory_reserved()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return (rss if sys.platform == "darwin" else rss * 1024), None
+
+
+def _tiles_per_card(name: str) -> int:
+    """Tiles one Intel card shows as devices (``ZE_FLAT_DEVICE_HIERARCHY=FLAT``, the
+    default: each tile of a Max 1550 is one XPU device)."""
+    flat = os.environ.get("ZE_FLAT_DEVICE_HIERARCHY", "FLAT").upper() == "FLAT"
+    return 2 if flat and "1550" in name else 1
+
+
+def energy_meter(device: DeviceInfo) -> Any:
+    """This rank's energy counters (:mod:`trainer.energy`): NVML on CUDA, the i915/xe
+    hwmon of its card (its tile's where present) on XPU, the host's RAPL packages on
+    CPU. A meter without counters measures nothing (the result says so)."""
+    from trainer import energy
+
+    counters: list[energy.Counter] = []
+    if device.kind == "cuda":
+        import torch
+
+        uuid = getattr(torch.cuda.get_device_properties(device.index), "uuid", None)
+        found = energy.nvml_counter(device.index, str(uuid) if uuid else None)
+        counters = [found] if found else []
+    elif device.kind == "xpu":
+        tiles = _tiles_per_card(device.name)
+        found = energy.hwmon_counters(device.index // tiles,
+                                      device.index % tiles if tiles > 1 else None)
+        counters = [found] if found else []
+    else:
+        counters = energy.rapl_counters()
+    return energy.EnergyMeter(counters)

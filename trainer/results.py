@@ -21,9 +21,11 @@ from autotune.atomic import write_json_atomic
 from autotune.measurement import relative_precision
 from autotune.trial import PHASES, TrialResult, TrialSpec
 from trainer.distributed import LaunchEnv
+from trainer.energy import total_j
 from trainer.timeline import Timeline
 
-__all__ = ["RankFacts", "Measured", "write_result", "write_ok", "write_failed"]
+__all__ = ["RankFacts", "Measured", "write_result", "write_ok", "write_failed",
+           "energy_figures"]
 
 
 def write_result(path: str, result: TrialResult, extra: dict[str, Any] | None = None) -> None:
@@ -40,6 +42,9 @@ class RankFacts:
     n_params: int
     alloc: int
     reserved: int | None
+    energy: list[Any] | None = None
+    """What this rank's energy counters measured over the timed steps
+    (:class:`trainer.energy.Reading`; ``None``: no counter)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,29 @@ def _batch_facts(timeline: Timeline, batch: tuple[int, int],
             "batch_index": batch[0], "batch_size": batch[1]}
 
 
+def energy_figures(total: tuple[float, str] | None, n_steps: int, *, flops_per_step: float,
+                   tokens_per_step: int) -> dict[str, Any]:
+    """The result's energy keys from the timed steps' joules over all devices
+    (``None``: not measured; every key ``None`` then, never 0):
+
+    * ``energy_j_per_step`` = joules / timed steps;
+    * ``joules_per_token`` = ``energy_j_per_step`` / tokens per step;
+    * ``model_tflops_per_watt`` = model FLOPs per step / ``energy_j_per_step`` / 1e12
+      (FLOP/s per W is FLOP per J; the Green500's GFLOPS/W with model FLOPs).
+
+    >>> f = energy_figures((60.0, "rapl"), 3, flops_per_step=4e12, tokens_per_step=1000)
+    >>> f["energy_j_per_step"], f["joules_per_token"], f["model_tflops_per_watt"]
+    (20.0, 0.02, 0.2)
+    """
+    if total is None or n_steps < 1 or total[0] <= 0:
+        return {"energy_j_per_step": None, "energy_source": None, "joules_per_token": None,
+                "model_tflops_per_watt": None}
+    per_step = total[0] / n_steps
+    return {"energy_j_per_step": per_step, "energy_source": total[1],
+            "joules_per_token": per_step / tokens_per_step,
+            "model_tflops_per_watt": flops_per_step / per_step / 1e12}
+
+
 def write_ok(path: str, *, spec: TrialSpec, launch: LaunchEnv, device: Any,
              everyone: list[RankFacts], measured: Measured, timeline: Timeline,
              batch: tuple[int, int], launch_time: float | None) -> TrialResult:
@@ -76,6 +104,9 @@ def write_ok(path: str, *, spec: TrialSpec, launch: LaunchEnv, device: Any,
                         world_size=launch.world_size, recompute=spec.layout.recompute == "full",
                         device_name=device.name, dtype=spec.run.dtype)
     reserved_all = [e.reserved for e in everyone if e.reserved is not None]
+    energy = energy_figures(total_j(e.energy for e in everyone), len(times_s),
+                            flops_per_step=rates.model_flops_per_step,
+                            tokens_per_step=spec.layout.global_batch * spec.model.seq_len)
     result = TrialResult(
         status="ok", model_tflops_per_device=rates.model_tflops_per_device,
         hardware_tflops_per_device=rates.hardware_tflops_per_device, mfu=rates.mfu,
@@ -91,7 +122,7 @@ def write_ok(path: str, *, spec: TrialSpec, launch: LaunchEnv, device: Any,
         measure_precision=relative_precision(times_s, measured.confidence),
         measure_confidence=measured.confidence,
         early_stopped=measured.early_stop_reason is not None,
-        early_stop_reason=measured.early_stop_reason,
+        early_stop_reason=measured.early_stop_reason, **energy,
         **_batch_facts(timeline, batch, launch_time),
     )
     write_result(path, result, {

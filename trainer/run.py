@@ -234,6 +234,8 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
                                         or 0.0]) or None)
     metrics = MetricsWriter(rank=launch.rank)
     tokens = layout.global_batch * model.seq_len
+    meter = distributed.energy_meter(device)
+    readings = None
     engine = None
     error: BaseException | None = None
     early: str | None = None
@@ -251,6 +253,8 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
                                     grad_accum=layout.grad_accum)
             timed = step >= run.warmup_steps
             timer = clock if timed else warm
+            if step == run.warmup_steps:
+                meter.start()  # the warm-up's last step ended with a device sync
             with timer.step():
                 losses.append(_step(engine, batches, step, run.test_hook, launch))
             metrics.step(step + 1, timer.times_s[-1], tokens=tokens, loss=losses[-1])
@@ -263,6 +267,7 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
             done, early = rule.decide(times_s)
             if done:
                 break
+        readings = meter.stop()
         timeline.lap("measure")
     except BaseException as err:  # every failure must become a status, never a hang
         if isinstance(err, KeyboardInterrupt):
@@ -288,7 +293,8 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
     try:
         batch = (index, ctx.batch_size)
         if status == "ok":
-            everyone = _gather(RankFacts(socket.gethostname(), n_params, alloc, reserved), ctx)
+            everyone = _gather(RankFacts(socket.gethostname(), n_params, alloc, reserved,
+                                          readings), ctx)
             timeline.lap("teardown")
             best = 0.0
             if launch.rank == 0:

@@ -20,6 +20,7 @@ from autotune.config._fields import (
 from autotune.config.cluster import MAX_DEVICES_PER_NODE, MAX_NODES
 from autotune.errors import SpecError
 from autotune.layout import RECOMPUTE_CHOICES, ZERO_STAGES
+from autotune.objective import OBJECTIVES
 
 __all__ = ["TrainingConfig", "SearchConfig", "TrialConfig", "StorageConfig",
            "STRATEGIES", "AUTO", "check_min_improvement"]
@@ -134,6 +135,16 @@ class SearchConfig:
     """Wall-time budget for the whole run, in seconds."""
     seed: int = 0
     """Sampler seed."""
+    objective: str = "throughput"
+    """Which measured layout is named best (``autotune.objective``): ``throughput`` (the
+    highest model TFLOPS per device), ``energy`` (the fewest joules per token) or
+    ``throughput-within`` (the fewest joules per token within ``throughput_within`` of
+    the best throughput). The search proposes by predicted throughput either way; where
+    no trial measured energy, the energy objectives name the fastest and say "energy:
+    not measured (no counter)"."""
+    throughput_within: float = 0.05
+    """With ``objective: throughput-within``: how far below the best throughput a layout
+    may be (a fraction: 0.05 = 5%)."""
     learn_from_database: bool = True
     """Warm-start the memory and step-time corrections from the ``measurements`` of earlier
     studies of the same device type, dtype and workload in the study's database (issue
@@ -150,6 +161,10 @@ class SearchConfig:
         if self.min_improvement is not None:
             check_min_improvement(self.min_improvement, self.strategy)
         check_int("search.seed", self.seed, minimum=0, maximum=MAX_SEED)
+        check_choice("search.objective", self.objective, OBJECTIVES)
+        if check_float("search.throughput_within", self.throughput_within) >= 1.0:
+            raise SpecError("search.throughput_within", self.throughput_within,
+                            "allowed: a fraction >= 0 and < 1 (0.05 = 5%)")
         if self.timeout_s is not None:
             check_float("search.timeout_s", self.timeout_s, strict=True,
                         maximum=MAX_RUN_TIMEOUT_S)

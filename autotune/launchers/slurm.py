@@ -52,10 +52,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.config.launcher import SlurmOptions
+from autotune.energy import SACCT_FIELDS, parse_sacct_energy, sacct_energy_j_per_step
 from autotune.errors import LaunchError
 from autotune.hostlist import parse_hostlist
 from autotune.launchers.base import Launcher, LaunchReport
@@ -159,6 +160,7 @@ class SlurmLauncher(Launcher):
         self.devices_per_node = devices_per_node or self._default_devices_per_node()
         self._timeout_s = 0.0
         self._port = 0
+        self._last_step: str | None = None  # JOB.STEP of the last launch (its energy)
 
     @classmethod
     def for_study(cls, options: SlurmOptions, cluster: ClusterConfig) -> SlurmLauncher:
@@ -248,7 +250,8 @@ class SlurmLauncher(Launcher):
         self._timeout_s = timeout_s  # the step's --time backstop needs it in _start
         self._port = _pick_port()  # one rendezvous port per step: command and env agree
         try:
-            return super().run(spec, paths, timeout_s=timeout_s)
+            return _with_sacct_energy([super().run(spec, paths, timeout_s=timeout_s)],
+                                      self._last_step)[0]
         finally:
             self._port = 0
 
@@ -259,7 +262,8 @@ class SlurmLauncher(Launcher):
         self._timeout_s = timeout_s * max(1, len(specs))
         self._port = _pick_port()
         try:
-            return super().run_batch(specs, paths, timeout_s=timeout_s)
+            return _with_sacct_energy(super().run_batch(specs, paths, timeout_s=timeout_s),
+                                      self._last_step)
         finally:
             self._port = 0
 
@@ -294,6 +298,7 @@ class SlurmLauncher(Launcher):
 
     def _finish(self, handle: _Step) -> tuple[str | None, list[str]]:
         step = self._discover(handle, wait_s=0.0)
+        self._last_step = step
         if step is None:
             return None, []
         state, nodelist = None, ""
@@ -378,6 +383,34 @@ def _down_nodes(hosts: list[str], *, wait_s: float) -> list[str]:
         if down or time.monotonic() >= deadline:
             return sorted(set(down))
         time.sleep(1.0)
+
+
+def _with_sacct_energy(reports: list[LaunchReport], step: str | None) -> list[LaunchReport]:
+    """Reports whose ``ok`` result has no device energy get the step's from ``sacct``
+    (:mod:`autotune.energy`: mean power times the median step time), where the site
+    accounts energy; the others are returned as they are."""
+    if step is None or not any(r.result is not None and r.result.status == "ok"
+                               and r.result.energy_j_per_step is None for r in reports):
+        return reports
+    try:
+        out = _slurm(["sacct", "-n", "-P", "-j", step, "-o", SACCT_FIELDS])
+    except LaunchError:
+        return reports
+    row = parse_sacct_energy(out).get(step)
+    done = []
+    for report in reports:
+        res = report.result
+        per_step = sacct_energy_j_per_step(row, res.step_time_s) if res is not None \
+            and res.status == "ok" and res.energy_j_per_step is None else None
+        if res is not None and per_step is not None:
+            tokens = res.extra.get("tokens_per_step")
+            flops = res.extra.get("model_flops_per_step")
+            res = replace(res, energy_j_per_step=per_step, energy_source="sacct",
+                          joules_per_token=per_step / tokens if tokens else None,
+                          model_tflops_per_watt=flops / per_step / 1e12 if flops else None)
+            report = replace(report, result=res)
+        done.append(report)
+    return done
 
 
 def _sacct_step(step: str) -> tuple[str | None, str]:

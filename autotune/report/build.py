@@ -20,6 +20,7 @@ import pandas as pd
 from autotune.layout import Layout
 from autotune.report import analysis as an
 from autotune.report import plots
+from autotune.report.energy import energy_section
 from autotune.report.export import megatron_deepspeed_args
 from autotune.report.files import ReportPaths, write_text_atomic
 from autotune.report.frames import measurements_frame, trials_frame, write_exports
@@ -74,6 +75,7 @@ def study_report(storage: Storage, study: optuna.Study, out_dir: Path, *, fmt: s
             _outcomes(ctx, trials),
             _cost(ctx, meas),
             _time(study),
+            energy_section(meas),
             _importance(ctx, study),
         ])
     exported = write_exports({"trials": trials, "measurements": meas}, paths.data)

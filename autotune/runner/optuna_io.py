@@ -91,6 +91,10 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
         steps = steps_of(spec.trial.warmup_steps, spec.trial.measure_steps,
                          foreign=spec.workload.foreign)
         per_node = min(spec.world_size, spec.cluster.devices_per_node)
+        from autotune.objective import selection_record
+
+        study.set_user_attr(StudyAttr.SELECTION, selection_record(
+            spec.search.objective, spec.search.throughput_within))
         study.set_user_attr(StudyAttr.WORKLOAD, workload_record(
             spec.workload.to_dict(), train_iters=steps, ranks_per_node=per_node))
     return study

@@ -112,8 +112,11 @@ def stop_message(stopped_by: str, *, n_trials: int, reason: str | None = None) -
 
 def best_line(best: FrozenTrial) -> str:
     """The best trial in one line: layout, value, trial number."""
+    from autotune.runner.records import trial_energy_line
+
     return (f"best layout: {trial_layout_key(best)}  "
-            f"{best.value:.4g} model TFLOPS/device (trial #{best.number})")
+            f"{best.value:.4g} model TFLOPS/device (trial #{best.number}); "
+            + trial_energy_line(best))
 
 
 def trials_table(trials: Sequence[FrozenTrial]) -> str | None:

@@ -77,6 +77,11 @@ class TrialAttr:
     RETRY_OF = "retry_of"
     """On a retry: the number of the interrupted or killed trial it measures again."""
     TIMINGS_S = "timings_s"
+    ENERGY_J_PER_STEP = "energy_j_per_step"
+    """Joules per step over the trial's devices (absent: not measured; docs/trainer.md)."""
+    ENERGY_SOURCE = "energy_source"
+    JOULES_PER_TOKEN = "joules_per_token"
+    TFLOPS_PER_WATT = "model_tflops_per_watt"
     """Where the trial's wall time went, seconds per phase (:data:`autotune.trial.PHASES`)."""
     MEASURE_PRECISION = "measure_precision"
     """Relative precision the median step time reached (half-width of its 95% interval)."""
@@ -87,7 +92,9 @@ class TrialAttr:
 
 RESULT_ATTRS: tuple[str, ...] = (
     TrialAttr.MODEL_TFLOPS, TrialAttr.HARDWARE_TFLOPS, TrialAttr.MFU, TrialAttr.STEP_TIME_S,
-    TrialAttr.STEP_TIME_IQR_S, TrialAttr.TOKENS_PER_S, TrialAttr.DEVICE, TrialAttr.DEVICE_NAME)
+    TrialAttr.STEP_TIME_IQR_S, TrialAttr.TOKENS_PER_S, TrialAttr.DEVICE, TrialAttr.DEVICE_NAME,
+    TrialAttr.ENERGY_J_PER_STEP, TrialAttr.ENERGY_SOURCE, TrialAttr.JOULES_PER_TOKEN,
+    TrialAttr.TFLOPS_PER_WATT)
 """Trial attributes copied from the :class:`~autotune.trial.TrialResult` field of the same
 name."""
 
@@ -117,6 +124,10 @@ class StudyAttr:
     LEARNED_FROM = "learned_from"
     """What the study's calibration rests on (a dict from :func:`learned_from_record`):
     the earlier studies and their measurements, and the corrections last fitted."""
+    SCALING = "scaling"
+    """A scaling study's size: ``{mode: record}`` (:func:`autotune.scaling.run.scaling_record`)."""
+    SELECTION = "selection"
+    """``search.objective`` as last run (:func:`autotune.objective.selection_record`)."""
     WORKLOAD = "workload"
     """The study's ``workload`` section as last run (:func:`workload_record`): what
     ``autotune best --emit command`` renders the winning launch line from."""
@@ -198,6 +209,11 @@ def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch
         if res else None,
         "worker": facts.worker, "started_at": facts.started_at,
         "finished_at": facts.finished_at,
+        # NULL where no counter measured (never 0): trainer/energy.py, autotune/energy.py
+        "energy_j_per_step": res.energy_j_per_step if res else None,
+        "energy_source": res.energy_source if res else None,
+        "joules_per_token": res.joules_per_token if res else None,
+        "model_tflops_per_watt": res.model_tflops_per_watt if res else None,
     }
 
 
@@ -277,6 +293,27 @@ def trial_layout(trial: _HasAttrs) -> Layout | None:
     """The layout a judged trial ran or was refused (``None``: not judged yet)."""
     data = trial.user_attrs.get(TrialAttr.LAYOUT_DICT)
     return None if data is None else Layout.from_dict(data)
+
+
+def trial_energy(trial: _HasAttrs) -> dict[str, Any]:
+    """The trial's energy figures (``None`` each where not measured), by result key."""
+    attrs = trial.user_attrs
+    return {k: attrs.get(k) for k in (TrialAttr.ENERGY_J_PER_STEP, TrialAttr.ENERGY_SOURCE,
+                                      TrialAttr.JOULES_PER_TOKEN, TrialAttr.TFLOPS_PER_WATT)}
+
+
+def trial_energy_line(trial: _HasAttrs) -> str:
+    """``energy: ... J/step, ... J/token (source)`` or "energy: not measured (no counter)"."""
+    from autotune.energy import energy_text
+
+    e = trial_energy(trial)
+    return energy_text(e[TrialAttr.ENERGY_J_PER_STEP], e[TrialAttr.ENERGY_SOURCE],
+                       e[TrialAttr.JOULES_PER_TOKEN])
+
+
+def trial_tokens_per_s(trial: _HasAttrs) -> float | None:
+    value = trial.user_attrs.get(TrialAttr.TOKENS_PER_S)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def trial_layout_key(trial: _HasAttrs) -> str | None:

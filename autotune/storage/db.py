@@ -32,7 +32,14 @@ from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, StorageError
 from autotune.storage.guarded import database_error, guard
 from autotune.storage.limits import apply_session_limits
-from autotune.storage.schema import SCHEMA_VERSION, Base, LayoutClaim, Measurement, SchemaVersion
+from autotune.storage.schema import (
+    ENERGY_COLUMNS,
+    SCHEMA_VERSION,
+    Base,
+    LayoutClaim,
+    Measurement,
+    SchemaVersion,
+)
 from autotune.storage.transient import driver_message, retrying
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
@@ -192,6 +199,12 @@ class Storage:
                     "FROM trials t WHERE t.state = 'FAIL' AND NOT EXISTS (SELECT 1 FROM "
                     "trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = "
                     "'outcome' AND a.value_json NOT IN ('\"interrupted\"', '\"node_failure\"')))"))
+        if found < 6:
+            columns = {c["name"] for c in inspect(self.engine).get_columns("measurements")}
+            with self.engine.begin() as conn:
+                for name, ddl in ENERGY_COLUMNS:
+                    if name not in columns:  # NULL for older rows: not measured
+                        conn.execute(text(f"ALTER TABLE measurements ADD COLUMN {name} {ddl}"))
         try:
             with self.session() as s:
                 s.add(SchemaVersion(version=SCHEMA_VERSION))

@@ -26,6 +26,10 @@ Version history (each step a migration in :mod:`autotune.storage.db`):
    ``measurements`` row from the claim on (outcome ``running`` until it is recorded, or
    ``killed`` when it is repaired). Claims of version 2 whose trial failed unjudged or
    interrupted get ``retry`` = 1.
+6. ``measurements.energy_j_per_step``, ``energy_source``, ``joules_per_token``,
+   ``model_tflops_per_watt`` (issue #25): a trial's energy where a counter measured it
+   (:mod:`trainer.energy`, :mod:`autotune.energy`), ``NULL`` where none did (never 0).
+   Older rows get ``NULL``: they were not measured.
 """
 
 from __future__ import annotations
@@ -42,9 +46,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Measurement", "LayoutClaim", "SchemaVersion", "SCHEMA_VERSION"]
+__all__ = ["Base", "Measurement", "LayoutClaim", "SchemaVersion", "SCHEMA_VERSION",
+           "ENERGY_COLUMNS"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 6
 """Bump with a migration in :mod:`autotune.storage.db` when a table changes."""
 
 
@@ -103,6 +108,16 @@ class Measurement(Base):
     worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    energy_j_per_step: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """Joules per optimizer step over the trial's devices; ``NULL``: not measured."""
+    energy_source: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    joules_per_token: Mapped[float | None] = mapped_column(Float, nullable=True)
+    model_tflops_per_watt: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+ENERGY_COLUMNS = (("energy_j_per_step", "FLOAT"), ("energy_source", "VARCHAR(32)"),
+                  ("joules_per_token", "FLOAT"), ("model_tflops_per_watt", "FLOAT"))
+"""The columns schema v6 added, with their DDL types (the migration's)."""
 
 
 class LayoutClaim(Base):

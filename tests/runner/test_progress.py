@@ -38,5 +38,5 @@ def test_stop_messages_and_the_best_line() -> None:
     assert stop_message("strategy", n_trials=8, reason="EI < 1%") == "search stopped: EI < 1%"
     best = _trial(B, "complete", 120.0)
     assert best_line(best) == (f"best layout: {B.key()}  120 model TFLOPS/device "
-                               f"(trial #{best.number})")
+                               f"(trial #{best.number}); energy: not measured (no counter)")
     assert format_duration(75) == "1m15s"

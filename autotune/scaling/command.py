@@ -1,0 +1,205 @@
+"""``autotune scaling`` and ``autotune plan --scaling``: parse-free glue between the
+command line (:mod:`autotune.cli`) and the scaling modules; the report files.
+
+Exit codes as ``autotune run``: 0 every size done, 1 a size completed no trial, 130 a
+Ctrl-C, 0 after a SIGTERM (the next run resumes; the campaign convention).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import SpecError
+from autotune.scaling.sizes import ScalingRequest, default_sizes, parse_sizes
+from autotune.scaling.table import ScalingRow, format_scaling, scaling_csv, scaling_table
+from autotune.spec import StudySpec
+
+__all__ = ["request_of", "run_command", "plan_command", "write_report", "parse_references",
+           "campaign_studies", "status_lines"]
+
+
+def request_of(spec: StudySpec, mode: str, nodes: str | None, devices: str | None,
+               ) -> ScalingRequest:
+    """The request from ``--mode`` and one of ``--nodes`` / ``--devices`` (default: the
+    powers of two up to the study's cluster, along ``--nodes``)."""
+    if nodes is not None and devices is not None:
+        raise SpecError("--nodes / --devices", f"{nodes} / {devices}",
+                        "allowed: one of them (--devices varies the ranks of one node)")
+    if devices is not None:
+        return ScalingRequest(mode, "devices", parse_sizes(devices, flag="--devices"))
+    if nodes is not None:
+        return ScalingRequest(mode, "nodes", parse_sizes(nodes, flag="--nodes"))
+    return ScalingRequest(mode, "nodes", default_sizes(spec, "nodes"))
+
+
+def parse_references(values: Sequence[str] | None) -> dict[int, float]:
+    """``--reference 128=93`` (size = efficiency in percent), repeatable."""
+    out: dict[int, float] = {}
+    for text in values or ():
+        size, _, pct = text.partition("=")
+        try:
+            n, value = int(size), float(pct.rstrip("%"))
+        except ValueError:
+            n, value = 0, -1.0
+        if n < 1 or not 0 < value <= 200:
+            raise SpecError("--reference", text, "allowed: SIZE=PERCENT, e.g. 128=93")
+        out[n] = value / 100
+    return out
+
+
+def write_report(rows: Sequence[ScalingRow], request: ScalingRequest, spec: StudySpec,
+                 out_dir: Path, fmt: str, *, csv_path: Path | None = None) -> Path:
+    """``scaling.md`` (or ``.html``), ``scaling.png`` and ``scaling.csv`` in ``out_dir``."""
+    import pandas as pd
+
+    from autotune.atomic import write_text_atomic
+    from autotune.report.render import Code, Image, Report, Section, Table, Text, render
+    from autotune.scaling.plot import scaling_plot
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scaling_plot(rows, request, out_dir / "scaling.png",
+                 title=f"{spec.name}: {request.mode} scaling over {request.axis}")
+    text = scaling_csv(rows, request)
+    write_text_atomic(csv_path or out_dir / "scaling.csv", text)
+    frame = pd.DataFrame([{
+        request.axis: r.size, "devices": r.devices, "global batch": r.global_batch,
+        "source": r.source, "best layout": r.best_layout,
+        "TFLOPS/device": r.model_tflops_per_device, "tokens/s": r.tokens_per_s,
+        "efficiency": r.efficiency, "calibrated on": r.calibrated_on or None} for r in rows])
+    report = Report(f"Scaling: {spec.name} ({request.mode})", meta=[
+        f"model: {spec.model.name}", f"device: {spec.cluster.device}",
+        f"sizes ({request.axis}): {', '.join(map(str, request.sizes))}",
+        f"efficiency: per-device throughput against {request.axis} {request.base}"],
+        sections=[Section("Table", [Table(frame), Code(format_scaling(rows, request))]),
+                  Section("Plot", [Image("scaling.png", "scaling curve"), Text(
+                      "Measured points (green) beside the cost model's curve calibrated on "
+                      "the measured sizes below each size (blue, 95% band).")])])
+    path = out_dir / f"scaling.{fmt}"
+    write_text_atomic(path, render(report, fmt))
+    return path
+
+
+def run_command(args: Any, log: Callable[[str], None]) -> int:
+    """``autotune scaling``: tune every size, then print (and write) the table."""
+    from autotune.config.study import StorageConfig
+    from autotune.scaling.run import ScalingRun, run_scaling
+    from autotune.spec import load_study
+    from autotune.storage import open_storage
+
+    spec = load_study(args.study)
+    request = request_of(spec, args.mode, args.nodes, args.devices)
+    if args.campaign_studies:
+        print(campaign_studies(spec, request, args.study, n_trials=args.n_trials))
+        return 0
+    run = ScalingRun() if args.table_only else run_scaling(
+        spec, request, n_trials=args.n_trials, storage_url=args.storage, log=log,
+        quiet=args.quiet)
+    config = StorageConfig(url=args.storage) if args.storage else spec.storage
+    storage = open_storage(config)
+    try:
+        rows = scaling_table(storage, spec, request, predict=not args.no_predict)
+    finally:
+        storage.close()
+    print(format_scaling(rows, request))
+    if args.csv:
+        from autotune.atomic import write_text_atomic
+
+        write_text_atomic(args.csv, scaling_csv(rows, request))
+    if args.report:
+        print(write_report(rows, request, spec, Path(args.report), args.format,
+                           csv_path=Path(args.csv) if args.csv else None))
+    if run.stopped_by == "interrupt":
+        return 130
+    if run.stopped_by == "sigterm":
+        log(f"stopped by SIGTERM at {request.axis} {run.stopped_at}: run it again to resume")
+        return 0
+    if run.stopped_by == "failed":
+        print(f"autotune: {request.axis} {run.stopped_at}: no trial completed; the larger "
+              "sizes were not run", file=sys.stderr)
+        return 1
+    return 0
+
+
+def campaign_studies(spec: StudySpec, request: ScalingRequest, file: str, *,
+                     n_trials: int | None) -> str:
+    """The ``studies:`` entries of a campaign file that runs each size as its own study
+    (one job array per size, resumable as any campaign's: docs/hpc.md); the table then
+    comes from ``autotune scaling ... --table-only``."""
+    import yaml
+
+    from autotune.scaling.sizes import size_spec
+
+    entries = []
+    for size in request.sizes:
+        at = size_spec(spec, request, size)
+        overrides: dict[str, Any] = {
+            "cluster": {"nodes": at.cluster.nodes,
+                        "devices_per_node": at.cluster.devices_per_node},
+            "training": {"global_batch": at.training.global_batch}}
+        if n_trials:
+            overrides["search"] = {"n_trials": n_trials}
+        entries.append({"file": file, "name": at.name, "overrides": overrides})
+    return yaml.safe_dump({"studies": entries}, sort_keys=False).rstrip("\n")
+
+
+def plan_command(spec: StudySpec, args: Any) -> str:
+    """``autotune plan --scaling MODE``: the curve at every size, measured beside
+    predicted where the study's database has the sizes' studies."""
+    from autotune.scaling.table import scaling_csv
+    from autotune.storage import open_storage
+
+    request = request_of(spec, args.scaling, args.nodes, args.devices)
+    storage = None
+    if not args.no_learn and _database_exists(spec):
+        storage = open_storage(spec.storage)
+    try:
+        rows = scaling_table(storage, spec, request)
+    finally:
+        if storage is not None:
+            storage.close()
+    if args.format == "csv":
+        return scaling_csv(rows, request).rstrip("\n")
+    return format_scaling(rows, request, references=parse_references(args.reference))
+
+
+def _database_exists(spec: StudySpec) -> bool:
+    """A SQLite file is read only if it exists (``plan`` creates no database)."""
+    from sqlalchemy.engine import make_url
+
+    from autotune.storage.urls import backend_of, resolve_url
+
+    url = resolve_url(spec.storage.url)
+    if backend_of(url) != "sqlite":
+        return True
+    path = make_url(url).database
+    return path is not None and path not in ("", ":memory:") and Path(path).is_file()
+
+
+def status_lines(storage: Any, studies: Sequence[Any]) -> list[str]:
+    """``autotune status``: the table of each scaling study among ``studies`` (measured
+    rows; their study file, recorded with them, says the sizes and the batch rule)."""
+    from autotune.scaling.run import SCALING_ATTR
+    from autotune.spec import load_study
+
+    groups: dict[tuple[str, str, str, tuple[int, ...]], str | None] = {}
+    for study in studies:
+        for mode, rec in (study.user_attrs.get(SCALING_ATTR) or {}).items():
+            if isinstance(rec, dict):
+                key = (str(rec.get("group")), str(mode), str(rec.get("axis")),
+                       tuple(int(s) for s in rec.get("sizes") or ()))
+                groups.setdefault(key, rec.get("source"))
+    lines = []
+    for (group, mode, axis, sizes), source in sorted(groups.items()):
+        head = f"scaling {group} ({mode}, {axis} {','.join(map(str, sizes))})"
+        try:
+            spec = load_study(source or "")
+        except SpecError as err:
+            lines.append(f"{head}: its study file cannot be read ({err})")
+            continue
+        request = ScalingRequest(mode, axis, sizes)
+        rows = scaling_table(storage, spec, request, predict=False)
+        lines += [f"{head}:", format_scaling(rows, request)]
+    return lines
