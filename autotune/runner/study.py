@@ -166,7 +166,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
         # so only the structural rules apply (the study's axes, placement and memory
         # model would hide rows that were measured).
         constraints = constraints.structural_only()
-    key = key_of(spec, workload_of(launchers[0].kind))
+    key = key_of(spec, workload_of(launchers[0].kind, spec.workload.kind))
     learn = spec.search.learn_from_database
     learning = StudyLearning(spec, constraints, key,
                              earlier_rows(storage, key, spec.name) if learn else (),
