@@ -152,11 +152,11 @@ def model_args(model: ModelConfig, *, given: Sequence[str] = (),
         out += ["--max-position-embeddings", str(model.seq_len)]
     if model.mlp == "swiglu" and "--swiglu" not in have:
         out.append("--swiglu")  # Megatron's gated MLP (3 matrices of ffn_hidden)
-    flag = flash_attention_flag(device)
-    if kernels and model.attention == "flash" and flag and not have & set(FLASH_FLAGS):
+    fused = flash_attention_flag(device)
+    if kernels and model.attention == "flash" and fused and not have & set(FLASH_FLAGS):
         # What was tuned (fused attention, no score matrix); without the flag Megatron
         # materialises the scores (model.attention: explicit), slower and larger.
-        out.append(flag)
+        out.append(fused)
     return out
 
 
