@@ -206,6 +206,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from autotune.spec import load_study
 
     spec = load_study(args.study)
+    if args.storage:  # the database to calibrate from (as `run --storage`)
+        spec = spec.with_storage_url(args.storage)
     learn = spec.search.learn_from_database and not args.no_learn
     calibration, ooms, note = plan_calibration(spec, learn=learn)
     if note:
@@ -304,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")
     pl.add_argument("study", metavar="STUDY.yaml")
     pl.add_argument("--top", type=_positive_int, default=20, metavar="K")
+    pl.add_argument("--storage", metavar="URL",
+                    help="database to calibrate from (overrides the study file)")
     pl.add_argument("--format", choices=("table", "csv", "json"), default="table")
     pl.add_argument("--no-learn", action="store_true",
                     help="calibrate on the study's own measurements only, not on earlier "

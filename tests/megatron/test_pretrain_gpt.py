@@ -56,7 +56,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def megatron_study(path: Path, env: MegatronEnv, data: Path, *, name: str, layout: dict[str, Any],
                    extra_args: tuple[str, ...] = (), python: str | None = None,
-                   n_trials: int = 1, search: dict[str, Any] | None = None) -> Path:
+                   n_trials: int = 1, search: dict[str, Any] | None = None,
+                   global_batch: int = 4) -> Path:
     args = ["--data-path", str(data), "--tokenizer-type", "NullTokenizer", "--vocab-size",
             "255", "--split", "100,0,0", "--lr", "1e-4", *CPU_FLAGS, *extra_args]
     workload: dict[str, Any] = {
@@ -69,7 +70,7 @@ def megatron_study(path: Path, env: MegatronEnv, data: Path, *, name: str, layou
             "zero_stage": [layout["zero_stage"]], "recompute": [layout["recompute"]],
             "strategy": "cost-model-only", "n_trials": n_trials}
     return write_study(path, name=name, devices=2, n_trials=n_trials, db=path.parent / "m.db",
-                       model=MODEL, training={"global_batch": 4, "dtype": "fp32"},
+                       model=MODEL, training={"global_batch": global_batch, "dtype": "fp32"},
                        search={**axes, **(search or {})},
                        trial={"warmup_steps": 1, "measure_steps": 2, "timeout_s": 600,
                               "device": "cpu"}, workload=workload)
@@ -113,19 +114,26 @@ def test_a_real_pretrain_gpt_trial_is_measured_as_megatron_prints_it(
 
 def test_an_address_space_limit_is_recorded_oom(
         tmp_path: Path, megatron_env: MegatronEnv, data: Path) -> None:
-    # pretrain_gpt.py under RLIMIT_AS (tests/workloads/programs/limit_as.py: what the
-    # imports map plus 300 MiB): Megatron's start-up and first step need more.
+    # pretrain_gpt.py under RLIMIT_AS (tests/workloads/programs/limit_as.py: what torch
+    # and DeepSpeed map plus 1500 MiB, room for Megatron's start-up and gloo's threads: 300
+    # MiB failed in gloo's thread creation, "Resource temporarily unavailable", no OOM).
+    # The vocabulary padded to 65536 makes micro-batch 32's logits 512 MiB each
+    # (32 x 64 x 65536 fp32), a few of which exceed it: PyTorch's CPU allocator raises
+    # "DefaultCPUAllocator: can't allocate memory ... (Cannot allocate memory)".
     limited = tmp_path / "limited-python"
     limited.write_text(f"#!/bin/sh\nexec {sys.executable} "
-                       f"{REPO / 'tests/workloads/programs/limit_as.py'} --budget-mb 300 -- "
+                       f"{REPO / 'tests/workloads/programs/limit_as.py'} --budget-mb 1500 -- "
                        '"$@"\n')
     limited.chmod(0o755)
     path = megatron_study(tmp_path / "oom.yaml", megatron_env, data, name="real-oom",
-                          layout=LAYOUTS[2], python=str(limited))
+                          layout={**LAYOUTS[2], "micro_batch": 32}, python=str(limited),
+                          extra_args=("--make-vocab-size-divisible-by", "65536"),
+                          global_batch=64)
     proc = run_cli("run", str(path), timeout=900, cwd=REPO)
     assert proc.returncode == 1, proc.stderr[-3000:]  # no trial completed
     (trial,) = _trials(path, "real-oom")
     assert trial.user_attrs["outcome"] == "oom", trial.user_attrs.get("reason")
+    assert "Cannot allocate memory" in trial.user_attrs["reason"]
 
 
 def test_a_misspelled_flag_stops_the_study_with_megatron_s_own_line(

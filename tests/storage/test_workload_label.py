@@ -110,3 +110,21 @@ def test_a_command_study_and_a_builtin_study_never_learn_from_each_other(
     assert note is None and calibration is not None
     assert calibration.key.workload == "builtin"
     assert dict(calibration.learned_from) == {"trainer-before": 2}
+
+
+def test_plan_storage_calibrates_from_the_database_it_names(tmp_path: Path) -> None:
+    db = tmp_path / "elsewhere.db"
+    storage = Storage(StorageConfig(url=f"sqlite:///{db}"))
+    for number, mb in enumerate((1, 2)):
+        storage.add_measurement(_row("before", trial_number=number, trial_id=100 + number,
+                                     micro_batch=mb, dp=1, world_size=1, grad_accum=8 // mb))
+    storage.close()
+    path = write_study(tmp_path / "p.yaml", name="p", devices=1,  # its own db: none yet
+                       search={**ONE_RANK, "micro_batch": [1, 2], "n_trials": 2})
+    plain = run_cli("plan", str(path), "--top", "1")
+    named = run_cli("plan", str(path), "--top", "1", "--storage", f"sqlite:///{db}")
+    assert plain.returncode == named.returncode == 0, named.stderr
+    assert "cal_TFLOPS" not in plain.stdout and "learned from" not in plain.stdout
+    assert "learned from 1 earlier study of cpu/fp32/builtin (before: 2 measurements)" \
+        in named.stdout and "cal_TFLOPS" in named.stdout
+    assert not (tmp_path / "study.db").exists()  # the study file's database untouched
