@@ -115,6 +115,20 @@ for fork in "${forks[@]}"; do
     echo "$src_sum" > "$dest/.ok"
   fi
 done
+# The argonne-lcf fork imports wandb unconditionally (megatron/training.py line 33,
+# `import wandb`; everywhere else it is guarded): a stub with no run, on the argonne trials'
+# PYTHONPATH only ($ENV_DIR/argonne), never the deepspeedai fork's.
+if [ ! -f "$ENV_DIR/argonne/wandb/__init__.py" ]; then
+  mkdir -p "$ENV_DIR/argonne/wandb"
+  cat > "$ENV_DIR/argonne/wandb/__init__.py" <<'EOF2'
+"""TEST-ONLY wandb stub (autotune scripts/megatron_env.sh): no run, nothing logged."""
+run = None
+def log(*args, **kwargs):
+    return None
+def init(*args, **kwargs):
+    raise RuntimeError("wandb stub: no wandb here (autotune test scaffolding)")
+EOF2
+fi
 # The argonne-lcf fork imports ezpz (not the index's unrelated `ezpz`): its src/ on the path.
 for ez in "$SRC"/ezpz-*/src; do
   [ -d "$ez" ] && [ ! -d "$ENV_DIR/ezpz/ezpz" ] && { rm -rf "$ENV_DIR/ezpz"; mkdir -p "$ENV_DIR/ezpz"; cp -r "$ez"/. "$ENV_DIR/ezpz"/; }

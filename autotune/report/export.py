@@ -90,7 +90,7 @@ def command_line(study: optuna.Study, layout: Layout, *, out_dir: Path) -> list[
 def _with_env(env: dict[str, Any], argv: list[str]) -> str:
     """The shell line ``K=V ... argv``: the study's ``workload.env`` is part of what ran
     (``PYTHONPATH``, ``LOCAL_SIZE``...), secrets masked (never printed)."""
-    from autotune.launchers.launch_record import mask_env
+    from autotune.storage.urls import mask_env
 
     assignments = [f"{k}={shlex.quote(v)}" for k, v in
                    mask_env({str(k): str(v) for k, v in env.items()}).items()]
