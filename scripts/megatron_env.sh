@@ -115,9 +115,21 @@ for fork in "${forks[@]}"; do
     echo "$src_sum" > "$dest/.ok"
   fi
 done
-# The argonne-lcf fork imports wandb unconditionally (megatron/training.py line 33,
-# `import wandb`; everywhere else it is guarded): a stub with no run, on the argonne trials'
-# PYTHONPATH only ($ENV_DIR/argonne), never the deepspeedai fork's.
+# The argonne-lcf fork imports wandb and tensorboard unconditionally (megatron/training.py
+# line 33, `import wandb`; megatron/timers.py line 12, `from tensorboard.summary import
+# Writer`; everywhere else they are guarded): stubs with no run and no writer, on the
+# argonne trials' PYTHONPATH only ($ENV_DIR/argonne), never the deepspeedai fork's.
+if [ ! -f "$ENV_DIR/argonne/tensorboard/summary.py" ]; then
+  mkdir -p "$ENV_DIR/argonne/tensorboard"
+  echo '"""TEST-ONLY tensorboard stub (autotune scripts/megatron_env.sh)."""' \
+    > "$ENV_DIR/argonne/tensorboard/__init__.py"
+  cat > "$ENV_DIR/argonne/tensorboard/summary.py" <<'EOF2'
+"""TEST-ONLY tensorboard stub: a Writer type for annotations, never constructed."""
+class Writer:
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("tensorboard stub: no writer (autotune test scaffolding)")
+EOF2
+fi
 if [ ! -f "$ENV_DIR/argonne/wandb/__init__.py" ]; then
   mkdir -p "$ENV_DIR/argonne/wandb"
   cat > "$ENV_DIR/argonne/wandb/__init__.py" <<'EOF2'

@@ -43,9 +43,9 @@ LAUNCHER_EXCEPTIONS: tuple[str, ...] = (
 )
 """Exceptions of the launchers around the program, never its own cause."""
 
-_RANK_PREFIX = re.compile(r"^\s*(?:\[(?:rank|default)?\d+\]:\s*|\d+:\s+)")
-"""torchrun's ``--local-ranks-filter``/``tee`` prefix ``[rank0]:``, srun's ``--label``
-``0: ``."""
+_RANK_PREFIX = re.compile(r"^(?:\[(?:rank|default)?\d+\]: ?|\d+: )")
+"""torchrun's rank prefix ``[rank0]: ``, srun's ``--label`` ``0: `` (one space only: the
+indentation after it tells a traceback's frames from its exception)."""
 _ARGPARSE = re.compile(r"^\S+: error: .+")
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Failure|"
                         r"Interrupt|Warning)?(?::.*)?$")
