@@ -120,7 +120,8 @@ def allocation(slurm: None) -> Iterator[str]:
         _run(["scancel", job])
 
 
-SERVICE_MARKERS = {"pg_url": "postgres", "slurm": "slurm", "mn_cluster": "multinode"}
+SERVICE_MARKERS = {"pg_url": "postgres", "slurm": "slurm", "mn_cluster": "multinode",
+                   "megatron_env": "megatron"}
 """Fixture -> the marker every test that uses it (directly or through another fixture,
 e.g. ``allocation``) must carry."""
 
