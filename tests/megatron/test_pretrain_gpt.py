@@ -35,18 +35,17 @@ LAYOUTS: list[dict[str, Any]] = [
     {"id": "dp2", "tp": 1, "pp": 1, "micro_batch": 2, "zero_stage": 0, "recompute": "none"},
     {"id": "dp2-ga2", "tp": 1, "pp": 1, "micro_batch": 1, "zero_stage": 0,
      "recompute": "none"},
-    {"id": "tp2-mb2", "tp": 2, "pp": 1, "micro_batch": 2, "zero_stage": 0,
-     "recompute": "none"},
-    {"id": "pp2-mb2", "tp": 1, "pp": 2, "micro_batch": 2, "zero_stage": 0,
-     "recompute": "none"},
 ]
+"""Four rows (with the OOM's and the misspelled flag's trials, 7 real trials): each costs
+30-45 s on an idle 2-core machine, 90-135 s on a loaded one; tp2-mb2 and pp2-mb2 rows ran
+and passed too (2026-12-01) and were left out for CI's time."""
 MODEL = {"n_layer": 2, "hidden": 64, "n_head": 4, "seq_len": 64, "vocab_size": 256,
          "ffn_hidden": 256, "name": "tiny-megatron"}
 # What Megatron needs on a CPU (shared/megatron-deepspeed/README.md): no fused kernels,
 # CPU initialisation, gloo; no --use-flash-attn.
 CPU_FLAGS = ["--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
              "--no-gradient-accumulation-fusion", "--use-cpu-initialization",
-             "--distributed-backend", "gloo"]
+             "--distributed-backend", "gloo", "--num-workers", "0"]  # no loader processes
 _PRINTED_MS = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
 
 
