@@ -22,7 +22,8 @@
 #   $MEGATRON_ENV/forks/NAME/ a copy of each checkout with its C++ data-set helpers built
 #                             (megatron/data/Makefile: the shared checkout is read-only, and
 #                             Megatron would run `make` there at start-up)
-# Every install is --no-deps with the versions pinned below: torch is never pulled.
+# Every install is --no-deps with the versions pinned below, under constraints/cpu.txt:
+# torch is never pulled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -43,14 +44,14 @@ if [ "$(cat "$ENV_DIR/deepspeed/.ok" 2>/dev/null)" != "0.18.9" ]; then
   rm -rf "$ENV_DIR/deepspeed"
   # --no-build-isolation: the build imports the venv's torch instead of fetching one.
   DS_BUILD_OPS=0 "$PY" -m pip install -q --no-deps --no-build-isolation \
-    --target "$ENV_DIR/deepspeed" deepspeed==0.18.9
+    -c constraints/cpu.txt --target "$ENV_DIR/deepspeed" deepspeed==0.18.9
   echo 0.18.9 > "$ENV_DIR/deepspeed/.ok"
 fi
 
 if [ "$(cat "$ENV_DIR/site/.ok" 2>/dev/null)" != "${PINS[*]} $STAMP_VERSION" ]; then
   echo "[megatron-env] ${PINS[*]} into $ENV_DIR/site"
   rm -rf "$ENV_DIR/site"
-  "$PY" -m pip install -q --no-deps --target "$ENV_DIR/site" "${PINS[@]}"
+  "$PY" -m pip install -q --no-deps -c constraints/cpu.txt --target "$ENV_DIR/site" "${PINS[@]}"
   # The torchvision stub: the names Megatron's ViT modules use at import time
   # (megatron/data/vit_dataset.py, image_folder.py); any use fails loudly.
   mkdir -p "$ENV_DIR/site/torchvision"
