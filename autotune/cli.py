@@ -89,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(launchers) > 1:
         progress.message(f"{len(launchers)} trials side by side on disjoint node groups")
     summary = run_study(spec, storage, launchers, n_trials=n, timeout_s=args.timeout,
-                        progress=progress)
+                        progress=progress, retry_failed=args.retry_failed)
     table = trials_table(summary.trials)
     if table is not None:
         print(table)
@@ -98,6 +98,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(best_line(summary.best))
     if summary.stopped_by == "interrupt":
         return EXIT_INTERRUPT
+    if summary.stopped_by == "broken_program":
+        print(f"autotune: {summary.stop_reason}", file=sys.stderr)
+        return EXIT_FAIL
     elsewhere = [t for t in summary.trials if t.state.name == "RUNNING"]
     if summary.best is None and summary.stopped_by == "budget" and elsewhere:
         # Other workers claimed the rest of the budget (a batch each) and are measuring it:
@@ -207,6 +210,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from autotune.spec import load_study
 
     spec = load_study(args.study)
+    if args.storage:  # the database to calibrate from (as `run --storage`)
+        spec = spec.with_storage_url(args.storage)
     if args.scaling or args.nodes or args.devices or args.reference:
         from autotune.scaling.command import plan_command
 
@@ -293,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=_positive_float, metavar="S",
                    help="stop launching new trials after S seconds")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.add_argument("--retry-failed", action="store_true",
+                   help="resume a study stopped because its trials failed alike "
+                   "(search.stop_on_repeated_error), measuring those layouts again")
     r.add_argument("--no-learn", action="store_true",
                    help="do not warm-start the calibration from earlier studies in the "
                    "database (search.learn_from_database: false)")
@@ -316,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")
     pl.add_argument("study", metavar="STUDY.yaml")
     pl.add_argument("--top", type=_positive_int, default=20, metavar="K")
+    pl.add_argument("--storage", metavar="URL",
+                    help="database to calibrate from (overrides the study file)")
     pl.add_argument("--format", choices=("table", "csv", "json"), default="table")
     pl.add_argument("--no-learn", action="store_true",
                     help="calibrate on the study's own measurements only, not on earlier "

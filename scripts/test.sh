@@ -7,7 +7,9 @@
 #      network namespace per node; 2-3 s) for the `multinode` tests (needs root and apt;
 #      skipped elsewhere: the SLURM and database tests then skip with their reason, except
 #      under CI=true, where they fail)
-#   3. ruff and mypy, then pytest over tests/ and the doctests of autotune/ and trainer/
+#   3. scripts/megatron_env.sh when AUTOTUNE_MEGATRON_DIR is set (CI: ../shared/megatron-
+#      deepspeed): the test-only environment of the `megatron` tests' real trials
+#   4. ruff and mypy, then pytest over tests/ and the doctests of autotune/ and trainer/
 #
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
 set -euo pipefail
@@ -24,6 +26,17 @@ fi
 # DeepSpeed JIT-builds its CPU communication op once; keep the build with the checkout's
 # caches rather than in a home directory that CI may not keep.
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}
+# The `megatron` tests run real Megatron-DeepSpeed: CI uses the pinned snapshots beside the
+# checkout; a developer points AUTOTUNE_MEGATRON_DIR at their own checkout (or leaves it
+# unset: the tests skip). Their test-only environment (.megatron-env) is built first.
+if [ "${CI:-}" = true ] && [ -z "${AUTOTUNE_MEGATRON_DIR:-}" ]; then
+  export AUTOTUNE_MEGATRON_DIR=$PWD/../shared/megatron-deepspeed
+fi
+if [ -n "${AUTOTUNE_MEGATRON_DIR:-}" ]; then
+  t1=$(date +%s)
+  bash scripts/megatron_env.sh
+  echo "[test] Megatron-DeepSpeed environment took $(( $(date +%s) - t1 )) s"
+fi
 echo "[test] setup took $(( $(date +%s) - t0 )) s; lint and types"
 .venv/bin/ruff check autotune trainer tests benchmarks
 .venv/bin/mypy autotune trainer

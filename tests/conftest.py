@@ -121,7 +121,8 @@ def allocation(slurm: None) -> Iterator[str]:
 
 
 SERVICE_MARKERS = {"pg_url": "postgres", "slurm": "slurm", "mn_cluster": "multinode",
-                   "own_pg": "faults", "small_tmpfs": "faults"}
+                   "own_pg": "faults", "small_tmpfs": "faults",
+                   "megatron_env": "megatron"}
 """Fixture -> the marker every test that uses it (directly or through another fixture,
 e.g. ``allocation``) must carry."""
 

@@ -150,8 +150,18 @@ class SearchConfig:
     studies of the same device type, dtype and workload in the study's database (issue
     #13; docs/models.md, "Calibration from measurements"). ``false`` (or ``--no-learn``)
     starts from the models alone; the study still calibrates on its own trials."""
+    stop_on_repeated_error: int = 2
+    """Stop the study when this many trials in a row, on different layouts, failed with
+    the same error (the program's own error line; never an out-of-memory): then the
+    program or its arguments are broken, not the layouts (a misspelled flag would spend the
+    whole budget). A resumed study that still ends on that error asks for
+    ``--retry-failed`` or a changed study file first (:mod:`autotune.runner.stop_early`).
+    ``0``: never stop."""
 
     def __post_init__(self) -> None:
+        if self.stop_on_repeated_error != 0:
+            check_int("search.stop_on_repeated_error", self.stop_on_repeated_error,
+                      minimum=2, maximum=MAX_N_TRIALS)
         for i, z in enumerate(self.zero_stage):
             check_choice(f"search.zero_stage[{i}]", z, ZERO_STAGES)
         for i, r in enumerate(self.recompute):

@@ -211,6 +211,11 @@ class WorkloadConfig:
         clash = conflicting_flag(self.args)
         if clash is not None:
             index, flag, owned = clash
+            if owned == "--bf16":  # the precision: a flag only at bf16, none at fp32
+                raise SpecError(f"workload.args[{index}]", self.args[index],
+                                f"{flag} conflicts with training.dtype: autotune gives the "
+                                "trials their precision (--bf16 with training.dtype bf16, "
+                                "no precision flag with fp32); set training.dtype instead")
             raise SpecError(f"workload.args[{index}]", self.args[index],
                             f"{flag} conflicts with {owned}, which autotune sets for every "
                             "trial (from the layout, training.dtype or the trial settings); "

@@ -98,6 +98,9 @@ class LaunchReport:
     log_text: str = ""
     """A foreign program's output (the end of stdout and stderr), where an out-of-memory
     signature is looked for; not stored."""
+    error_line: str | None = None
+    """A foreign program's own last error line (:func:`autotune.workloads.error_line.
+    program_error_line`): the cause its failure is stored with."""
     batch: dict[str, Any] | None = None
     """In a batch: ``index``, ``size``, ``lead`` (the directory with the launch's logs),
     ``rerun`` (true when it ran again alone after the launch ended without its result)."""
@@ -110,7 +113,8 @@ class LaunchReport:
                 "status": self.result.status if self.result else None,
                 "workload": self.workload, "no_progress": self.no_progress,
                 "no_progress_reason": self.no_progress_reason or None,
-                "readback": self.readback, "batch": self.batch}
+                "readback": self.readback, "error_line": self.error_line,
+                "batch": self.batch}
 
 
 def tail(path: Path, lines: int = 20, max_chars: int = 4000) -> str:

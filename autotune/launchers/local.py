@@ -28,6 +28,7 @@ from autotune.config.launcher import LocalOptions
 from autotune.errors import LaunchError
 from autotune.launchers._supervisor import tree_of
 from autotune.launchers.base import Launcher
+from autotune.launchers.launch_record import write_launch_record
 from autotune.trial import TrialPaths, TrialSpec
 from autotune.workloads.base import Placement
 
@@ -116,6 +117,7 @@ class LocalLauncher(Launcher):
         env = trainer_env(spec, {**self.options.env, **self.workload.env(spec, paths)})
         # Under the supervisor: the tree dies with this runner, even by SIGKILL.
         argv = [sys.executable, SUPERVISOR, str(os.getpid()), "--", *self.command(spec, paths)]
+        write_launch_record(paths, argv=argv, env=env)
         try:
             with open(paths.stdout, "wb") as out, open(paths.stderr, "wb") as err:
                 return subprocess.Popen(

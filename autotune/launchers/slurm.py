@@ -60,6 +60,7 @@ from autotune.energy import SACCT_FIELDS, parse_sacct_energy, sacct_energy_j_per
 from autotune.errors import LaunchError
 from autotune.hostlist import parse_hostlist
 from autotune.launchers.base import Launcher, LaunchReport
+from autotune.launchers.launch_record import write_launch_record
 from autotune.launchers.local import trainer_env
 from autotune.sites import SiteProfile, load_site
 from autotune.trial import TrialPaths, TrialSpec
@@ -269,12 +270,13 @@ class SlurmLauncher(Launcher):
 
     def _start(self, spec: TrialSpec, paths: TrialPaths) -> _Step:
         cmd = self.command(spec, paths, timeout_s=self._timeout_s)
+        env = self.step_env(spec, paths)
+        write_launch_record(paths, argv=cmd, env=env)
         try:
             # srun's own messages (-v) go to a separate log: it is where the step id is read.
             with open(paths.root / "srun.log", "wb") as log:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                        env=self.step_env(spec, paths),
-                                        start_new_session=True)
+                                        env=env, start_new_session=True)
         except OSError as err:
             raise LaunchError(f"could not start srun: {err}") from err
         return _Step(proc=proc, job_id=self.job_id, name=step_name(paths), paths=paths)

@@ -145,7 +145,8 @@ def _best(study: optuna.Study, trials: pd.DataFrame) -> Section:
         "layout key: tp-pp-dp-micro batch-grad accum-ZeRO stage-recompute"))
     fp = study_fingerprint(study)
     lay = Layout.from_key(b["layout"])
-    args = megatron_deepspeed_args(lay, dtype=fp.get("dtype", "bf16"), model=fp.get("model"))
+    args = megatron_deepspeed_args(lay, dtype=fp.get("dtype", "bf16"), model=fp.get("model"),
+                                   device=fp.get("device"))
     s.blocks += [Text("Megatron-DeepSpeed arguments for the best layout (also: autotune best "
                       "STUDY --emit megatron-deepspeed, or --emit deepspeed for ds_config.json):"),
                  Code(shlex.join(args))]

@@ -34,13 +34,16 @@ __all__ = ["emit_best", "megatron_deepspeed_args", "best_json", "command_line"]
 
 
 def megatron_deepspeed_args(layout: Layout, *, dtype: str,
-                            model: dict[str, Any] | None = None) -> list[str]:
+                            model: dict[str, Any] | None = None,
+                            device: str | None = None) -> list[str]:
     """Megatron-DeepSpeed (``pretrain_gpt.py``) arguments for ``layout`` (and ``model``, a
     study fingerprint's model): :func:`autotune.workloads.megatron.layout_args` and
-    :func:`~autotune.workloads.megatron.model_args`, the flags its trials ran with."""
+    :func:`~autotune.workloads.megatron.model_args`, the flags its trials ran with; the
+    fused-attention flag is the study ``device``'s
+    (:func:`~autotune.workloads.megatron.flash_attention_flag`)."""
     args = megatron.layout_args(layout, dtype=dtype)
     if model:
-        args += megatron.model_args(_model(model))
+        args += megatron.model_args(_model(model), device=device)
     return args
 
 
@@ -84,6 +87,16 @@ def command_line(study: optuna.Study, layout: Layout, *, out_dir: Path) -> list[
             "--deepspeed", "--deepspeed_config", str(paths.ds_config)]
 
 
+def _with_env(env: dict[str, Any], argv: list[str]) -> str:
+    """The shell line ``K=V ... argv``: the study's ``workload.env`` is part of what ran
+    (``PYTHONPATH``, ``LOCAL_SIZE``...), secrets masked (never printed)."""
+    from autotune.storage.urls import mask_env
+
+    assignments = [f"{k}={shlex.quote(v)}" for k, v in
+                   mask_env({str(k): str(v) for k, v in env.items()}).items()]
+    return " ".join([*assignments, shlex.join(argv)])
+
+
 def best_json(study: optuna.Study, layout: Layout, trial: FrozenTrial) -> dict[str, Any]:
     keys = (TrialAttr.MODEL_TFLOPS, TrialAttr.HARDWARE_TFLOPS, TrialAttr.MFU,
             TrialAttr.STEP_TIME_S, TrialAttr.TOKENS_PER_S, TrialAttr.PEAK_MEMORY_GIB,
@@ -106,7 +119,8 @@ def emit_best(study: optuna.Study, layout: Layout, trial: FrozenTrial, *, fmt: s
     if fmt == "deepspeed":
         path = out_dir / "ds_config.json"
         write_json_atomic(path, deepspeed_config(layout, dtype))
-        mega = megatron_deepspeed_args(layout, dtype=dtype, model=fp.get("model"))
+        mega = megatron_deepspeed_args(layout, dtype=dtype, model=fp.get("model"),
+                                       device=fp.get("device"))
         return "\n".join([
             f"wrote {path} for {layout.key()} "
             f"({trial.value:.4g} model TFLOPS/device, trial #{trial.number})",
@@ -124,6 +138,7 @@ def emit_best(study: optuna.Study, layout: Layout, trial: FrozenTrial, *, fmt: s
         return "\n".join([
             f"# best: {layout.key()} ({trial.value:.4g} model TFLOPS/device, trial "
             f"#{trial.number}); wrote {out_dir / 'ds_config.json'}; start it {how}",
-            shlex.join(argv)])
-    mega = megatron_deepspeed_args(layout, dtype=dtype, model=fp.get("model"))
+            _with_env(record.get("env") or {}, argv)])
+    mega = megatron_deepspeed_args(layout, dtype=dtype, model=fp.get("model"),
+                                       device=fp.get("device"))
     return shlex.join(mega)

@@ -11,6 +11,8 @@ module                    owns
 ``outcome.py``            what a trial did → its outcome and Optuna state (the one place)
 ``records.py``            every key stored on trials and studies, its writers and readers;
                           the ``measurements`` row
+``stop_early.py``         the study stops when trials fail alike on different layouts
+                          (the program is broken); a resumed one asks first
 ``lifecycle.py``          lease renewals while a trial runs; SIGINT/SIGTERM
 ``progress.py``           progress lines, the trial table and the stop messages
 ========================  ==============================================================

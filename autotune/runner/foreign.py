@@ -15,8 +15,11 @@ wall-clock ``trial.timeout_s`` / SLURM ``TIMEOUT``  timeout
 no new step for ``workload.no_progress_s``          timeout      whole tree / step killed
 steady-state steps read back and the exit code 0,   complete     value: autotune's score
 or every expected step read back
-anything else                                       error        exit code or signal, what
-                                                                 was read, the stderr tail
+anything else                                       error        the program's own error
+                                                                 line (argparse error or
+                                                                 exception), else exit code
+                                                                 or signal, what was read,
+                                                                 the stderr tail
 ==================================================  ===========  ==========================
 
 The out-of-memory signatures are searched in the program's output (stdout and stderr,
@@ -143,4 +146,8 @@ def foreign_outcome(report: LaunchReport) -> Outcome:
     complete_run = rb.get("steps", 0) >= rb.get("expected", 1 << 60)
     if value is not None and value > 0 and (report.returncode == 0 or complete_run):
         return Outcome("complete", value=float(value))
+    if report.error_line:
+        # The program's own words lead; the full logs stay in the trial's folder.
+        return Outcome("error", reason=f"{report.error_line}\n({_exit(report)}; "
+                       f"{_read(report)}; the logs are in the trial's folder)"[:4000])
     return Outcome("error", reason=f"{_exit(report)}; {_read(report)}{tail}"[-4000:])

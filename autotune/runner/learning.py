@@ -3,8 +3,10 @@ refit after each trial, and the calibrated constraints and candidates (issue #13
 
 The maths is :mod:`autotune.models.calibration`'s; this module reads and applies it.
 
-* The key of a study is its device type, dtype and workload (:func:`workload_of`: the
-  built-in trainer, or ``replay`` for a replayed table).
+* The key of a study is its device type, dtype and workload (:func:`workload_of`: what
+  ran, ``builtin``, ``command`` or ``megatron-deepspeed`` as the study's ``workload.kind``
+  says, or ``replay`` for a replayed table): a study of the user's own program never
+  calibrates, nor is calibrated by, studies of the built-in trainer.
 * The warm start is one query at the start of a run (:func:`earlier_rows`): the ``ok``
   and ``oom`` rows of *other* studies of the key, only the columns calibration reads, the
   :data:`MAX_EARLIER_ROWS` most recent (``search.learn_from_database: false`` or
@@ -59,10 +61,14 @@ _OUTCOMES = ("complete", "oom")
 _SAMPLE = 256  # layouts whose stated error the prior sd is the median of
 
 
-def workload_of(launcher_kind: str) -> str:
-    """What a launcher's trials measure: a replayed table (its own software stack) or the
-    built-in trainer."""
-    return "replay" if launcher_kind == "replay" else BUILTIN_WORKLOAD
+def workload_of(launcher_kind: str, workload_kind: str = BUILTIN_WORKLOAD) -> str:
+    """What a study's trials measure: a replayed table (its own software stack, whatever
+    the study file's workload), else the study's ``workload.kind``.
+
+    >>> workload_of("local", "megatron-deepspeed"), workload_of("replay", "command")
+    ('megatron-deepspeed', 'replay')
+    """
+    return "replay" if launcher_kind == "replay" else workload_kind
 
 
 def key_of(spec: StudySpec, workload: str) -> CalibrationKey:
@@ -203,7 +209,7 @@ def plan_calibration(spec: StudySpec, *, learn: bool = True,
     try:
         base = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
                                         profile=spec.profile)
-        key = key_of(spec, workload_of(spec.launcher.kind))
+        key = key_of(spec, workload_of(spec.launcher.kind, spec.workload.kind))
         learning = StudyLearning(spec, base, key,
                                  earlier_rows(storage, key, spec.name) if learn else (),
                                  enabled=learn)

@@ -38,6 +38,8 @@ _STOP_MESSAGES = {
     "sigterm": "stopped by SIGTERM: the running trial will be retried",
     "node_failure": "a node of the allocation died: its trial will be retried on healthy "
                     "nodes (run again in a new allocation)",
+    "broken_program": "study stopped: trials failed alike (the error and the trial folders "
+                      "follow on stderr)",
 }
 
 

@@ -65,6 +65,7 @@ from autotune.feasibility import Constraints, Reason
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.results import best_trial
+from autotune.runner import stop_early
 from autotune.runner.budget import budget_reached
 from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
 from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
@@ -121,7 +122,9 @@ class RunSummary:
     infeasible: int = 0
     stopped_by: str = "budget"
     """``budget``, ``timeout``, ``exhausted``, ``strategy`` (it stopped early: see
-    ``stop_reason``), ``interrupt``, ``sigterm`` or ``node_failure`` (a node of this
+    ``stop_reason``), ``broken_program`` (trials failed alike: :mod:`autotune.runner.
+    stop_early`; ``stop_reason`` has the error line and the trial folders), ``interrupt``,
+    ``sigterm`` or ``node_failure`` (a node of this
     worker's group died; ``stop_reason`` says which; with several groups, only when every
     group lost one)."""
     stop_reason: str | None = None
@@ -137,7 +140,7 @@ def _utcnow() -> datetime:
 
 def run_study(spec: StudySpec, storage: Storage, launchers: Launcher | Sequence[Launcher], *,
               n_trials: int | None = None, timeout_s: float | None = None,
-              progress: Progress | None = None) -> RunSummary:
+              progress: Progress | None = None, retry_failed: bool = False) -> RunSummary:
     """Run this worker's share of the study until the budget, the timeout or a signal.
 
     With several launchers (disjoint node groups of one allocation: see
@@ -151,12 +154,12 @@ def run_study(spec: StudySpec, storage: Storage, launchers: Launcher | Sequence[
         warnings.filterwarnings("ignore", message="Heartbeat of storage")
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return _run(spec, storage, launchers, n_trials=n_trials, timeout_s=timeout_s,
-                    progress=progress)
+                    progress=progress, retry_failed=retry_failed)
 
 
 def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
          n_trials: int | None, timeout_s: float | None,
-         progress: Progress | None) -> RunSummary:
+         progress: Progress | None, retry_failed: bool = False) -> RunSummary:
     n_trials = n_trials or spec.search.n_trials
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
                                            profile=spec.profile)
@@ -166,7 +169,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
         # so only the structural rules apply (the study's axes, placement and memory
         # model would hide rows that were measured).
         constraints = constraints.structural_only()
-    key = key_of(spec, workload_of(launchers[0].kind))
+    key = key_of(spec, workload_of(launchers[0].kind, spec.workload.kind))
     learn = spec.search.learn_from_database
     learning = StudyLearning(spec, constraints, key,
                              earlier_rows(storage, key, spec.name) if learn else (),
@@ -177,6 +180,9 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
                          f" run `autotune plan {spec.source or 'STUDY'}` to see why")
     # once, before worker threads could race to create it
     study = storage.retrying("opening the study", lambda: open_study(spec, storage))
+    refusal = stop_early.resume_refusal(study, spec, storage, retry_failed=retry_failed)
+    if refusal is not None:
+        raise UsageError(refusal)
     record = learned_from_record(learning.calibration, enabled=learn)
     set_user_attrs(study, {StudyAttr.LEARNED_FROM: record})
     progress = progress or Progress(total=n_trials, enabled=False)
@@ -249,6 +255,8 @@ class _Worker:
         self.busy = busy or Busy()
         self._claims: dict[str, int] = {}
         self._last_claim_id = 0
+        self.repeated_errors = stop_early.RepeatedErrorRule(spec.search.stop_on_repeated_error)
+        self.broken: stop_early.BrokenProgram | None = None
 
     def run(self, timeout_s: float | None, signals: StopSignals) -> RunSummary:
         started = time.monotonic()
@@ -272,6 +280,12 @@ class _Worker:
                                                                          lost.reason)
                     self.progress.message(f"worker{self.name_suffix}: {lost.reason}; its "
                                           "node group is not used again")
+                    break
+                if self.broken is not None:
+                    self.summary.stopped_by = "broken_program"
+                    self.summary.stop_reason = self.broken.message()
+                    record = self.broken.record(stop_early.study_file_digest(self.spec))
+                    set_user_attrs(self.study, {stop_early.BROKEN_PROGRAM_ATTR: record})
                     break
                 continue
             if stop in ("budget", "exhausted") and self.busy.others():
@@ -479,6 +493,9 @@ class _Worker:
                                   "killed while it ran (its runner was silent for longer "
                                   "than storage.grace_period_s): its result is not recorded")
         self.summary.measured += 1
+        self.broken = self.repeated_errors.observe(outcome.kind, stop_early.failure_of(
+            outcome, number=claimed.number, layout=layout.key(), trial_dir=facts.trial_dir)) \
+            or self.broken
         self.progress.trial_finished(claimed.number, layout, outcome, best_trial(self.study))
 
     def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Outcome,

@@ -199,6 +199,11 @@ class Storage:
                     "FROM trials t WHERE t.state = 'FAIL' AND NOT EXISTS (SELECT 1 FROM "
                     "trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = "
                     "'outcome' AND a.value_json NOT IN ('\"interrupted\"', '\"node_failure\"')))"))
+        if found < 5:
+            from autotune.storage.relabel import relabel_workloads
+
+            with self.engine.begin() as conn:
+                relabel_workloads(conn)
         if found < 6:
             columns = {c["name"] for c in inspect(self.engine).get_columns("measurements")}
             with self.engine.begin() as conn:

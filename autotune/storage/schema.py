@@ -25,7 +25,12 @@ Version history (each step a migration in :mod:`autotune.storage.db`):
    (killed, interrupted), ``attempts`` counts its executions. Every execution has its
    ``measurements`` row from the claim on (outcome ``running`` until it is recorded, or
    ``killed`` when it is repaired). Claims of version 2 whose trial failed unjudged or
-   interrupted get ``retry`` = 1.
+   interrupted get ``retry`` = 1;
+5. ``measurements.workload`` says what ran (``builtin``, ``command``,
+   ``megatron-deepspeed``, ``replay``): before, a study of the user's own program stored
+   ``builtin`` (the launcher alone decided it), so that it calibrated, and was calibrated
+   by, studies of the built-in trainer. Rows of version 3 labelled ``builtin`` get their
+   study's own workload kind (its ``workload`` user attribute, else its fingerprint's);
 6. ``measurements.energy_j_per_step``, ``energy_source``, ``joules_per_token``,
    ``model_tflops_per_watt`` (issue #25): a trial's energy where a counter measured it
    (:mod:`trainer.energy`, :mod:`autotune.energy`), ``NULL`` where none did (never 0).
@@ -87,7 +92,8 @@ class Measurement(Base):
     dtype: Mapped[str] = mapped_column(String(8))
     workload: Mapped[str] = mapped_column(String(64), default="builtin",
                                           server_default="builtin")
-    """What ran the trial (``autotune.models.calibration.BUILTIN_WORKLOAD``, ``replay``)."""
+    """What ran the trial: ``builtin`` (:data:`autotune.models.calibration.BUILTIN_WORKLOAD`),
+    ``command``, ``megatron-deepspeed`` or ``replay``."""
     outcome: Mapped[str] = mapped_column(String(16), index=True)
     status: Mapped[str | None] = mapped_column(String(16), nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)

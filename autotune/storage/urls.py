@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from sqlalchemy.engine import URL, make_url
@@ -24,7 +25,8 @@ from sqlalchemy.exc import ArgumentError
 
 from autotune.errors import SpecError
 
-__all__ = ["mask_url", "resolve_url", "backend_of", "parse_url", "SUPPORTED"]
+__all__ = ["mask_url", "mask_env", "SECRET_NAME", "resolve_url", "backend_of", "parse_url",
+           "SUPPORTED"]
 
 SUPPORTED = {
     "sqlite": ("sqlite",),
@@ -70,6 +72,22 @@ _AT_HINT = ("an unencoded '@' in the user name or password; allowed: '@' written
 def _netloc(url: str) -> str:
     """What lies between ``://`` and the path: ``user:password@host:port``."""
     return url.partition("://")[2].split("/", 1)[0]
+
+
+SECRET_NAME = re.compile(r"(?i)token|secret|passw|credential|api_?key|private|auth")
+"""Environment variable names whose values are never written down."""
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
+MASK = "***"
+
+
+def mask_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with secret values masked.
+
+    >>> mask_env({"HF_TOKEN": "abc", "DB": "postgresql://me:pw@host/db", "LOCAL_SIZE": "2"})
+    {'HF_TOKEN': '***', 'DB': 'postgresql://me:***@host/db', 'LOCAL_SIZE': '2'}
+    """
+    return {k: MASK if SECRET_NAME.search(k) else _URL_PASSWORD.sub(rf"\g<1>{MASK}@", v)
+            for k, v in env.items()}
 
 
 def parse_url(url: str, field: str = "storage.url") -> URL:

@@ -33,6 +33,7 @@ from autotune.metrics_writer import ENV_VAR
 from autotune.trial import TrialResult, TrialSpec
 from autotune.workloads import megatron
 from autotune.workloads.base import Placement, ProgressWatch, Workload, log_paths
+from autotune.workloads.error_line import program_error_line
 from autotune.workloads.readback import StepCounter, measure, read_back
 
 if TYPE_CHECKING:
@@ -134,6 +135,11 @@ class ForeignWorkload(Workload):
         expected = train_iters(spec)
         report.readback = {**rb.summary(), "expected": expected}
         report.log_text = "\n".join(_tail_text(p, _LOG_TEXT_CHARS) for p in logs)
+        # The rank's own error first (a failing rank's file), then stderr, then stdout:
+        # torchrun's summary at the end of stderr is never the cause.
+        report.error_line = program_error_line(
+            [_tail_text(p, _LOG_TEXT_CHARS) for p in paths.rank_errors()],
+            *(_tail_text(p, _LOG_TEXT_CHARS) for p in (paths.stderr, paths.stdout)))
         peak = self._device.peak_tflops(spec.run.dtype)
         measured = measure(rb, model=spec.model, layout=spec.layout, dtype=spec.run.dtype,
                            device=self.device_name, peak_flops=peak * 1e12 if peak else None,

@@ -48,7 +48,7 @@ from autotune.config.model import ModelConfig
 from autotune.layout import Layout
 
 __all__ = ["layout_args", "trial_args", "model_args", "conflicting_flag", "model_mismatch",
-           "OWNED_FLAGS", "MODEL_FLAGS"]
+           "flash_attention_flag", "OWNED_FLAGS", "MODEL_FLAGS", "FLASH_FLAGS"]
 
 OWNED_FLAGS: dict[str, str] = {
     # user flag -> the flag autotune sets that it would contradict
@@ -109,11 +109,38 @@ def layout_args(layout: Layout, *, dtype: str) -> list[str]:
     return args
 
 
+def flash_attention_flag(device: str | None) -> str | None:
+    """The fused-attention flag a device's Megatron-DeepSpeed users pass, ``None`` where
+    none works.
+
+    In both forks (``megatron/arguments.py``; deepspeedai 4efb479, argonne-lcf ffa3456)
+    ``--use-flash-attn`` is FlashAttention v1 and asserts that the CUDA ``flash_attn``
+    package imports: on an Intel Max 1550 and on a CPU it fails. Intel users pass
+    ``--use-flash-attn-builder`` (DeepSpeed's op builder, ``megatron/model/
+    transformer.py``: ``get_accelerator().create_op_builder("FlashAttentionBuilder")``);
+    NVIDIA users ``--use-flash-attn-v2`` (the ``flash_attn`` 2.x package); a CPU has none.
+
+    >>> [flash_attention_flag(d) for d in ("max1550-tile", "h100", "cpu", None)]
+    ['--use-flash-attn-builder', '--use-flash-attn-v2', None, None]
+    """
+    if device is None or device == "cpu":
+        return None
+    if device.startswith("max1550"):
+        return "--use-flash-attn-builder"
+    return "--use-flash-attn-v2"
+
+
+FLASH_FLAGS = ("--use-flash-attn", "--use-flash-attn-v1", "--use-flash-attn-v2",
+               "--use-flash-attn-triton", "--use-flash-attn-builder")
+"""Every fused-attention flag of the forks: a user's own choice is kept."""
+
+
 def model_args(model: ModelConfig, *, given: Sequence[str] = (),
-               kernels: bool = True) -> list[str]:
+               kernels: bool = True, device: str | None = None) -> list[str]:
     """The model's shape as flags, leaving out those the user ``given`` already;
-    ``kernels`` adds ``--use-flash-attn`` for ``attention: flash`` (what was tuned, for
-    an export; a trial runs the user's own kernel choice)."""
+    ``kernels`` adds the ``device``'s fused-attention flag (:func:`flash_attention_flag`)
+    for ``attention: flash`` (what was tuned, for an export; a trial runs the user's own
+    kernel choice)."""
     have = {_name(a) for a in given}
     out: list[str] = []
     values = _model_values(model)
@@ -125,10 +152,11 @@ def model_args(model: ModelConfig, *, given: Sequence[str] = (),
         out += ["--max-position-embeddings", str(model.seq_len)]
     if model.mlp == "swiglu" and "--swiglu" not in have:
         out.append("--swiglu")  # Megatron's gated MLP (3 matrices of ffn_hidden)
-    if kernels and model.attention == "flash" and "--use-flash-attn" not in have:
+    fused = flash_attention_flag(device)
+    if kernels and model.attention == "flash" and fused and not have & set(FLASH_FLAGS):
         # What was tuned (fused attention, no score matrix); without the flag Megatron
         # materialises the scores (model.attention: explicit), slower and larger.
-        out.append("--use-flash-attn")
+        out.append(fused)
     return out
 
 

@@ -288,8 +288,14 @@ def measure(rb: Readback, *, model: Any, layout: Layout, dtype: str, device: str
         "all_step_times_s": [r.seconds for r in rb.records],
         "model_flops_per_step": flops, "global_batch": layout.global_batch,
         "tokens_per_step": layout.global_batch * model.seq_len, "dtype": dtype,
-        "program_tflops_per_device": {k: float(np.median(v)) for k, v in program.items()},
+        # A figure printed as 0.00 (Megatron prints two decimals: "TFLOPs: {:.2f}") is
+        # below the program's precision, not zero: it is named, never stored as 0.0.
+        "program_tflops_per_device": {k: float(np.median(v)) for k, v in program.items()
+                                      if max(v) > 0},
     }
+    below = sorted(k for k, v in program.items() if max(v) <= 0)
+    if below:
+        extra["program_tflops_below_printed_precision"] = below
     if tokens:
         extra["program_tokens_per_s"] = float(np.median(tokens))
     return TrialResult(

@@ -10,6 +10,7 @@ import pytest
 from autotune.cli import main
 from autotune.layout import Layout
 from autotune.report.export import megatron_deepspeed_args
+from autotune.workloads.megatron import FLASH_FLAGS
 from tests.report import synthetic
 
 LAYOUTS = [Layout(tp=1, pp=1, dp=8, micro_batch=4, grad_accum=1),
@@ -62,10 +63,16 @@ def test_megatron_deepspeed_args_match_the_layout(lay: Layout, dtype: str) -> No
     assert "--swiglu" not in args
     gated = megatron_deepspeed_args(lay, dtype=dtype, model={**MODEL, "mlp": "swiglu"})
     assert gated.count("--swiglu") == 1
-    assert "--use-flash-attn" in args  # the default attention, as tuned
-    explicit = megatron_deepspeed_args(lay, dtype=dtype,
+    assert not set(args) & set(FLASH_FLAGS)  # no device: no fused-attention flag
+    # The default attention, as tuned, in the flag that works on the study's device: the
+    # op builder on an Intel Max 1550 (--use-flash-attn is FlashAttention v1, CUDA-only).
+    for device, flag in (("max1550-tile", "--use-flash-attn-builder"),
+                         ("h100", "--use-flash-attn-v2"), ("cpu", None)):
+        on = megatron_deepspeed_args(lay, dtype=dtype, model=MODEL, device=device)
+        assert [a for a in on if a in FLASH_FLAGS] == ([flag] if flag else [])
+    explicit = megatron_deepspeed_args(lay, dtype=dtype, device="max1550-tile",
                                        model={**MODEL, "attention": "explicit"})
-    assert "--use-flash-attn" not in explicit
+    assert not set(explicit) & set(FLASH_FLAGS)
 
 
 def test_best_emit_megatron_deepspeed_is_the_best_trials_layout(

@@ -30,6 +30,11 @@ CASES = {
         lambda tmp: {"kind": "command", "argv": [sys.executable, "-c", "pass", "--mb",
                                                  "{micro_batchh}"]},
         "workload.argv[4]", ["unknown placeholder {micro_batchh}", "{micro_batch}"]),
+    "a precision flag": (
+        lambda tmp: {"kind": "megatron-deepspeed", "script": _script(tmp),
+                     "args": ["--data-path", "x", "--fp16"]},
+        "workload.args[2]", ["--fp16 conflicts with training.dtype",
+                             "no precision flag with fp32"]),
     "conflicting owned flag": (
         lambda tmp: {"kind": "megatron-deepspeed", "script": _script(tmp),
                      "args": ["--data-path", "x", "--recompute-granularity", "full"]},

@@ -133,6 +133,18 @@ def test_the_score_is_ours(tmp_path: Path) -> None:
     assert not math.isclose(res.model_tflops_per_device or 0, 99.0)
 
 
+def test_a_program_figure_printed_as_zero_is_below_its_precision(tmp_path: Path) -> None:
+    # A tiny model on a CPU: Megatron prints "TFLOPs: 0.00" (two decimals).
+    log = tmp_path / "stdout.log"
+    log.write_text("".join(standin.deepspeedai_line(i, 3, 0.08, 5.0, 16, 64, 0.0, 2) + "\n"
+                           for i in (1, 2, 3)))
+    rb = read_back(tmp_path / "none.jsonl", [log], drop=1)
+    res = measure(rb, model=MODEL, layout=LAYOUT, dtype="fp32", device="cpu",
+                  peak_flops=None, expected_steps=3)
+    assert res is not None and res.extra["program_tflops_per_device"] == {}
+    assert res.extra["program_tflops_below_printed_precision"] == ["TFLOPs"]
+
+
 def _report(**kw: object) -> LaunchReport:
     base: dict = {"result": None, "returncode": 1, "workload": "command",
                   "readback": {"source": None, "steps": 0, "expected": 4}}
