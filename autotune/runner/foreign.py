@@ -143,4 +143,6 @@ def foreign_outcome(report: LaunchReport) -> Outcome:
     complete_run = rb.get("steps", 0) >= rb.get("expected", 1 << 60)
     if value is not None and value > 0 and (report.returncode == 0 or complete_run):
         return Outcome("complete", value=float(value))
-    return Outcome("error", reason=f"{_exit(report)}; {_read(report)}{tail}"[-4000:])
+    invalid = f"; {report.result_error}" if report.result_error else ""
+    head = f"{_exit(report)}; {_read(report)}{invalid}"[:2000]
+    return Outcome("error", reason=head + tail[-(4000 - len(head)):])

@@ -41,6 +41,9 @@ from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 
+from autotune.errors import SpecError
+from autotune.result_numbers import check_result_numbers
+
 if TYPE_CHECKING:
     from autotune.feasibility import Reason
     from autotune.launchers.base import LaunchReport
@@ -97,6 +100,7 @@ def infeasible(reasons: list[Reason]) -> Outcome:
 
 def classify(report: LaunchReport) -> Outcome:
     """Map what a launcher saw to an outcome; the result file wins where it exists."""
+    _drop_invalid_result(report)
     if report.workload != "builtin":
         from autotune.runner.foreign import foreign_outcome  # it imports Outcome from here
 
@@ -124,6 +128,19 @@ def classify(report: LaunchReport) -> Outcome:
     code = f", exit code {report.returncode}" if report.returncode is not None else ""
     tail = f"\n{report.stderr_tail}" if report.stderr_tail else ""
     return Outcome("error", reason=f"{why}{where}{code}{tail}")
+
+
+def _drop_invalid_result(report: LaunchReport) -> None:
+    """A result whose numbers cannot be stored (:mod:`autotune.result_numbers`) is no
+    result: the report keeps why (``result_error``), the trial is an ``error`` naming the
+    field and its value, and nothing of it reaches the database. The loaders already refuse
+    such files; this covers results built in memory (a replayed table, a read-back)."""
+    if report.result is None:
+        return
+    try:
+        check_result_numbers(report.result.to_dict())
+    except SpecError as err:
+        report.result, report.result_error = None, f"invalid result: {err}"
 
 
 def _from_result(res: TrialResult) -> Outcome:
