@@ -479,6 +479,7 @@ class _Worker:
             self.progress.message(f"trial {claimed.number} ({layout.key()}) was repaired as "
                                   "killed while it ran (its runner was silent for longer "
                                   "than storage.grace_period_s): its result is not recorded")
+            return  # no value line either: the study holds no such value (issue 23)
         self.summary.measured += 1
         self.progress.trial_finished(claimed.number, layout, outcome, best_trial(self.study))
 
