@@ -149,7 +149,8 @@ def _from_result(res: TrialResult) -> Outcome:
         if value is None or not value > 0:
             return Outcome("error", reason=f"status ok but model_tflops_per_device={value!r}")
         # The result file is complete and atomic: a non-zero exit after it (a rank's
-        # teardown, say) does not invalidate the measurement.
+        # teardown, say) does not invalidate the measurement; the exit code stays in
+        # launch.json (docs/trainer.md, "Failures"; issue 23, G).
         if res.early_stopped:
             return Outcome("stopped", value=float(value),
                            reason=res.early_stop_reason or "stopped early: hopeless")
