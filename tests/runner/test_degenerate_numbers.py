@@ -71,9 +71,8 @@ def _run_twice(path: Path, n: int) -> dict[int, FrozenTrial]:
         assert "Traceback" not in out, out
     url = f"sqlite:///{path.parent / 'study.db'}"
     trials = optuna.load_study(study_name="d", storage=url).get_trials()
+    # No COMPLETE trial: ``status`` and ``best`` name no best layout (E).
     assert len(trials) == n and all(t.state == TrialState.FAIL for t in trials), trials
-    best = run_cli("best", str(path), env=env)
-    assert best.returncode == 2 and "no completed trial" in best.stderr, best.stderr
     return {t.user_attrs["layout_dict"]["micro_batch"]: t for t in trials}
 
 
