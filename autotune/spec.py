@@ -11,7 +11,8 @@ Study files come from users, so reading one is bounded (issue #17): :func:`read_
 parses with :class:`StudyLoader`, which refuses duplicate keys, nesting deeper than
 :data:`MAX_DEPTH`, a list or mapping of more than :data:`MAX_ITEMS` entries, more than
 :data:`MAX_NODES` values in all (an alias counts as every value it repeats: no
-"billion laughs") and numbers longer than :data:`MAX_NUMBER_CHARS` characters. Aliases
+"billion laughs"), numbers longer than :data:`MAX_NUMBER_CHARS` characters and the YAML 1.1
+numbers that YAML 1.2 reads otherwise or not at all (``1:0``, ``0x10``, ``010``). Aliases
 are allowed (``yaml.safe_dump`` writes them for shared objects) but cannot expand a file.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,12 @@ MAX_NUMBER_CHARS = 100
 sexagesimal literal costs quadratic time; every bound of a field is far below 10**100)."""
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?|\.[0-9]+)"
+                           r"(?:[eE][-+]?[0-9]+)?"
+                           r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)")
+"""The numbers YAML 1.1 and 1.2 read alike. PyYAML is YAML 1.1: ``global_batch: 1:0`` is
+sexagesimal 60, ``0x10`` 16, ``010`` 8 and ``1_000`` 1000 (issue 23); those are refused,
+by their key path, rather than read as a number nobody wrote."""
 
 
 class _LimitError(yaml.YAMLError):
@@ -130,6 +138,13 @@ class StudyLoader(yaml.SafeLoader):
             raise self._refuse(f"a number of {len(node.value)} characters",
                                f"at most {MAX_NUMBER_CHARS} characters (no field takes a "
                                "larger number)", node.start_mark)
+        if node.tag in _NUMBER_TAGS and node.style is None \
+                and not _PLAIN_NUMBER.fullmatch(node.value):
+            raise self._refuse(
+                f"{node.value[:40]!r}, a YAML 1.1 number (read as "
+                f"{str(self.construct_object(node))[:40]}: sexagesimal, hex, octal, binary "
+                "or with '_')", "a decimal number (write it out, or quote it for text)",
+                node.start_mark)
         self._sized[id(node)] = (1, 0)
         return node
 
@@ -296,7 +311,12 @@ def read_yaml(path: str | os.PathLike[str], *, field: str = "STUDY") -> Any:
     :class:`SpecError` on ``field`` (the file) or on the key path that broke a limit."""
     p = Path(path)
     try:
-        with p.open("rb") as f:  # a FIFO or device has no honest size: read one byte more
+        if not stat.S_ISREG(p.stat().st_mode):
+            # Opening a FIFO blocks until a writer comes (for ever, issue 23); a device or
+            # a directory is no study file either.
+            raise SpecError(field, str(p), "not a regular file (a FIFO, device or "
+                            "directory); allowed: a YAML file")
+        with p.open("rb") as f:  # read one byte more than allowed: the size is not trusted
             raw = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise SpecError(field, str(p), "no such file") from None

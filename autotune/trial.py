@@ -19,6 +19,7 @@ from autotune.config._fields import check_choice, check_float, check_int, check_
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
 from autotune.layout import Layout
+from autotune.result_numbers import check_result_numbers
 
 __all__ = ["RunConfig", "TrialSpec", "TrialResult", "TrialPaths", "Status",
            "read_result"]
@@ -227,6 +228,9 @@ class TrialResult:
         # Unknown keys are kept aside: a newer trainer may extend the result.
         extra = {k: v for k, v in data.items() if k not in known}
         try:
+            # Before anything is built from it: a number that cannot be stored or ranked
+            # is the trial's error, never a runner crash (issue 23, D/E).
+            check_result_numbers(data)
             return cls(**{k: v for k, v in data.items() if k in known}, extra=extra)
         except TypeError as err:
             raise SpecError("result", data.get("status"), f"malformed ({err})",
@@ -245,8 +249,10 @@ def read_result(path: str | os.PathLike[str]) -> TrialResult | None:
         return None
     try:
         raw = json.loads(p.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise SpecError("result", str(p), f"not valid JSON ({err})") from None
+    except RecursionError:
+        raise SpecError("result", str(p), "not valid JSON (nested too deeply)") from None
     return TrialResult.from_dict(raw, source=str(p))
 
 

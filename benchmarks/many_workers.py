@@ -18,7 +18,11 @@ time no worse than 1 worker's. Nothing is asserted.
 
 Workers are separate processes, started at once (``--start exec``: each pays Python's and
 autotune's import, as a job array's would; ``--start fork``: forked from this process
-after the imports, to see the loop alone).
+after the imports, to see the loop alone; ``--start exec,fork``: both, row by row: the
+figure with and without interpreter start-up). The start-up itself is measured first: one
+interpreter importing what ``autotune run`` of a replay study imports (wall and CPU
+seconds), and each ``exec`` row states the share of its wall time that ``workers`` such
+start-ups take on this machine's cores (``startup_share``; issue 23).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pg-url", default=os.environ.get("AUTOTUNE_TEST_PG_URL", DEFAULT_PG),
                    help="a server to create the study's own database on")
     p.add_argument("--n-trials", type=int, default=N_TRIALS)
-    p.add_argument("--start", choices=["exec", "fork"], default="exec")
+    p.add_argument("--start", default="exec", help="exec, fork or exec,fork (both)")
     p.add_argument("--timeout", type=float, default=900, help="per row, seconds")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     return p.parse_args(argv)
@@ -88,6 +92,31 @@ class _ConnectionPoll:
         self._stop.set()
         self._thread.join(5)
         self.engine.dispose()
+
+
+STARTUP_IMPORTS = ("autotune.cli", "autotune.runner.study", "autotune.launchers.replay",
+                   "autotune.storage.db")
+"""What a replay worker imports before its first query (``python -X importtime -m autotune
+run STUDY`` lists it: Optuna, SQLAlchemy, Alembic, NumPy, PyYAML; no torch)."""
+
+
+def measure_startup(repeat: int = 3) -> dict[str, float]:
+    """Median wall and CPU seconds of one interpreter importing :data:`STARTUP_IMPORTS`."""
+    import resource
+    import statistics
+
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    code = "; ".join(f"import {m}" for m in STARTUP_IMPORTS)
+    walls, cpus = [], []
+    for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+        walls.append(time.monotonic() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return {"startup_wall_s": round(statistics.median(walls), 2),
+            "startup_cpu_s": round(statistics.median(cpus), 2)}
 
 
 def _fork_worker(study: str) -> None:
@@ -184,28 +213,49 @@ def run_row(backend: str, workers: int, args: argparse.Namespace) -> dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
+    starts = args.start.split(",")
+    if not starts or any(s not in ("exec", "fork") for s in starts):
+        print(f"--start: got {args.start!r}; allowed: exec, fork or exec,fork", file=sys.stderr)
+        return 2
+    startup = measure_startup()
+    cores = os.cpu_count() or 1
+    print(f"start-up of one worker: {startup['startup_wall_s']} s wall, "
+          f"{startup['startup_cpu_s']} s CPU ({cores} cores; load average "
+          f"{os.getloadavg()[0]:.1f})", flush=True)
     rows = []
     for item in args.rows.split(","):
         backend, _, n = item.partition(":")
         if backend not in ("pg", "sqlite") or not n.isdigit():
             print(f"--rows: got {item!r}; allowed: pg:N or sqlite:N", file=sys.stderr)
             return 2
-        rows.append(run_row(backend, int(n), args))
-        r = rows[-1]
-        print(f"{r['backend']:>6} {r['workers']:>3} workers: {r['wall_s']:>7.1f} s, "
-              f"{r['failed_workers']} failed, {r['trials_per_layout']} trials/layout "
-              f"({r['stored_trials']} stored, {r['measured_layouts']} measured), peak "
-              f"connections {r['peak_connections']} ({r['connections_per_worker']}/worker)"
-              + (f"; errors: {r['errors']}" if r["errors"] else ""), flush=True)
-    header = ["backend", "workers", "wall_s", "failed_workers", "trials_per_layout",
-              "stored_trials", "measured_layouts", "peak_connections", "connections_per_worker"]
+        for start in starts:
+            args.start = start
+            row = {**run_row(backend, int(n), args), "start": start}
+            if start == "exec":
+                row["startup_share"] = round(min(1.0, int(n) * startup["startup_cpu_s"]
+                                                 / cores / row["wall_s"]), 2)
+            rows.append(row)
+            _print_row(row)
+    header = ["backend", "workers", "start", "wall_s", "startup_share", "failed_workers",
+              "trials_per_layout", "stored_trials", "measured_layouts", "peak_connections",
+              "connections_per_worker"]
     print("\n" + " | ".join(header))
     for r in rows:
         print(" | ".join(str(r.get(h)) for h in header))
     if args.json:
-        Path(args.json).write_text(json.dumps({"n_trials": args.n_trials, "start": args.start,
-                                               "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"n_trials": args.n_trials, "start": starts,
+                                               **startup, "rows": rows}, indent=2))
     return 0
+
+
+def _print_row(r: dict[str, Any]) -> None:
+    print(f"{r['backend']:>6} {r['workers']:>3} workers ({r['start']}): "
+          f"{r['wall_s']:>7.1f} s, "
+          f"{r['failed_workers']} failed, {r['trials_per_layout']} trials/layout "
+          f"({r['stored_trials']} stored, {r['measured_layouts']} measured), peak "
+          f"connections {r['peak_connections']} ({r['connections_per_worker']}/worker)"
+          + (f", start-up {r['startup_share']:.0%} of it" if "startup_share" in r else "")
+          + (f"; errors: {r['errors']}" if r["errors"] else ""), flush=True)
 
 
 if __name__ == "__main__":

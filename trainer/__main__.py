@@ -10,6 +10,7 @@ invalid arguments. See ``docs/trainer.md``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import trainer.timeline  # noqa: F401  (first: it stamps the process start)
@@ -30,5 +31,22 @@ def main(argv: list[str] | None = None) -> int:
     return run_trials(list(zip(args.spec, args.result, strict=True)))
 
 
+def _leave(code: int) -> None:
+    """Exit once every result is written, without the interpreter's teardown.
+
+    The results are files written atomically and closed; what the teardown would still
+    run are the destructors and ``atexit`` hooks of DeepSpeed, torch and gloo objects of
+    the launch, in no order of ours. On a loaded machine a rank failing there made a launch
+    exit 1 after rank 0 had written an ok result (issue 23, G), so the exit code would say
+    "failed" of trials that were measured. The process groups are destroyed by then
+    (``trainer.run._close``); the output is flushed here."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _leave(main())

@@ -149,6 +149,8 @@ def run_trials(pairs: list[tuple[str, str]], env: dict[str, str] | None = None) 
             print(f"trainer: trial {index + 1} of {len(valid)} failed; the "
                   f"{len(valid) - index - 1} after it are left to run alone", file=sys.stderr)
             break
+    else:
+        _close(ctx)
     if failed:
         return 1
     return 2 if len(valid) < len(jobs) else 0
@@ -304,7 +306,10 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
                                   measured=Measured(losses, times_s, run.confidence, early))
                 if not result.early_stopped and result.model_tflops_per_device:
                     best = result.model_tflops_per_device
-            best = _rank0_value(best, ctx, True)  # every rank keeps the same bar
+            # Every rank keeps the same bar for the launch's next trial; after its last
+            # there is none, and a rank 0 that sent and exited left a slower peer's
+            # receive to fail ("Connection closed by peer", issue 23 G).
+            best = _rank0_value(best, ctx, index + 1 < ctx.batch_size)
             if best > 0:
                 ctx.best_tflops.append(best)
         elif launch.rank == 0:
@@ -317,6 +322,27 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
     finally:
         signal.signal(signal.SIGTERM, previous)
     return status
+
+
+def _close(ctx: _Context) -> None:
+    """End the launch together: a barrier, then the process groups destroyed, on every rank.
+
+    Without it a rank left as soon as its part of the last collective was done: under CPU
+    load a peer still waiting to receive from it then failed with gloo's "Connection closed
+    by peer" and exited 1 after rank 0 had written an ok result (issue 23, G; the pattern
+    of pytorch/pytorch#75512, and PyTorch's "Shutdown" advice to call
+    ``destroy_process_group`` at the end, docs/source/distributed.rst). In a barrier every
+    rank's receive is posted before any rank leaves it. A failure here comes after every
+    result was written: it is reported and changes nothing (the results stand)."""
+    if ctx.launch.world_size == 1:
+        return
+    import torch.distributed as dist
+
+    try:
+        dist.barrier(group=ctx.status_group)
+        dist.destroy_process_group()
+    except Exception as err:  # after the results: they stand (docs/trainer.md)
+        print(f"trainer: teardown after the last result: {err}", file=sys.stderr)
 
 
 def _syncer(ctx: _Context) -> Any:

@@ -146,8 +146,10 @@ def foreign_outcome(report: LaunchReport) -> Outcome:
     complete_run = rb.get("steps", 0) >= rb.get("expected", 1 << 60)
     if value is not None and value > 0 and (report.returncode == 0 or complete_run):
         return Outcome("complete", value=float(value))
+    invalid = f"; {report.result_error}" if report.result_error else ""
     if report.error_line:
         # The program's own words lead; the full logs stay in the trial's folder.
         return Outcome("error", reason=f"{report.error_line}\n({_exit(report)}; "
-                       f"{_read(report)}; the logs are in the trial's folder)"[:4000])
-    return Outcome("error", reason=f"{_exit(report)}; {_read(report)}{tail}"[-4000:])
+                       f"{_read(report)}{invalid}; the logs are in the trial's folder)"[:4000])
+    head = f"{_exit(report)}; {_read(report)}{invalid}"[:2000]
+    return Outcome("error", reason=head + tail[-(4000 - len(head)):])

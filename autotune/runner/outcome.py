@@ -41,6 +41,9 @@ from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 
+from autotune.errors import SpecError
+from autotune.result_numbers import check_result_numbers
+
 if TYPE_CHECKING:
     from autotune.feasibility import Reason
     from autotune.launchers.base import LaunchReport
@@ -97,6 +100,7 @@ def infeasible(reasons: list[Reason]) -> Outcome:
 
 def classify(report: LaunchReport) -> Outcome:
     """Map what a launcher saw to an outcome; the result file wins where it exists."""
+    _drop_invalid_result(report)
     if report.workload != "builtin":
         from autotune.runner.foreign import foreign_outcome  # it imports Outcome from here
 
@@ -126,13 +130,27 @@ def classify(report: LaunchReport) -> Outcome:
     return Outcome("error", reason=f"{why}{where}{code}{tail}")
 
 
+def _drop_invalid_result(report: LaunchReport) -> None:
+    """A result whose numbers cannot be stored (:mod:`autotune.result_numbers`) is no
+    result: the report keeps why (``result_error``), the trial is an ``error`` naming the
+    field and its value, and nothing of it reaches the database. The loaders already refuse
+    such files; this covers results built in memory (a replayed table, a read-back)."""
+    if report.result is None:
+        return
+    try:
+        check_result_numbers(report.result.to_dict())
+    except SpecError as err:
+        report.result, report.result_error = None, f"invalid result: {err}"
+
+
 def _from_result(res: TrialResult) -> Outcome:
     if res.status == "ok":
         value = res.model_tflops_per_device
         if value is None or not value > 0:
             return Outcome("error", reason=f"status ok but model_tflops_per_device={value!r}")
         # The result file is complete and atomic: a non-zero exit after it (a rank's
-        # teardown, say) does not invalidate the measurement.
+        # teardown, say) does not invalidate the measurement; the exit code stays in
+        # launch.json (docs/trainer.md, "Failures"; issue 23, G).
         if res.early_stopped:
             return Outcome("stopped", value=float(value),
                            reason=res.early_stop_reason or "stopped early: hopeless")

@@ -29,7 +29,10 @@ precisely, and a kill at any instant must leave the study consistent (issue #17)
   study's world size): the worker checks and claims every member before the launch,
   renews every member's lease while it runs, and records each result on its own
   (:meth:`autotune.launchers.base.Launcher.run_batch` has what a crash inside a batch
-  does); the early stop's bar is the study's best when the batch is launched.
+  does); the early stop's bar is the study's best when the batch is launched. A retry
+  whose cut-short execution had written its result (a member that finished before its
+  runner was killed) records that result and is not launched
+  (:mod:`autotune.runner.recovered`).
 
 Strategies get the candidates in plan order (:func:`autotune.search.plan_order`), the
 order the benchmark replays them in, whatever the cost model predicts of them, with the
@@ -62,7 +65,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.candidates import Candidate
 from autotune.errors import AutotuneError, UsageError
 from autotune.feasibility import Constraints, Reason
-from autotune.launchers.base import Launcher
+from autotune.launchers.base import Launcher, LaunchReport
 from autotune.layout import Layout
 from autotune.results import best_trial
 from autotune.runner import stop_early
@@ -85,6 +88,7 @@ from autotune.runner.records import (
     user_attrs,
     verdict_attrs,
 )
+from autotune.runner.recovered import finished_result
 from autotune.search import (
     Observation,
     cost_model_predictor,
@@ -335,6 +339,8 @@ class _Worker:
                 continue  # outside the space as it is now: not this worker's to re-run
             claimed = self._claim(Layout.from_key(key), retry_only=True)
             if isinstance(claimed, Claimed):
+                if self._record_recovered(claimed, Layout.from_key(key)):
+                    continue
                 return claimed, Layout.from_key(key)
         claimed_keys = self._claimed_keys()
         if budget_reached(len(claimed_keys), self.n_trials):
@@ -478,6 +484,31 @@ class _Worker:
                 outcomes.append(outcome)
         return outcomes
 
+    def _record_recovered(self, claimed: Claimed, layout: Layout) -> bool:
+        """Record the finished result the cut-short execution this retry takes over left
+        (:mod:`autotune.runner.recovered`) instead of launching the layout again."""
+        retry_of = self._retrying(lambda: self.storage.optuna.get_trial(
+            claimed.trial_id)).user_attrs.get(TrialAttr.RETRY_OF)
+        found = finished_result(self.spec.launcher.run_dir, self.spec.name, layout, retry_of)
+        if found is None:
+            return False
+        res = found.result
+        report = LaunchReport(result=res, returncode=None, elapsed_s=res.elapsed_s or 0.0,
+                              hosts=list(res.hosts), workload=self.launcher.workload.kind,
+                              batch={"index": res.batch_index or 0, "size": res.batch_size or 1,
+                                     "lead": None, "rerun": False,
+                                     "recovered_from": found.number})
+        outcome = classify(report)
+        self.progress.message(f"trial {claimed.number} ({layout.key()}): the result trial "
+                              f"{found.number} wrote before its runner died is recorded; "
+                              "not measured again")
+        self._record(claimed, layout, outcome, self._facts(
+            layout, trial_id=claimed.trial_id, number=claimed.number, outcome=outcome,
+            t0=_utcnow(), elapsed_s=report.elapsed_s, result=report.result,
+            hosts=report.hosts, paths=found.paths, cand=self.by_key.get(layout.key()),
+            batch=report.batch))
+        return True
+
     def _record(self, claimed: Claimed, layout: Layout, outcome: Outcome,
                 facts: TrialFacts) -> None:
         constraint = {CONSTRAINT_ATTR: 1.0} if outcome.infeasible else (
@@ -492,6 +523,7 @@ class _Worker:
             self.progress.message(f"trial {claimed.number} ({layout.key()}) was repaired as "
                                   "killed while it ran (its runner was silent for longer "
                                   "than storage.grace_period_s): its result is not recorded")
+            return  # no value line either: the study holds no such value (issue 23)
         self.summary.measured += 1
         self.broken = self.repeated_errors.observe(outcome.kind, stop_early.failure_of(
             outcome, number=claimed.number, layout=layout.key(), trial_dir=facts.trial_dir)) \

@@ -29,7 +29,9 @@ from autotune.atomic import write_json_atomic
 from autotune.config.cluster import ClusterConfig
 from autotune.config.workload import WorkloadConfig
 from autotune.dsconfig import batch_config
+from autotune.errors import SpecError
 from autotune.metrics_writer import ENV_VAR
+from autotune.result_numbers import check_result_numbers
 from autotune.trial import TrialResult, TrialSpec
 from autotune.workloads import megatron
 from autotune.workloads.base import Placement, ProgressWatch, Workload, log_paths
@@ -141,9 +143,15 @@ class ForeignWorkload(Workload):
             [_tail_text(p, _LOG_TEXT_CHARS) for p in paths.rank_errors()],
             *(_tail_text(p, _LOG_TEXT_CHARS) for p in (paths.stderr, paths.stdout)))
         peak = self._device.peak_tflops(spec.run.dtype)
-        measured = measure(rb, model=spec.model, layout=spec.layout, dtype=spec.run.dtype,
-                           device=self.device_name, peak_flops=peak * 1e12 if peak else None,
-                           expected_steps=expected)
+        try:
+            measured = measure(rb, model=spec.model, layout=spec.layout, dtype=spec.run.dtype,
+                               device=self.device_name,
+                               peak_flops=peak * 1e12 if peak else None,
+                               expected_steps=expected)
+            if measured is not None:
+                check_result_numbers(measured.to_dict())
+        except SpecError as err:  # a degenerate number read back: the trial's error
+            measured, report.result_error = None, f"invalid read-back: {err}"
         report.result = measured
         outcome = foreign_outcome(report)
         status = {"complete": "ok", "oom": "oom"}.get(outcome.kind, "error")

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.errors import SpecError
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.trial import TrialResult
@@ -114,6 +115,18 @@ def _float(text: str | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _json_number(value: Any) -> float | None:
+    """A JSON number as a finite float; ``None`` for anything else (an integer too large
+    for a float included: ``math.isfinite`` raised ``OverflowError`` on it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _metrics_record(line: str) -> StepRecord | None:
     """A metrics-file line as a step, ``None`` when it is not a valid one."""
     try:
@@ -125,17 +138,14 @@ def _metrics_record(line: str) -> StepRecord | None:
     step, seconds = data.get("step"), data.get("seconds")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-            or not math.isfinite(seconds) or seconds <= 0:
+    seconds = _json_number(seconds)
+    if seconds is None or seconds <= 0:
         return None
 
     def number(key: str) -> float | None:
-        value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return None
-        return float(value) if math.isfinite(value) else None
+        return _json_number(data.get(key))
 
-    return StepRecord(step=step, seconds=float(seconds), source="metrics-file",
+    return StepRecord(step=step, seconds=seconds, source="metrics-file",
                       tokens=number("tokens"), peak_memory_bytes=number("peak_memory_bytes"),
                       loss=number("loss"))
 
@@ -171,7 +181,15 @@ def read_metrics_file(path: Path) -> tuple[list[StepRecord], int]:
 
 def parse_log_line(line: str) -> StepRecord | tuple[str, float] | None:
     """A step from one log line (:data:`ADAPTERS`), or ``("max_allocated_bytes", n)`` for a
-    Megatron memory report, or ``None``."""
+    Megatron memory report, or ``None``. The numbers are as printed (a step time of 0.0 ms
+    included): :func:`measure` judges them."""
+    try:
+        return _parse_log_line(line)
+    except ValueError:  # a step number of more digits than int() converts (4300)
+        return None
+
+
+def _parse_log_line(line: str) -> StepRecord | tuple[str, float] | None:
     if "iteration" in line:
         m = DEEPSPEEDAI_ITERATION.search(line)
         if m:
@@ -266,10 +284,18 @@ def measure(rb: Readback, *, model: Any, layout: Layout, dtype: str, device: str
             peak_flops: float | None, expected_steps: int) -> TrialResult | None:
     """The trial's result from its steady-state steps (``None`` when there are none):
     median step time, model and hardware TFLOPS per device with autotune's FLOPs functions,
-    the program's own TFLOPS as extras."""
+    the program's own TFLOPS as extras. A steady step time that is not a finite number > 0
+    raises :class:`~autotune.errors.SpecError` naming the step; the caller checks the
+    result's numbers (:func:`autotune.result_numbers.check_result_numbers`)."""
     steady = rb.steady
     if not steady:
         return None
+    for i, rec in enumerate(steady):
+        # A step printed as 0.0 ms, or one of 1e-300 s, would divide to no or an infinite
+        # throughput (issue 23, D): the program's number is refused, by name.
+        if not (math.isfinite(rec.seconds) and rec.seconds > 0):
+            raise SpecError(f"step_times_s[{i}] (step {rec.step}, from {rec.source})",
+                            rec.seconds, "allowed: a finite step time > 0 s")
     times = [r.seconds for r in steady]
     q1, median_s, q3 = (float(x) for x in np.percentile(times, [25, 50, 75]))
     world = layout.world_size
