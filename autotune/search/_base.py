@@ -89,7 +89,8 @@ def plan_order(layouts: Iterable[Layout]) -> list[Layout]:
 
 
 # Memory order of activation recomputation: "none" keeps every activation (more memory).
-_RECOMPUTE_MEMORY = {"full": 0, "none": 1}
+# Selective recompute keeps everything but the attention core (Korthikanti et al. 2022).
+_RECOMPUTE_MEMORY = {"full": 0, "selective": 1, "none": 2}
 
 
 def needs_no_less_memory(layout: Layout, than: Layout) -> bool:
@@ -103,6 +104,7 @@ def needs_no_less_memory(layout: Layout, than: Layout) -> bool:
     return (layout.tp == than.tp and layout.pp == than.pp
             and layout.micro_batch >= than.micro_batch
             and _RECOMPUTE_MEMORY[layout.recompute] >= _RECOMPUTE_MEMORY[than.recompute]
+            and layout.sequence_parallel <= than.sequence_parallel  # SP only removes memory
             and layout.zero_stage <= than.zero_stage)
 
 
