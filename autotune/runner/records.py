@@ -171,7 +171,7 @@ def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch
         "trial_id": facts.trial_id, "layout_key": lay.key(),
         "tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch": lay.micro_batch,
         "grad_accum": lay.grad_accum, "zero_stage": lay.zero_stage, "recompute": lay.recompute,
-        "world_size": lay.world_size, "global_batch": global_batch,
+        "sequence_parallel": lay.sequence_parallel, "world_size": lay.world_size, "global_batch": global_batch,
         "model_name": model.name, "n_layer": model.n_layer, "hidden": model.hidden,
         "n_head": model.n_head, "seq_len": model.seq_len, "vocab_size": model.vocab_size,
         "n_params": float(model.n_params()), "device_type": cluster.device,

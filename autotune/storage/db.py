@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, StorageError
+from autotune.storage._sp_columns import widen_recompute_add_sequence_parallel
 from autotune.storage.schema import SCHEMA_VERSION, Base, LayoutClaim, Measurement, SchemaVersion
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
@@ -210,6 +211,8 @@ class Storage:
                     "FROM trials t WHERE t.state = 'FAIL' AND NOT EXISTS (SELECT 1 FROM "
                     "trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = "
                     "'outcome' AND a.value_json NOT IN ('\"interrupted\"', '\"node_failure\"')))"))
+        if found < 4:
+            widen_recompute_add_sequence_parallel(self.engine)
         try:
             with self.session() as s:
                 s.add(SchemaVersion(version=SCHEMA_VERSION))

@@ -25,7 +25,10 @@ Version history (each step a migration in :mod:`autotune.storage.db`):
    (killed, interrupted), ``attempts`` counts its executions. Every execution has its
    ``measurements`` row from the claim on (outcome ``running`` until it is recorded, or
    ``killed`` when it is repaired). Claims of version 2 whose trial failed unjudged or
-   interrupted get ``retry`` = 1.
+   interrupted get ``retry`` = 1;
+4. ``measurements.recompute`` widened to 16 characters (``selective`` has 9; issue 22)
+   and ``measurements.sequence_parallel`` (boolean, false for every earlier row: nothing
+   ran with sequence parallelism before it existed).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    Boolean,
     DateTime,
     Float,
     Integer,
@@ -41,10 +45,11 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false
 
 __all__ = ["Base", "Measurement", "LayoutClaim", "SchemaVersion", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bump with a migration in :mod:`autotune.storage.db` when a table changes."""
 
 
@@ -66,7 +71,10 @@ class Measurement(Base):
     micro_batch: Mapped[int] = mapped_column(Integer)
     grad_accum: Mapped[int] = mapped_column(Integer)
     zero_stage: Mapped[int] = mapped_column(Integer)
-    recompute: Mapped[str] = mapped_column(String(8))
+    recompute: Mapped[str] = mapped_column(String(16))
+    """``none``, ``selective`` or ``full`` (:data:`autotune.layout.RECOMPUTE_CHOICES`)."""
+    sequence_parallel: Mapped[bool] = mapped_column(Boolean, default=False,
+                                                    server_default=false())
     world_size: Mapped[int] = mapped_column(Integer)
     global_batch: Mapped[int] = mapped_column(Integer)
     model_name: Mapped[str] = mapped_column(String(64))
