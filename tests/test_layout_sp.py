@@ -105,3 +105,14 @@ def test_sp_is_never_assumed_to_need_more_memory() -> None:
     assert needs_no_less_memory(_lay(), _lay(sequence_parallel=True))
     assert needs_no_less_memory(_lay(), _lay(recompute="selective"))
     assert not needs_no_less_memory(_lay(recompute="selective"), _lay())
+
+
+def test_deepspeed_config_turns_partitioned_pipeline_sends_off_only_with_sp_and_pp() -> None:
+    from autotune.dsconfig import deepspeed_config
+
+    sp_pp = Layout(tp=2, pp=2, dp=1, micro_batch=1, grad_accum=4, sequence_parallel=True)
+    assert deepspeed_config(sp_pp, "bf16")["pipeline"] == {"pipe_partitioned": False,
+                                                           "grad_partitioned": False}
+    for lay in (_lay(sequence_parallel=True), Layout(tp=2, pp=2, dp=1, micro_batch=1,
+                                                     grad_accum=4)):
+        assert "pipeline" not in deepspeed_config(lay, "bf16")
