@@ -18,8 +18,9 @@ benchmark (``benchmarks/search_efficiency.py``), so what is benchmarked is what 
 **Plan order** is the layouts' own order (:class:`~autotune.layout.Layout` compares field
 by field): tp, then pp, micro-batch, ZeRO stage, recompute and sequence parallelism,
 ascending (``"full"`` before ``"none"`` before ``"selective"``, without SP before
-with); within one study dp and grad_accum follow from those. It does not depend on how the study file lists its axes, on how a replayed table orders its rows, or
-on what the cost model predicts: strategies that rank by prediction (``cost-model-only``,
+with); within one study dp and grad_accum follow from those. It does not depend on
+how the study file lists its axes, on how a replayed table orders its rows, or on what
+the cost model predicts: strategies that rank by prediction (``cost-model-only``,
 ``default``) rank themselves and keep plan order among ties, ``grid`` proposes in it,
 and the random ones draw from it. A canonical order is what lets the benchmark, which has
 no study file, replay exactly the proposals a study makes.
