@@ -22,7 +22,7 @@ from typing import Any
 
 from autotune.layout import Layout
 
-__all__ = ["deepspeed_config", "batch_config", "LEARNING_RATE"]
+__all__ = ["deepspeed_config", "batch_config", "pipeline_partitioning", "LEARNING_RATE"]
 
 LEARNING_RATE = 1e-3
 """Trials measure speed, not convergence: any stable learning rate will do."""
@@ -38,7 +38,7 @@ def batch_config(layout: Layout, dtype: str) -> dict[str, Any]:
      'gradient_accumulation_steps': 3, 'zero_optimization': {'stage': 0},
      'bf16': {'enabled': False}, 'steps_per_print': 2147483647, 'wall_clock_breakdown': False}
     """
-    return {
+    config: dict[str, Any] = {
         "train_batch_size": layout.global_batch,
         "train_micro_batch_size_per_gpu": layout.micro_batch,
         "gradient_accumulation_steps": layout.grad_accum,
@@ -47,6 +47,29 @@ def batch_config(layout: Layout, dtype: str) -> dict[str, Any]:
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+    if layout.sequence_parallel and layout.pp > 1:
+        config["pipeline"] = pipeline_partitioning(layout)
+    return config
+
+
+def pipeline_partitioning(layout: Layout) -> dict[str, bool]:
+    """DeepSpeed's ``pipeline`` keys for a layout with sequence parallelism and ``pp > 1``.
+
+    DeepSpeed's PipelineEngine splits the tensor sent between stages over the TP group and
+    all-gathers it on the receiver (``is_pipe_partitioned = is_model_parallel and
+    pipeline['pipe_partitioned']``, both on by default; deepspeed/runtime/pipe/engine.py,
+    DeepSpeed 0.19.8), which assumes the TP ranks hold the *same* activation. Under
+    sequence parallelism each holds its own sequence shard, so the receiver would assemble
+    pieces of different shards (the trainer's tp2-pp2 losses differed from the reference
+    at the first step): both are turned off. The shard is already ``1/t`` of the
+    activation, so the bytes sent are the same.
+
+    >>> pipeline_partitioning(Layout(tp=2, pp=2, dp=1, micro_batch=1, grad_accum=2,
+    ...                              sequence_parallel=True))
+    {'pipe_partitioned': False, 'grad_partitioned': False}
+    """
+    del layout  # the same for every such layout; the argument says when it applies
+    return {"pipe_partitioned": False, "grad_partitioned": False}
 
 
 def deepspeed_config(layout: Layout, dtype: str, *, lr: float = LEARNING_RATE) -> dict[str, Any]:

@@ -42,6 +42,7 @@ REASON_CODES: dict[str, str] = {
     "tp_kv_heads": "tp does not divide the key/value heads",
     "tp_hidden": "tp does not divide the hidden size",
     "tp_ffn": "tp does not divide the MLP size",
+    "sp_seq_len": "sequence parallelism with tp not dividing the sequence length",
     "pp_layers": "more pipeline stages than layers",
     "zero_pp": "ZeRO-2/3 with pipeline parallelism (DeepSpeed refuses it)",
     "tp_cross_node": "tensor-parallel group spans nodes",
@@ -188,6 +189,11 @@ def check_layout(
         reasons.append(Reason("tp_hidden", f"tp={lay.tp} does not divide hidden={model.hidden}"))
     if model.ffn % lay.tp:
         reasons.append(Reason("tp_ffn", f"tp={lay.tp} does not divide ffn_hidden={model.ffn}"))
+    if lay.sequence_parallel and model.seq_len % lay.tp:
+        # Each TP rank keeps seq_len/tp positions of the LayerNorm/dropout regions
+        # (Korthikanti et al. 2022, section 4.2.2; Megatron splits dim 0 evenly).
+        reasons.append(Reason("sp_seq_len", f"sequence_parallel with tp={lay.tp}: tp does not "
+                              f"divide seq_len={model.seq_len}"))
     if lay.pp > model.n_layer:
         reasons.append(Reason("pp_layers", f"pp={lay.pp} exceeds n_layer={model.n_layer}"))
     if lay.pp > 1 and lay.zero_stage >= 2:

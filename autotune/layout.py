@@ -24,9 +24,20 @@ A search chooses five of the seven axes; :meth:`Layout.params` are those, and
 :meth:`Layout.from_params` derives ``dp`` and ``grad_accum`` back from the study's world
 size and global batch:
 
->>> lay.params()
-{'tp': 2, 'pp': 2, 'micro_batch': 1, 'zero_stage': 0, 'recompute': 'none'}
+>>> lay.params()  # doctest: +NORMALIZE_WHITESPACE
+{'tp': 2, 'pp': 2, 'micro_batch': 1, 'zero_stage': 0, 'recompute': 'none',
+ 'sequence_parallel': False}
 >>> Layout.from_params(lay.params(), world_size=8, global_batch=8) == lay
+True
+
+Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) shards the layer-norm and
+dropout regions over the TP group, so it needs ``tp > 1``; its key gains ``-sp``:
+
+>>> sp = Layout(tp=2, pp=1, dp=2, micro_batch=2, grad_accum=4, zero_stage=1,
+...             recompute="selective", sequence_parallel=True)
+>>> sp.key()
+'tp2-pp1-dp2-mb2-ga4-z1-selective-sp'
+>>> Layout.from_key(sp.key()) == sp
 True
 """
 
@@ -40,8 +51,10 @@ from autotune.errors import SpecError
 
 __all__ = ["Layout", "Recompute", "RECOMPUTE_CHOICES", "ZERO_STAGES"]
 
-Recompute = Literal["none", "full"]
-RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "full")
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
+"""``selective`` recomputes only the attention core (Korthikanti et al. 2022, section 5),
+``full`` every transformer layer (Chen et al. 2016)."""
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 
@@ -62,10 +75,16 @@ class Layout:
     zero_stage: int = 0
     """ZeRO stage 0-3 (Rajbhandari et al. 2020)."""
     recompute: Recompute = "none"
-    """Activation recomputation: ``"none"`` or ``"full"`` (every transformer layer)."""
+    """Activation recomputation: ``"none"``, ``"selective"`` (the attention core:
+    softmax(Q K^T) V; Korthikanti et al. 2022, section 5) or ``"full"`` (every transformer
+    layer)."""
+    sequence_parallel: bool = False
+    """Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): the layer-norm and
+    dropout regions are split along the sequence over the TP group, all-gather and
+    reduce-scatter replacing TP's all-reduces. Only with ``tp > 1``."""
 
     SEARCH_AXES: ClassVar[tuple[str, ...]] = ("tp", "pp", "micro_batch", "zero_stage",
-                                              "recompute")
+                                              "recompute", "sequence_parallel")
     """The axes a search chooses (the Optuna parameters of a trial). ``dp`` and
     ``grad_accum`` are not among them: the world size and the global batch fix them."""
 
@@ -77,7 +96,15 @@ class Layout:
         if isinstance(self.zero_stage, bool) or self.zero_stage not in ZERO_STAGES:
             raise SpecError("layout.zero_stage", self.zero_stage, "allowed: 0, 1, 2 or 3")
         if self.recompute not in RECOMPUTE_CHOICES:
-            raise SpecError("layout.recompute", self.recompute, "allowed: 'none' or 'full'")
+            raise SpecError("layout.recompute", self.recompute,
+                            "allowed: 'none', 'selective' or 'full'")
+        if not isinstance(self.sequence_parallel, bool):
+            raise SpecError("layout.sequence_parallel", self.sequence_parallel,
+                            "allowed: true or false")
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError("layout.sequence_parallel", True,
+                            "allowed: true only with tp > 1 (it shards over the TP group; "
+                            f"this layout has tp={self.tp})")
 
     @property
     def world_size(self) -> int:
@@ -99,25 +126,31 @@ class Layout:
         return (
             f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}"
             f"-ga{self.grad_accum}-z{self.zero_stage}-{self.recompute}"
+            + ("-sp" if self.sequence_parallel else "")
         )
 
     @classmethod
     def from_key(cls, key: str) -> Layout:
         """Inverse of :meth:`key` (the layout claims of a study store keys only)."""
         try:
-            tp, pp, dp, mb, ga, z, rc = key.split("-")
+            parts = key.split("-")
+            sp = len(parts) == 8 and parts[7] == "sp"
+            tp, pp, dp, mb, ga, z, rc = parts[:7] if sp else parts
             return cls(tp=int(tp[2:]), pp=int(pp[2:]), dp=int(dp[2:]),
                        micro_batch=int(mb[2:]), grad_accum=int(ga[2:]),
-                       zero_stage=int(z[1:]), recompute=rc)  # type: ignore[arg-type]
+                       zero_stage=int(z[1:]), recompute=rc,  # type: ignore[arg-type]
+                       sequence_parallel=sp)
         except ValueError:
-            raise SpecError("layout key", key,
-                            "expected the form tpT-ppP-dpD-mbM-gaG-zZ-none|full") from None
+            raise SpecError("layout key", key, "expected the form "
+                            "tpT-ppP-dpD-mbM-gaG-zZ-none|selective|full[-sp]") from None
 
     def params(self) -> dict[str, Any]:
         """The values of :attr:`SEARCH_AXES`: what a study enqueues and the dashboard shows.
 
-        >>> Layout(tp=4, pp=1, dp=2, micro_batch=2, grad_accum=1, recompute="full").params()
-        {'tp': 4, 'pp': 1, 'micro_batch': 2, 'zero_stage': 0, 'recompute': 'full'}
+        >>> Layout(tp=4, pp=1, dp=2, micro_batch=2, grad_accum=1, recompute="full",
+        ...        sequence_parallel=True).params()  # doctest: +NORMALIZE_WHITESPACE
+        {'tp': 4, 'pp': 1, 'micro_batch': 2, 'zero_stage': 0, 'recompute': 'full',
+         'sequence_parallel': True}
         """
         return {axis: getattr(self, axis) for axis in self.SEARCH_AXES}
 
@@ -126,7 +159,8 @@ class Layout:
                     global_batch: int) -> Layout:
         """Inverse of :meth:`params` for a study of ``world_size`` devices and
         ``global_batch`` sequences per step: ``dp = world_size / (tp * pp)`` and
-        ``grad_accum = global_batch / (dp * micro_batch)``, each at least 1.
+        ``grad_accum = global_batch / (dp * micro_batch)``, each at least 1. Parameters
+        stored before sequence parallelism existed have no ``sequence_parallel``: false.
 
         >>> Layout.from_params({"tp": 2, "pp": 1, "micro_batch": 4, "zero_stage": 1,
         ...                     "recompute": "none"}, world_size=8, global_batch=32).key()
@@ -137,7 +171,9 @@ class Layout:
         return cls(tp=tp, pp=pp, dp=dp, micro_batch=mb,
                    grad_accum=max(global_batch // (dp * mb), 1),
                    zero_stage=int(params["zero_stage"]),
-                   recompute="full" if params["recompute"] == "full" else "none")
+                   recompute=(params["recompute"] if params["recompute"] in RECOMPUTE_CHOICES
+                              else "none"),
+                   sequence_parallel=bool(params.get("sequence_parallel", False)))
 
     def to_dict(self) -> dict[str, Any]:
         """The ``layout`` object of a trial spec (``docs/trainer.md``, "The spec")."""

@@ -170,7 +170,7 @@ _COLUMNS = ("rank", "layout", "tp", "pp", "dp", "micro_batch", "grad_accum", "ze
             "recompute", "model_tflops_per_device", "step_time_s", "peak_memory_gib",
             "bubble_s", "comm_s", "layer_time", "memory_verdict", "p_fit",
             "peak_memory_sigma_gib", "layer_memory", "calibrated_model_tflops_per_device",
-            "calibrated_peak_memory_gib")
+            "calibrated_peak_memory_gib", "sequence_parallel")
 
 
 def _row_values(row: PlanRow) -> list[Any]:
@@ -185,7 +185,7 @@ def _row_values(row: PlanRow) -> list[Any]:
             "measured" if row.memory.profiled else "model",
             None if row.calibrated_tflops is None else round(row.calibrated_tflops, 4),
             None if row.calibrated_memory_bytes is None
-            else round(row.calibrated_memory_bytes / GiB, 3)]
+            else round(row.calibrated_memory_bytes / GiB, 3), lay.sequence_parallel]
 
 
 def _fit_cell(row: PlanRow) -> str:

@@ -1,7 +1,8 @@
 """The layout space of a study: every combination of the search axes that makes whole numbers.
 
 ``dp`` follows from the world size and ``grad_accum`` from the global batch, so a layout
-is chosen by (tp, pp, micro_batch, zero_stage, recompute). :func:`enumerate_layouts`
+is chosen by (tp, pp, micro_batch, zero_stage, recompute,
+sequence_parallel). :func:`enumerate_layouts`
 lists every such combination with integral dp and grad_accum; the feasibility check then
 decides which can run. The search, the planner and the replay launcher all draw from it.
 
@@ -19,6 +20,7 @@ whatever a study file says (issue #17: ``devices_per_node: 10**20`` with ``auto`
 
 from __future__ import annotations
 
+import math
 from math import isqrt
 
 from autotune.config.study import SearchConfig
@@ -50,7 +52,8 @@ def axis_choices(search: SearchConfig, world_size: int, global_batch: int) -> di
     else:
         mb = search.micro_batch
     return {"tp": tuple(tp), "pp": tuple(pp), "micro_batch": tuple(mb),
-            "zero_stage": tuple(search.zero_stage), "recompute": tuple(search.recompute)}
+            "zero_stage": tuple(search.zero_stage), "recompute": tuple(search.recompute),
+            "sequence_parallel": tuple(search.sequence_parallel)}
 
 
 def space_size(search: SearchConfig, world_size: int, global_batch: int) -> tuple[int, str]:
@@ -59,8 +62,9 @@ def space_size(search: SearchConfig, world_size: int, global_batch: int) -> tupl
     axes = axis_choices(search, world_size, global_batch)
     tps = [tp for tp in axes["tp"] if world_size % tp == 0]
     pairs = sum(1 for tp in tps for pp in axes["pp"] if (world_size // tp) % pp == 0)
-    rest = {k: len(axes[k]) for k in ("micro_batch", "zero_stage", "recompute")}
-    n = pairs * rest["micro_batch"] * rest["zero_stage"] * rest["recompute"]
+    rest = {k: len(axes[k]) for k in ("micro_batch", "zero_stage", "recompute",
+                                      "sequence_parallel")}
+    n = pairs * math.prod(rest.values())
     how = (f"{pairs} (tp, pp) pairs dividing the world size {world_size} (of "
            f"{len(axes['tp'])} tp x {len(axes['pp'])} pp values) x "
            + " x ".join(f"{v} {k}" for k, v in rest.items()))
@@ -94,6 +98,10 @@ def enumerate_layouts(search: SearchConfig, world_size: int, global_batch: int) 
                 ga = global_batch // (dp * mb)
                 for z in axes["zero_stage"]:
                     for rc in axes["recompute"]:
-                        out.append(Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb,
-                                          grad_accum=ga, zero_stage=z, recompute=rc))
+                        # tp = 1 has nothing to shard: one layout, without SP.
+                        sps = sorted({sp and tp > 1 for sp in axes["sequence_parallel"]})
+                        for sp in sps:
+                            out.append(Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                                              grad_accum=ga, zero_stage=z, recompute=rc,
+                                              sequence_parallel=sp))
     return out

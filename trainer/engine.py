@@ -47,8 +47,9 @@ class TrainEngine:
                                                       num_dp=layout.dp)
         coord = self.topology.get_coord(rank)
         self.dp_rank: int = coord.data
-        self.tp = TPContext(rank=coord.model, size=layout.tp)
-        recompute = layout.recompute == "full"
+        self.tp = TPContext(rank=coord.model, size=layout.tp,
+                            sequence_parallel=layout.sequence_parallel)
+        recompute = layout.recompute
         config = deepspeed_config(layout, run.dtype)
         self.device = device
         if layout.pp > 1:

@@ -92,7 +92,7 @@ class FlopsRates:
 
 
 def flops_rates(model: ModelConfig, *, global_batch: int, step_time_s: float, world_size: int,
-                recompute: bool, device_name: str, dtype: str) -> FlopsRates:
+                recompute: bool | str, device_name: str, dtype: str) -> FlopsRates:
     """Throughput figures of a step of ``step_time_s`` seconds (formulas in the docstring)."""
     model_flops = model_flops_per_step(model, global_batch)
     hw_flops = hardware_flops_per_step(model, global_batch, recompute=recompute)

@@ -12,7 +12,14 @@ vocabulary padding TP needs).
 The model is a flat list of layers — :class:`Embedding`, ``n_layer`` x
 :class:`Block`, :class:`Head` — so that :mod:`trainer.pipeline` can cut it into stages
 and :class:`GPT` can run it whole. Tensor parallelism is a :class:`TPContext` handed to
-each layer; with ``tp = 1`` no layer communicates.
+each layer; with ``tp = 1`` no layer communicates. With sequence parallelism
+(``TPContext.sequence_parallel``) the embedding's output is split along the sequence, the
+layer norms and residual adds run on each rank's shard, and the output layer gathers it
+again (:mod:`trainer.sequence_parallel`). Selective recompute (``checkpoint_attention``)
+checkpoints the attention core, ``softmax(Q K^T / sqrt(d)) V``, as Megatron's
+``--recompute-granularity selective`` does (``ParallelAttention._checkpointed_attention_
+forward``, deepspeedai/Megatron-DeepSpeed@4efb479 ``megatron/model/transformer.py``):
+its score matrix and probabilities are recomputed in the backward instead of stored.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autotune.config.model import ModelConfig
+from trainer.sequence_parallel import scatter_to_sequence, sum_grad_over_tp
 from trainer.tensor_parallel import (
     INIT_STD,
     ColumnParallelLinear,
@@ -34,7 +42,8 @@ from trainer.tensor_parallel import (
     vocab_parallel_cross_entropy,
 )
 
-__all__ = ["Embedding", "Block", "Head", "GPT", "LossFn", "padded_vocab", "build_layers"]
+__all__ = ["Embedding", "LayerNorm", "Block", "Head", "GPT", "LossFn", "padded_vocab",
+           "build_layers"]
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:
@@ -58,27 +67,48 @@ class Embedding(nn.Module):
         full[: model.vocab_size] = init_normal((model.vocab_size, model.hidden), gen)
         self.tokens = VocabParallelEmbedding(full, tp)
         self.positions = nn.Parameter(init_normal((model.seq_len, model.hidden), gen))
+        self.tp = tp
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.tokens(tokens) + self.positions[: tokens.shape[1]]
+        x = self.tokens(tokens) + self.positions[: tokens.shape[1]]
+        # Megatron-DeepSpeed's Embedding: all-reduced, then split (its backward gathers).
+        return scatter_to_sequence(x, self.tp) if self.tp.sp else x
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` that, on a sequence shard, sums its gradients over the TP group
+    (each rank normalises only its positions; the weights stay replicated)."""
+
+    def __init__(self, hidden: int, tp: TPContext):
+        super().__init__(hidden)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.tp.sp:
+            return super().forward(x)
+        return nn.functional.layer_norm(x, self.normalized_shape,
+                                        sum_grad_over_tp(self.weight, self.tp),
+                                        sum_grad_over_tp(self.bias, self.tp), self.eps)
 
 
 class Block(nn.Module):
     """One pre-LN transformer layer: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
 
-    def __init__(self, model: ModelConfig, tp: TPContext, seed: int, layer_index: int):
+    def __init__(self, model: ModelConfig, tp: TPContext, seed: int, layer_index: int, *,
+                 checkpoint_attention: bool = False):
         super().__init__()
         gen = _generator(seed, layer_index)
+        self.checkpoint_attention = checkpoint_attention
         h, f, hd = model.hidden, model.ffn, model.head_dim
         kv = model.kv_heads * hd
         out_std = INIT_STD / math.sqrt(2 * model.n_layer)  # GPT-2's residual scaling
         self.heads, self.kv_heads, self.head_dim = model.n_head // tp.size, \
             model.kv_heads // tp.size, hd
-        self.ln1 = nn.LayerNorm(h)
+        self.ln1 = LayerNorm(h, tp)
         self.qkv = ColumnParallelLinear(init_normal((h + 2 * kv, h), gen), tp,
                                         row_groups=(h, kv, kv))
         self.proj = RowParallelLinear(init_normal((h, h), gen, out_std), tp)
-        self.ln2 = nn.LayerNorm(h)
+        self.ln2 = LayerNorm(h, tp)
         self.swiglu = model.mlp == "swiglu"
         self.explicit_attention = model.attention == "explicit"
         if self.swiglu:
@@ -92,20 +122,29 @@ class Block(nn.Module):
             self.fc2 = RowParallelLinear(init_normal((h, f), gen, out_std), tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(
-            [self.heads * self.head_dim, self.kv_heads * self.head_dim,
-             self.kv_heads * self.head_dim], dim=-1)
+        qkv = self.qkv(self.ln1(x))  # [b, s, .]: the whole sequence, also with SP
+        b, s, _ = qkv.shape
+        q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                             self.kv_heads * self.head_dim], dim=-1)
         q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.checkpoint_attention:
+            y = checkpoint(self._core_attention, q, k, v, use_reentrant=False)
+        else:
+            y = self._core_attention(q, k, v)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, s, -1))
+        return x + self.fc2(self._activation(self.fc1(self.ln2(x))))
+
+    def _core_attention(self, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor) -> torch.Tensor:
+        """``softmax(Q K^T / sqrt(d)) V`` per head: what selective recompute recomputes."""
         if self.kv_heads != self.heads:  # grouped-query attention
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        y = (_explicit_attention(q, k, v) if self.explicit_attention
-             else nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
-        x = x + self.proj(y.transpose(1, 2).reshape(b, s, -1))
-        return x + self.fc2(self._activation(self.fc1(self.ln2(x))))
+        if self.explicit_attention:
+            return _explicit_attention(q, k, v)
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def _activation(self, u: torch.Tensor) -> torch.Tensor:
         if self.swiglu:  # Shazeer 2020: silu(x W_gate) * (x W_up), on this rank's f/t columns
@@ -143,7 +182,7 @@ class Head(nn.Module):
         v_pad = padded_vocab(model.vocab_size, tp.size)
         full = torch.zeros(v_pad, model.hidden)
         full[: model.vocab_size] = init_normal((model.vocab_size, model.hidden), gen)
-        self.ln_f = nn.LayerNorm(model.hidden)
+        self.ln_f = LayerNorm(model.hidden, tp)
         self.out = ColumnParallelLinear(full, tp, bias=False)
         self.vocab_start, stop = tp.shard(v_pad)
         self.n_pad_local = max(0, stop - max(self.vocab_start, model.vocab_size))
@@ -168,20 +207,24 @@ class LossFn:
         return vocab_parallel_cross_entropy(logits, labels, self.tp, self.vocab_start)
 
 
-def build_layers(model: ModelConfig, tp: TPContext, seed: int) -> list[nn.Module]:
+def build_layers(model: ModelConfig, tp: TPContext, seed: int, *,
+                 checkpoint_attention: bool = False) -> list[nn.Module]:
     """The whole model as a flat list (for ``pp = 1``)."""
     return ([Embedding(model, tp, seed)]
-            + [Block(model, tp, seed, i + 1) for i in range(model.n_layer)]
+            + [Block(model, tp, seed, i + 1, checkpoint_attention=checkpoint_attention)
+               for i in range(model.n_layer)]
             + [Head(model, tp, seed)])
 
 
 class GPT(nn.Module):
-    """The layers run in sequence; with ``recompute`` each block is checkpointed."""
+    """The layers run in sequence. ``recompute``: ``"full"`` checkpoints each block,
+    ``"selective"`` each block's attention core, ``"none"`` nothing."""
 
-    def __init__(self, model: ModelConfig, tp: TPContext, seed: int, *, recompute: bool):
+    def __init__(self, model: ModelConfig, tp: TPContext, seed: int, *, recompute: str):
         super().__init__()
-        self.layers = nn.ModuleList(build_layers(model, tp, seed))
-        self.recompute = recompute
+        self.layers = nn.ModuleList(build_layers(
+            model, tp, seed, checkpoint_attention=recompute == "selective"))
+        self.recompute = recompute == "full"
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = tokens

@@ -24,15 +24,18 @@ __all__ = ["build_pipeline_module"]
 
 
 def build_pipeline_module(model: ModelConfig, topology: PipeModelDataParallelTopology,
-                          tp: TPContext, *, seed: int, recompute: bool) -> PipelineModule:
-    """Build this rank's stage; binds ``tp.group`` to the module's tensor-parallel group."""
+                          tp: TPContext, *, seed: int, recompute: str) -> PipelineModule:
+    """Build this rank's stage; binds ``tp.group`` to the module's tensor-parallel group.
+    ``recompute`` as in :class:`trainer.model.GPT`."""
+    selective = recompute == "selective"
     specs = ([LayerSpec(Embedding, model, tp, seed)]
-             + [LayerSpec(Block, model, tp, seed, i + 1) for i in range(model.n_layer)]
+             + [LayerSpec(Block, model, tp, seed, i + 1, checkpoint_attention=selective)
+                for i in range(model.n_layer)]
              + [LayerSpec(Head, model, tp, seed)])
     module = PipelineModule(
         layers=specs, topology=topology, loss_fn=LossFn(model, tp),
         partition_method="type:Block",
-        activation_checkpoint_interval=1 if recompute else 0,
+        activation_checkpoint_interval=1 if recompute == "full" else 0,
         activation_checkpoint_func=functools.partial(checkpoint, use_reentrant=False),
         checkpointable_layers=["Block"],
     )

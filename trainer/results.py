@@ -101,7 +101,7 @@ def write_ok(path: str, *, spec: TrialSpec, launch: LaunchEnv, device: Any,
     times_s = measured.times_s
     median_s, iqr_s = summarize_step_times(times_s)
     rates = flops_rates(spec.model, global_batch=spec.layout.global_batch, step_time_s=median_s,
-                        world_size=launch.world_size, recompute=spec.layout.recompute == "full",
+                        world_size=launch.world_size, recompute=spec.layout.recompute,
                         device_name=device.name, dtype=spec.run.dtype)
     reserved_all = [e.reserved for e in everyone if e.reserved is not None]
     energy = energy_figures(total_j(e.energy for e in everyone), len(times_s),

@@ -10,6 +10,10 @@ The process group is carried by a :class:`TPContext` passed to every layer (no m
 globals). With ``size == 1`` every collective is the identity, so the same layers serve
 ``tp = 1``.
 
+With ``TPContext.sequence_parallel`` the column-parallel linear takes sequence-sharded input
+and the row-parallel one returns it (:mod:`trainer.sequence_parallel`, Korthikanti et al.
+2022, section 4.2.2).
+
 Initialisation is layout-independent: each layer draws its *full* weight from a generator
 seeded by the layer's index and keeps its shard, so ``tp = 1`` and ``tp = 4`` start from
 the same model and their losses can be compared.
@@ -23,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from trainer.sequence_parallel import gathered_linear, reduce_scatter_to_sequence, sum_grad_over_tp
 
 __all__ = ["TPContext", "ColumnParallelLinear", "RowParallelLinear",
            "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "copy_to_tp",
@@ -43,6 +49,14 @@ class TPContext:
     rank: int = 0
     size: int = 1
     group: Any = None
+    sequence_parallel: bool = False
+    """Between the TP regions the activations are split along the sequence
+    (:mod:`trainer.sequence_parallel`); only with ``size > 1``."""
+
+    @property
+    def sp(self) -> bool:
+        """Whether sequence parallelism is in effect (``size > 1``)."""
+        return self.sequence_parallel and self.size > 1
 
     def shard(self, n: int) -> tuple[int, int]:
         """[start, stop) of this rank's share of ``n`` (``n`` divisible by ``size``)."""
@@ -127,6 +141,8 @@ class ColumnParallelLinear(nn.Module):
                      if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.sp:  # x is this rank's sequence shard: gathered here, not stored whole
+            return gathered_linear(x, self.weight, self.bias, self.tp)
         return nn.functional.linear(copy_to_tp(x, self.tp), self.weight, self.bias)
 
 
@@ -144,6 +160,9 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(full_weight.shape[0])) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.sp:  # summed and split along the sequence: the bias sees one shard
+            y = reduce_scatter_to_sequence(nn.functional.linear(x, self.weight), self.tp)
+            return y if self.bias is None else y + sum_grad_over_tp(self.bias, self.tp)
         y = reduce_from_tp(nn.functional.linear(x, self.weight), self.tp)
         return y if self.bias is None else y + self.bias
 

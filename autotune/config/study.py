@@ -111,7 +111,12 @@ class SearchConfig:
     zero_stage: tuple[int, ...] = (0, 1)
     """ZeRO stages to try (2 and 3 only combine with pp = 1)."""
     recompute: tuple[str, ...] = ("none", "full")
-    """Activation recomputation choices."""
+    """Activation recomputation choices: ``none``, ``selective`` (only the attention core,
+    Korthikanti et al. 2022, section 5) and ``full`` (every layer)."""
+    sequence_parallel: tuple[bool, ...] = (False,)
+    """Sequence parallelism choices (``[false, true]`` makes it an axis; Korthikanti et al.
+    2022, section 4.2.2). ``true`` only applies to layouts with ``tp > 1``: a ``tp = 1``
+    layout is enumerated once, without it."""
     tp_across_nodes: bool = False
     """Allow TP groups to span nodes (slow: LRZ; Narayanan et al. 2021, fig. 13)."""
     tp_across_cards: bool = True
@@ -166,6 +171,9 @@ class SearchConfig:
             check_choice(f"search.zero_stage[{i}]", z, ZERO_STAGES)
         for i, r in enumerate(self.recompute):
             check_choice(f"search.recompute[{i}]", r, RECOMPUTE_CHOICES)
+        for i, sp in enumerate(self.sequence_parallel):
+            if not isinstance(sp, bool):
+                raise SpecError(f"search.sequence_parallel[{i}]", sp, "allowed: true or false")
         check_choice("search.strategy", self.strategy, STRATEGIES)
         check_int("search.n_trials", self.n_trials, maximum=MAX_N_TRIALS)
         if self.min_improvement is not None:
@@ -196,10 +204,22 @@ class SearchConfig:
             rec = data["recompute"]
             rec = [rec] if isinstance(rec, str) else rec
             if not isinstance(rec, list) or not rec:
-                raise SpecError("search.recompute", rec, "allowed: a list of 'none'/'full'")
+                raise SpecError("search.recompute", rec,
+                                "allowed: a list of 'none'/'selective'/'full'")
             for i, r in enumerate(check_list("search.recompute", rec)):
                 check_choice(f"search.recompute[{i}]", r, RECOMPUTE_CHOICES)
             data["recompute"] = tuple(dict.fromkeys(rec))
+        if "sequence_parallel" in data:
+            sp = data["sequence_parallel"]
+            sp = [sp] if isinstance(sp, bool) else sp
+            if not isinstance(sp, list) or not sp:
+                raise SpecError("search.sequence_parallel", sp,
+                                "allowed: true, false or a list of them")
+            for i, v in enumerate(check_list("search.sequence_parallel", sp)):
+                if not isinstance(v, bool):
+                    raise SpecError(f"search.sequence_parallel[{i}]", v,
+                                    "allowed: true or false")
+            data["sequence_parallel"] = tuple(dict.fromkeys(sp))
         return cls(**data)
 
 

@@ -166,7 +166,7 @@ def _result(m: Measurement, group: LandscapeGroup) -> TrialResult:
     if step_s is None:
         step_s = flops / (m.model_tflops_per_device * 1e12 * lay.world_size)
     hw = hardware_flops_per_step(group.model, lay.global_batch,
-                                 recompute=lay.recompute == "full")
+                                 recompute=lay.recompute)
     tokens = lay.global_batch * group.model.seq_len / step_s
     return TrialResult(status="ok", model_tflops_per_device=m.model_tflops_per_device,
                        hardware_tflops_per_device=m.model_tflops_per_device * hw / flops,

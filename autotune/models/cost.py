@@ -39,7 +39,11 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.hardware import DeviceSpec, LinkSpec
 from autotune.layout import Layout
-from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
+from autotune.models.flops import (
+    hardware_flops_per_step,
+    model_flops_per_step,
+    recompute_forward_fraction,
+)
 from autotune.models.memory import dtype_bytes, params_per_rank
 from autotune.models.network import (
     GroupPlacement,
@@ -59,6 +63,10 @@ __all__ = [
     "gemm_efficiency",
     "gemm_time_s",
     "layer_forward_time_s",
+    "attention_core_time_s",
+    "recompute_time_s",
+    "tp_collectives_per_layer",
+    "tp_allreduce_equivalents",
     "logits_forward_time_s",
     "ring_allreduce_time_s",
     "group_allreduce_time_s",
@@ -181,36 +189,60 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     """Forward time of one transformer layer for one micro-batch on one TP rank.
 
     GEMMs (per token: QKV ``2h(h+2kv)/t``, projection ``2h^2/t``, MLP ``2hf/t`` per
-    matrix: up and down for GELU, gate, up and down for SwiGLU; per sequence the two
-    attention matmuls ``2*2 s^2 h / t``: :mod:`autotune.models.flops`), each timed with
-    :func:`gemm_efficiency`; plus the memory-bound element-wise kernels (LayerNorm,
-    bias+dropout+residual: ``11`` tensors of ``s b h``; bias+GeLU reads and writes
-    ``f/t`` per token, ``8/t`` of ``s b h`` at ``f = 4h``; SwiGLU's SiLU reads and writes
-    ``f/t``, its product reads ``2f/t`` and writes ``f/t``: one more kernel), plus,
-    with ``model.attention == "explicit"`` (no fused/flash attention), the score matrix
-    written, soft-maxed and dropped out (~5 passes over ``a s^2 b / t`` elements; 3 without
-    dropout).
+    matrix: up and down for GELU, gate, up and down for SwiGLU: :mod:`autotune.models.flops`),
+    each timed with :func:`gemm_efficiency`; the attention core
+    (:func:`attention_core_time_s`); plus the memory-bound element-wise kernels
+    (LayerNorm, bias+dropout+residual: ``11`` tensors of ``s b h``, ``s b h / t`` each with
+    sequence parallelism, which runs them on a sequence shard (Korthikanti et al. 2022,
+    section 4.2.2); bias+GeLU reads and writes ``f/t`` per token, ``8/t`` of ``s b h`` at
+    ``f = 4h``; SwiGLU's SiLU reads and writes ``f/t``, its product reads ``2f/t`` and
+    writes ``f/t``: one more kernel).
     """
     b, s, h, f, t = layout.micro_batch, model.seq_len, model.hidden, model.ffn, layout.tp
     kv = model.kv_heads * model.head_dim
     tokens = b * s
     mlp = [2 * tokens * h * f / t] * model.mlp_matrices
     gemms = [2 * tokens * h * (h + 2 * kv) / t, 2 * tokens * h * h / t, *mlp]
-    attn = 4 * b * s * s * h / t
-    flash = model.attention == "flash"
-    gemms += [attn] if flash else [attn / 2, attn / 2]
     time = sum(gemm_time_s(w, peak_flops, spec) for w in gemms)
     swiglu = model.mlp == "swiglu"
     mlp_elem = (5 if swiglu else 2) * f / t  # per token: elements read + written
-    elem_bytes = tokens * (11 * h + mlp_elem) * dtype_bytes(dtype)
+    replicated = 11 * h / t if layout.sequence_parallel else 11 * h
+    elem_bytes = tokens * (replicated + mlp_elem) * dtype_bytes(dtype)
     n_elementwise = 7 if swiglu else 6
-    if not flash:
-        # scores written, soft-maxed (read, write); dropout reads them, writes output + mask
-        passes = 5 if model.dropout > 0 else 3
-        elem_bytes += passes * model.n_head * s * s * b / t * dtype_bytes(dtype)
-        n_elementwise += 2 if model.dropout > 0 else 1
     time += elem_bytes / (spec.hbm_gbps * 1e9) + n_elementwise * spec.kernel_overhead_s
-    return time
+    return time + attention_core_time_s(model, layout, peak_flops, spec, dtype)
+
+
+def attention_core_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
+                          spec: DeviceSpec, dtype: str) -> float:
+    """Forward time of the attention core, ``softmax(Q K^T) V``, for one micro-batch on
+    one TP rank: what selective recompute repeats in the backward (Korthikanti et al.
+    2022, section 5). The two attention matmuls ``2*2 s^2 h / t`` (one fused kernel with
+    flash attention) and, with ``model.attention == "explicit"``, the score matrix
+    written, soft-maxed and dropped out (~5 passes over ``a s^2 b / t`` elements; 3
+    without dropout)."""
+    b, s, h, t = layout.micro_batch, model.seq_len, model.hidden, layout.tp
+    attn = 4 * b * s * s * h / t
+    if model.attention == "flash":
+        return gemm_time_s(attn, peak_flops, spec)
+    time = 2 * gemm_time_s(attn / 2, peak_flops, spec)
+    # scores written, soft-maxed (read, write); dropout reads them, writes output + mask
+    passes = 5 if model.dropout > 0 else 3
+    elem_bytes = passes * model.n_head * s * s * b / t * dtype_bytes(dtype)
+    n_elementwise = 2 if model.dropout > 0 else 1
+    return time + elem_bytes / (spec.hbm_gbps * 1e9) + n_elementwise * spec.kernel_overhead_s
+
+
+def recompute_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
+                     spec: DeviceSpec, dtype: str) -> float:
+    """What the layout's recompute adds to one layer and micro-batch: a whole layer
+    forward with ``full`` (Chen et al. 2016), the attention core with ``selective``
+    (:func:`attention_core_time_s`), nothing with ``none``."""
+    if layout.recompute == "full":
+        return layer_forward_time_s(model, layout, peak_flops, spec, dtype)
+    if layout.recompute == "selective":
+        return attention_core_time_s(model, layout, peak_flops, spec, dtype)
+    return 0.0
 
 
 HOST_OPS_PER_LAYER_PASS = 50
@@ -231,9 +263,26 @@ def host_layer_time_s(layout: Layout, spec: DeviceSpec) -> float:
     """
     passes = 4 if layout.recompute == "full" else 3
     ops = passes * HOST_OPS_PER_LAYER_PASS
+    if layout.recompute == "selective":
+        ops += SELECTIVE_RECOMPUTE_OPS
     if layout.tp > 1:
-        ops += 6 if layout.recompute == "full" else 4
+        ops += tp_collectives_per_layer(layout)
     return ops * spec.host_op_s
+
+
+SELECTIVE_RECOMPUTE_OPS = 8
+"""Operators of the attention core recomputed under selective recompute (views, two
+matmuls, scale, mask, softmax; the checkpoint's own bookkeeping)."""
+
+
+def tp_collectives_per_layer(layout: Layout) -> int:
+    """TP collective calls of one layer and micro-batch: 4 all-reduces (2 forward, 2
+    backward; Shoeybi et al. 2019, fig. 4), 2 more with the full recompute forward. With
+    sequence parallelism each becomes an all-gather or a reduce-scatter, and the backward
+    gathers the two column-parallel linears' inputs again (they are stored as sequence
+    shards; Korthikanti et al. 2022, section 4.2.2): 2 more."""
+    count = 6 if layout.recompute == "full" else 4
+    return count + (2 if layout.sequence_parallel else 0)
 
 
 def host_exposed_time_s(device_s: float, host_s: float, *,
@@ -286,8 +335,22 @@ def tp_allreduce_time_s(model: ModelConfig, layout: Layout, spec: DeviceSpec,
     if layout.tp == 1:
         return 0.0
     n_bytes = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
-    count = 6 if layout.recompute == "full" else 4
-    return count * _tp_one_allreduce_s(n_bytes, layout, spec, level, cluster)
+    return tp_allreduce_equivalents(layout) * _tp_one_allreduce_s(n_bytes, layout, spec,
+                                                                  level, cluster)
+
+
+def tp_allreduce_equivalents(layout: Layout) -> float:
+    """TP traffic of one layer and micro-batch in all-reduces of ``s b h``: 4, 6 with full
+    recompute (:func:`tp_allreduce_time_s`). Sequence parallelism replaces each all-reduce
+    by an all-gather and a reduce-scatter of half its ring volume each, one of each where
+    the all-reduce was (Korthikanti et al. 2022, section 4.2.2: "the same communication
+    volume"), and adds the backward's re-gather of the two stored input shards: one
+    all-reduce's worth more. Megatron issues that re-gather asynchronously beside the
+    input-gradient GEMM (``LinearWithGradAccumulationAndAsyncCommunication.backward``,
+    deepspeedai/Megatron-DeepSpeed@4efb479 ``megatron/core/tensor_parallel/layers.py``);
+    the trainer does not, so it is charged, as the all-reduces are (not overlapped)."""
+    count = 6.0 if layout.recompute == "full" else 4.0
+    return count + (1.0 if layout.sequence_parallel else 0.0)
 
 
 def _tp_one_allreduce_s(n_bytes: float, layout: Layout, spec: DeviceSpec, level: str,
@@ -482,8 +545,8 @@ def analytic_layer(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
     """The analytic :class:`LayerTime` (see :func:`layer_terms`), whatever the profile."""
     spec = cluster.device_spec()
     peak = spec.peak_flops_or_fallback(dtype)
-    rc = 1.0 if layout.recompute == "full" else 0.0
-    compute = (3.0 + rc) * layer_forward_time_s(model, layout, peak, spec, dtype)
+    compute = (3.0 * layer_forward_time_s(model, layout, peak, spec, dtype)
+               + recompute_time_s(model, layout, peak, spec, dtype))
     tp_comm = tp_allreduce_time_s(model, layout, spec, tp_link(layout, cluster), dtype,
                                   cluster=cluster)
     host = host_exposed_time_s(compute + tp_comm, host_layer_time_s(layout, spec))
@@ -503,7 +566,8 @@ def profile_scale(model: ModelConfig, cluster: ClusterConfig, dtype: str,
     measured, analytic = [], []
     for entry in profile.entries:
         sh = entry.shape
-        lay = Layout(sh.tp, 1, 1, sh.micro_batch, 1, recompute=sh.recompute)
+        lay = Layout(sh.tp, 1, 1, sh.micro_batch, 1, recompute=sh.recompute,
+                     sequence_parallel=sh.sequence_parallel)
         if LayerShape.of(model, lay, device=cluster.device, dtype=dtype,
                          tp_link=tp_link(lay, cluster)) != sh:
             continue  # another layer, device, dtype, or TP over another link
@@ -570,7 +634,7 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     spec = cluster.device_spec()
     peak = spec.peak_flops_or_fallback(dtype)
     lay, m, p = layout, layout.grad_accum, layout.pp
-    rc = 1.0 if lay.recompute == "full" else 0.0
+    rc = recompute_forward_fraction(model, lay.recompute)
     layers = math.ceil(model.n_layer / p)
 
     layer = layer_terms(model, lay, cluster, dtype, profile=profile)
@@ -603,7 +667,7 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
 
     world = lay.world_size
     model_flops = model_flops_per_step(model, lay.global_batch)
-    hw_flops = hardware_flops_per_step(model, lay.global_batch, recompute=bool(rc))
+    hw_flops = hardware_flops_per_step(model, lay.global_batch, recompute=lay.recompute)
     big = 2 * lay.micro_batch * model.seq_len * model.hidden * model.ffn / lay.tp
     return StepEstimate(
         compute_s=m * slow.compute,

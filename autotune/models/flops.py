@@ -42,8 +42,8 @@ from __future__ import annotations
 
 from autotune.config.model import ModelConfig
 
-__all__ = ["layer_forward_flops", "logits_forward_flops", "model_flops_per_step",
-           "hardware_flops_per_step"]
+__all__ = ["layer_forward_flops", "attention_core_forward_flops", "logits_forward_flops",
+           "model_flops_per_step", "hardware_flops_per_step", "recompute_forward_fraction"]
 
 
 def layer_forward_flops(model: ModelConfig, sequences: int) -> float:
@@ -58,6 +58,35 @@ def layer_forward_flops(model: ModelConfig, sequences: int) -> float:
     kv = model.kv_heads * model.head_dim
     per_token = 2 * h * (h + 2 * kv) + 2 * h * h + model.mlp_matrices * 2 * h * f
     return float(sequences * (s * per_token + 4 * s * s * h))
+
+
+def attention_core_forward_flops(model: ModelConfig, sequences: int) -> float:
+    """Forward FLOPs of the attention core, ``softmax(Q K^T) V``: the score and value
+    matmuls, ``2 * 2 s^2 h`` per sequence: what selective recompute repeats (Korthikanti et
+    al. 2022, section 5: "the recompute overhead is only the attention matmuls"; their
+    eq. 8 counts it as ``4 b s^2 h`` per layer; the softmax is not a matmul FLOP)."""
+    s, h = model.seq_len, model.hidden
+    return float(sequences * 4 * s * s * h)
+
+
+def recompute_forward_fraction(model: ModelConfig, recompute: str | bool) -> float:
+    """The share of one layer forward that the recompute of ``recompute`` repeats in the
+    backward: 1 for ``"full"`` (every layer forward again), the attention core's share
+    (:func:`attention_core_forward_flops` over :func:`layer_forward_flops`) for
+    ``"selective"``, 0 for ``"none"``. A bool means ``"full"``/``"none"``.
+
+    >>> from autotune.config.model import ModelConfig
+    >>> m = ModelConfig(n_layer=2, hidden=64, n_head=4, seq_len=32, vocab_size=128)
+    >>> recompute_forward_fraction(m, "full"), recompute_forward_fraction(m, "none")
+    (1.0, 0.0)
+    >>> round(recompute_forward_fraction(m, "selective"), 4)  # s / (6 h + s) for GELU-4h
+    0.0769
+    """
+    if recompute is True or recompute == "full":
+        return 1.0
+    if recompute == "selective":
+        return attention_core_forward_flops(model, 1) / layer_forward_flops(model, 1)
+    return 0.0
 
 
 def logits_forward_flops(model: ModelConfig, sequences: int) -> float:
@@ -76,11 +105,15 @@ def model_flops_per_step(model: ModelConfig, global_batch: int) -> float:
     return 3.0 * fwd
 
 
-def hardware_flops_per_step(model: ModelConfig, global_batch: int, *, recompute: bool) -> float:
-    """FLOPs the hardware executes: model FLOPs plus one more layer forward with recompute.
+def hardware_flops_per_step(model: ModelConfig, global_batch: int, *,
+                            recompute: bool | str) -> float:
+    """FLOPs the hardware executes: model FLOPs plus what the recompute repeats (one more
+    layer forward with full recompute, the attention core with selective;
+    :func:`recompute_forward_fraction`).
 
     This is what Megatron-DeepSpeed logs as "TFLOPs" (Narayanan et al. 2021, eq. 3, the
     factor 4 instead of 3 on the layers), kept for comparison with published numbers.
     """
-    extra = model.n_layer * layer_forward_flops(model, global_batch) if recompute else 0.0
+    extra = (model.n_layer * layer_forward_flops(model, global_batch)
+             * recompute_forward_fraction(model, recompute))
     return model_flops_per_step(model, global_batch) + extra

@@ -54,6 +54,7 @@ __all__ = [
     "model_state_bytes",
     "score_transient_bytes",
     "layer_activation_bytes",
+    "attention_score_bytes",
     "activation_bytes",
     "logits_bytes",
     "buffer_bytes",
@@ -161,10 +162,11 @@ def _bf16_pipeline_optimizer(layout: Layout, dtype: str) -> bool:
 
 
 def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
-    """Activations one transformer layer stores for one micro-batch (no recompute).
+    """Activations one transformer layer stores for one micro-batch (no full recompute).
 
     Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-    Models", eq. 2 (tensor parallel, no sequence parallelism), for 16-bit training::
+    Models" (arXiv:2205.05198), eq. 2 (tensor parallel, no sequence parallelism), for
+    16-bit training::
 
         s b h (10 + 24 / t + 5 a s / (h t))
 
@@ -172,16 +174,24 @@ def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str) -> in
     over TP: 8 of attention (Q, K, V, attention output) and 16 of the MLP's two ``4h``
     tensors (the GELU input and the down projection's input, 2 bytes each), written here
     for any MLP width as ``4 f / h``. The ``5 a s / h`` term is the attention score
-    matrix, softmax output and dropout mask; fused/flash attention (torch SDPA, which our
-    trainer uses) never stores them (Dao et al. 2022; only a per-row log-sum-exp,
-    negligible), so it is dropped when ``model.attention == "flash"``. For fp32 the 2-byte terms
-    double (the 1-byte dropout masks are a small part: ignored).
+    matrix, softmax output and dropout mask (:func:`attention_score_bytes`); fused/flash
+    attention (torch SDPA, which our trainer uses) never stores them (Dao et al. 2022; only
+    a per-row log-sum-exp, negligible), so it is dropped when ``model.attention ==
+    "flash"``. For fp32 the 2-byte terms double (the 1-byte dropout masks are a small
+    part: ignored).
+
+    Sequence parallelism (``layout.sequence_parallel``; section 4.2.2, eq. 4) splits the
+    replicated 10 along the sequence too: ``s b h (34 / t + 5 a s / (h t))``, every term
+    over ``t``. Selective recompute (``layout.recompute == "selective"``; section 5, eq. 5-6)
+    stores none of the score term, which it recomputes: ``s b h (10 + 24 / t)``, and with
+    both ``34 s b h / t``.
 
     The formula assumes dropout (Megatron's default 0.1). Without it (``model.dropout ==
     0``, the built-in trainer) the two hidden-dropout masks (``2 s b h``, replicated) and the
     attention dropout's mask and output (``3 a s^2 b / t``) are not stored: ``s b h (8 + 24 /
     t + 2 a s / (h t))``. Measured against the trainer's explicit-attention path in
-    ``tests/models/test_memory_vs_trainer.py``.
+    ``tests/models/test_memory_vs_trainer.py`` and, per technique, in
+    ``tests/models/test_memory_sp_selective.py``.
 
     SwiGLU (``down(silu(gate x) * up x)``), the same derivation adapted: the MLP input is
     stored once (replicated, in the 10) and autograd keeps four ``s b f / t`` tensors
@@ -189,18 +199,46 @@ def layer_activation_bytes(model: ModelConfig, layout: Layout, dtype: str) -> in
     output (the product's two operands), and the product (the down projection's input),
     i.e. ``8 f / h`` instead of ``4 f / h``. (Megatron's fused ``bias_swiglu`` recomputes
     the SiLU in backward and keeps three; the trainer runs it unfused.)
+
+    >>> from autotune.config.model import ModelConfig
+    >>> m = ModelConfig(n_layer=1, hidden=1024, n_head=16, seq_len=2048, vocab_size=512,
+    ...                 attention="explicit", dropout=0.1)
+    >>> def per_sbh(**kw):  # the bracket of Korthikanti et al.'s table 2, 16-bit
+    ...     lay = Layout(tp=8, pp=1, dp=1, micro_batch=1, grad_accum=1, **kw)
+    ...     return layer_activation_bytes(m, lay, "bf16") / (2048 * 1024)
+    >>> a_s_h = 16 * 2048 / 1024
+    >>> per_sbh() == 10 + 24 / 8 + 5 * a_s_h / 8
+    True
+    >>> per_sbh(sequence_parallel=True) == 34 / 8 + 5 * a_s_h / 8
+    True
+    >>> per_sbh(recompute="selective") == 10 + 24 / 8
+    True
+    >>> per_sbh(recompute="selective", sequence_parallel=True) == 34 / 8
+    True
     """
-    s, b, h, t, a = model.seq_len, layout.micro_batch, model.hidden, layout.tp, model.n_head
+    s, b, h, t = model.seq_len, layout.micro_batch, model.hidden, layout.tp
     f = model.ffn
     scale = dtype_bytes(dtype) / 2
     mlp_tensors = 4 if model.mlp == "swiglu" else 2  # stored s*b*f/t tensors, 2 bytes each
-    dropout = model.dropout > 0
-    replicated = 10 if dropout else 8  # the two 1-byte hidden-dropout masks
+    replicated: float = 10 if model.dropout > 0 else 8  # the two 1-byte hidden-dropout masks
+    if layout.sequence_parallel:
+        replicated /= t  # the LayerNorm/dropout region is split along the sequence
     per = s * b * (h * (replicated + 8 / t) + 2 * mlp_tensors * f / t) * scale
-    if model.attention == "explicit":
-        # softmax output (2); with dropout also its mask (1) and output (2)
-        per += (5 if dropout else 2) * a * s * s * b / t * scale
+    if layout.recompute != "selective":
+        per += attention_score_bytes(model, layout, dtype)
     return int(per)
+
+
+def attention_score_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
+    """What one layer's attention core stores beyond Q, K and V for one micro-batch: with
+    explicit attention the softmax output, ``2 a s^2 b / t`` bytes in 16-bit, and with
+    dropout also its mask and output (``5 a s^2 b / t``; Korthikanti et al. 2022, eq. 1);
+    zero with flash attention. Selective recompute recomputes exactly this."""
+    if model.attention != "explicit":
+        return 0
+    s, b, a = model.seq_len, layout.micro_batch, model.n_head
+    per_elem = 5 if model.dropout > 0 else 2  # softmax output; dropout mask (1) + output (2)
+    return int(per_elem * a * s * s * b / layout.tp * dtype_bytes(dtype) / 2)
 
 
 def _stored_layers(model: ModelConfig, layout: Layout, stage: str) -> int:
@@ -214,9 +252,11 @@ def _stored_layers(model: ModelConfig, layout: Layout, stage: str) -> int:
 def stored_layer_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
     """What one layer keeps per micro-batch until its backward: its activations
     (:func:`layer_activation_bytes`), or with full recompute only its input, ``2 s b h``
-    bytes in 16-bit (not split by TP; Chen et al. 2016, Korthikanti et al. 2022, sec. 4)."""
+    bytes in 16-bit (not split by TP; Chen et al. 2016, Korthikanti et al. 2022, sec. 4),
+    ``2 s b h / t`` with sequence parallelism (the input is a sequence shard)."""
     if layout.recompute == "full":
-        return model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+        per = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+        return per // layout.tp if layout.sequence_parallel else per
     return layer_activation_bytes(model, layout, dtype)
 
 
@@ -232,9 +272,11 @@ def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str,
 
     Full recompute (Chen et al. 2016; Korthikanti et al. 2022, section 4) keeps only each
     layer's input per layer and micro-batch in flight, plus one layer's full working set
-    while that layer is recomputed. Explicit attention adds :func:`score_transient_bytes`
-    either way. These one-layer terms do not grow with the layer count, so a profile's
-    slope does not measure them: they stay analytic.
+    while that layer is recomputed. Selective recompute stores no score matrices but
+    recomputes one layer's (:func:`attention_score_bytes`) during that layer's backward.
+    Explicit attention adds :func:`score_transient_bytes` either way. These one-layer
+    terms do not grow with the layer count, so a profile's slope does not measure them:
+    they stay analytic.
     """
     per_layer = (stored_layer_bytes(model, layout, dtype) if measured_layer_bytes is None
                  else measured_layer_bytes)
@@ -242,6 +284,8 @@ def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str,
     transient = score_transient_bytes(model, layout, dtype)
     if layout.recompute == "full":
         return stored + layer_activation_bytes(model, layout, dtype) + transient
+    if layout.recompute == "selective":
+        return stored + attention_score_bytes(model, layout, dtype) + transient
     return stored + transient
 
 
@@ -305,7 +349,8 @@ def layer_state_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
     """Model states of one layer on one TP rank as ``autotune profile`` runs it: ``pp = dp
     = 1``, ZeRO 0 (:func:`model_state_bytes` of :func:`layer_params_per_rank`)."""
     alone = Layout(tp=layout.tp, pp=1, dp=1, micro_batch=layout.micro_batch, grad_accum=1,
-                   zero_stage=0, recompute=layout.recompute)
+                   zero_stage=0, recompute=layout.recompute,
+                   sequence_parallel=layout.sequence_parallel)
     return sum(model_state_bytes(layer_params_per_rank(model, layout.tp), alone, dtype))
 
 

@@ -88,6 +88,8 @@ class LayerShape:
     measured inside a node says nothing about TP over the network."""
     micro_batch: int
     recompute: Recompute
+    sequence_parallel: bool = False
+    """Measured with sequence parallelism (files written before it existed: false)."""
 
     def __post_init__(self) -> None:
         # Profiles come from files: a mistyped field must be an error, not a shape that
@@ -101,6 +103,8 @@ class LayerShape:
         check_choice("tp_link", self.tp_link, TP_LINKS)
         check_choice("recompute", self.recompute, RECOMPUTE_CHOICES)
         check_float("dropout", self.dropout, maximum=1.0)
+        if not isinstance(self.sequence_parallel, bool):
+            raise SpecError("sequence_parallel", self.sequence_parallel, "allowed: true or false")
 
     @classmethod
     def of(cls, model: ModelConfig, layout: Layout, *, device: str, dtype: str,
@@ -109,11 +113,12 @@ class LayerShape:
                    kv_heads=model.kv_heads, ffn=model.ffn, seq_len=model.seq_len,
                    mlp=model.mlp, attention=model.attention, dropout=model.dropout,
                    tp=layout.tp, tp_link=tp_link, micro_batch=layout.micro_batch,
-                   recompute=layout.recompute)
+                   recompute=layout.recompute, sequence_parallel=layout.sequence_parallel)
 
     def label(self) -> str:
         return (f"{self.device} {self.dtype} h{self.hidden} a{self.n_head} s{self.seq_len} "
-                f"tp{self.tp}({self.tp_link}) mb{self.micro_batch} {self.recompute}")
+                f"tp{self.tp}({self.tp_link}) mb{self.micro_batch} {self.recompute}"
+                + (" sp" if self.sequence_parallel else ""))
 
 
 @dataclass(frozen=True)
@@ -285,10 +290,11 @@ class LayerProfile:
             where = f"entries[{i}]"
             try:
                 item = check_keys(where, item, keys)
-                missing = [n for n in (*names, "layer_time_s") if n not in item]
+                missing = [n for n in (*names, "layer_time_s")
+                           if n not in item and n not in _OPTIONAL_FIELDS]
                 if missing:
                     raise SpecError(f"{where}.{missing[0]}", None, "required key is missing")
-                shape = LayerShape(**{n: item[n] for n in names})
+                shape = LayerShape(**{n: item[n] for n in names if n in item})
                 se = item.get("stderr_s")
                 if se is not None:
                     se = check_float("stderr_s", se)
@@ -309,8 +315,12 @@ class LayerProfile:
             raise SpecError(err.field, err.value, err.allowed, source=source) from None
 
 
-_LAYOUT_FIELDS = ("tp", "tp_link", "micro_batch", "recompute")
+_LAYOUT_FIELDS = ("tp", "tp_link", "micro_batch", "recompute", "sequence_parallel")
 """The fields of a :class:`LayerShape` that the layout sets; the others are the layer's."""
+
+
+_OPTIONAL_FIELDS = ("sequence_parallel",)
+"""Shape fields a file may leave out (added after version 2; their default holds)."""
 
 
 def _same_layer(a: LayerShape, b: LayerShape) -> bool:

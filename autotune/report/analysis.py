@@ -143,6 +143,10 @@ class Importance:
     """How it was computed, or why it could not be."""
 
 
+_CORE_AXES = tuple(a for a in Layout.SEARCH_AXES if a != "sequence_parallel")
+"""The axes every autotune trial has (``sequence_parallel`` came with issue 22)."""
+
+
 def param_importance(study: optuna.Study) -> Importance:
     """Importance of the layout axes for the objective, on COMPLETE trials.
 
@@ -152,8 +156,11 @@ def param_importance(study: optuna.Study) -> Importance:
     Needs at least 2 complete trials, some spread in the objective and at least one axis
     that takes two values among them; otherwise says which of these is missing.
     """
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if all(a in t.params for a in Layout.SEARCH_AXES)]
+    # Trials stored before sequence parallelism existed have no such parameter: the axes
+    # are those every complete trial has.
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    axes = [a for a in Layout.SEARCH_AXES if complete and all(a in t.params for t in complete)]
+    done = [t for t in complete if axes and all(a in t.params for a in _CORE_AXES)]
     if len(done) < 2:
         return Importance(None, f"not computed: {len(done)} complete trial(s); "
                                 "at least 2 are needed")
@@ -161,7 +168,7 @@ def param_importance(study: optuna.Study) -> Importance:
     if max(values) == min(values):  # type: ignore[type-var]
         return Importance(None, f"not computed: all {len(done)} complete trials measured "
                                 "the same value, there is no variance to explain")
-    varying = [a for a in Layout.SEARCH_AXES if len({t.params[a] for t in done}) > 1]
+    varying = [a for a in axes if len({t.params[a] for t in done}) > 1]
     if not varying:
         return Importance(None, "not computed: the complete trials differ in no layout axis")
     try:
@@ -173,7 +180,7 @@ def param_importance(study: optuna.Study) -> Importance:
     if not imp or not all(math.isfinite(v) for v in imp.values()) or sum(imp.values()) <= 0:
         return Importance(None, f"not computed: {len(done)} complete trials are too few for "
                                 "the evaluator to tell the axes apart")
-    fixed = [a for a in Layout.SEARCH_AXES if a not in varying]
+    fixed = [a for a in axes if a not in varying]
     note = (f"PED-ANOVA over {len(done)} complete trials; axes varied: {', '.join(varying)}"
             + (f"; constant (importance 0): {', '.join(fixed)}" if fixed else ""))
     if len(done) < 10:

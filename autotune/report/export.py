@@ -121,11 +121,14 @@ def emit_best(study: optuna.Study, layout: Layout, trial: FrozenTrial, *, fmt: s
         write_json_atomic(path, deepspeed_config(layout, dtype))
         mega = megatron_deepspeed_args(layout, dtype=dtype, model=fp.get("model"),
                                        device=fp.get("device"))
+        # Megatron refuses --sequence-parallel on CUDA without it (megatron.SP_ENV).
+        env = "".join(f"{k}={v} " for k, v in megatron.SP_ENV.items()
+                      ) if layout.sequence_parallel else ""
         return "\n".join([
             f"wrote {path} for {layout.key()} "
             f"({trial.value:.4g} model TFLOPS/device, trial #{trial.number})",
             "launch (Megatron-DeepSpeed):",
-            "  deepspeed pretrain_gpt.py " + shlex.join(mega + deepspeed_args),
+            f"  {env}deepspeed pretrain_gpt.py " + shlex.join(mega + deepspeed_args),
             f"tensor parallel {layout.tp} x pipeline {layout.pp} x data parallel {layout.dp}"
             f" = {layout.world_size} devices",
         ])

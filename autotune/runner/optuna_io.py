@@ -171,7 +171,9 @@ def layout_params(layout: Layout, spec: StudySpec) -> dict[str, tuple[Any, BaseD
     dists: dict[str, BaseDistribution] = {
         "tp": IntDistribution(1, ws), "pp": IntDistribution(1, ws),
         "micro_batch": IntDistribution(1, gb), "zero_stage": IntDistribution(0, 3),
-        "recompute": CategoricalDistribution(["none", "full"])}
+        # 'selective' appended (issue 22): the old choices keep their indices.
+        "recompute": CategoricalDistribution(["none", "full", "selective"]),
+        "sequence_parallel": CategoricalDistribution([False, True])}
     return {name: (params[name], dists[name]) for name in dists}
 
 

@@ -16,10 +16,11 @@ The same objects drive the real Optuna study (:mod:`autotune.runner.study`) and 
 benchmark (``benchmarks/search_efficiency.py``), so what is benchmarked is what ships.
 
 **Plan order** is the layouts' own order (:class:`~autotune.layout.Layout` compares field
-by field): tp, then pp, micro-batch, ZeRO stage and recompute, ascending (``"full"``
-before ``"none"``); within one study dp and grad_accum follow from those. It does not
-depend on how the study file lists its axes, on how a replayed table orders its rows, or
-on what the cost model predicts: strategies that rank by prediction (``cost-model-only``,
+by field): tp, then pp, micro-batch, ZeRO stage, recompute and sequence parallelism,
+ascending (``"full"`` before ``"none"`` before ``"selective"``, without SP before
+with); within one study dp and grad_accum follow from those. It does not depend on
+how the study file lists its axes, on how a replayed table orders its rows, or on what
+the cost model predicts: strategies that rank by prediction (``cost-model-only``,
 ``default``) rank themselves and keep plan order among ties, ``grid`` proposes in it,
 and the random ones draw from it. A canonical order is what lets the benchmark, which has
 no study file, replay exactly the proposals a study makes.
@@ -89,7 +90,8 @@ def plan_order(layouts: Iterable[Layout]) -> list[Layout]:
 
 
 # Memory order of activation recomputation: "none" keeps every activation (more memory).
-_RECOMPUTE_MEMORY = {"full": 0, "none": 1}
+# Selective recompute keeps everything but the attention core (Korthikanti et al. 2022).
+_RECOMPUTE_MEMORY = {"full": 0, "selective": 1, "none": 2}
 
 
 def needs_no_less_memory(layout: Layout, than: Layout) -> bool:
@@ -103,6 +105,7 @@ def needs_no_less_memory(layout: Layout, than: Layout) -> bool:
     return (layout.tp == than.tp and layout.pp == than.pp
             and layout.micro_batch >= than.micro_batch
             and _RECOMPUTE_MEMORY[layout.recompute] >= _RECOMPUTE_MEMORY[than.recompute]
+            and layout.sequence_parallel <= than.sequence_parallel  # SP only removes memory
             and layout.zero_stage <= than.zero_stage)
 
 

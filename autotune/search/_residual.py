@@ -62,7 +62,7 @@ from autotune.search._simple import log_fit_probabilities, log_predictions
 __all__ = ["ResidualStrategy", "expected_improvement"]
 
 NUMERIC_AXES: tuple[str, ...] = ("tp", "pp", "dp", "micro_batch", "grad_accum")
-CATEGORICAL_AXES: tuple[str, ...] = ("zero_stage", "recompute")
+CATEGORICAL_AXES: tuple[str, ...] = ("zero_stage", "recompute", "sequence_parallel")
 INTERCEPT_SD = 1.0
 SLOPE_SD = 0.5
 TREND_SD = 0.15
@@ -93,7 +93,7 @@ class _Features:
       the spread between layouts, or to compress it);
     * ``log2`` of tp, pp, dp, micro-batch and grad-accum, centred: a trend per doubling
       of an axis that the model gets wrong (it generalises from mb=4 to mb=8);
-    * one-hot ZeRO stage and recompute (categorical axes).
+    * one-hot ZeRO stage, recompute and sequence parallelism (categorical axes).
 
     Axes that do not vary among the candidates contribute nothing.
     """

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, StorageError
+from autotune.storage._sp_columns import widen_recompute_add_sequence_parallel
 from autotune.storage.guarded import database_error, guard
 from autotune.storage.limits import apply_session_limits
 from autotune.storage.schema import (
@@ -199,6 +200,8 @@ class Storage:
                     "FROM trials t WHERE t.state = 'FAIL' AND NOT EXISTS (SELECT 1 FROM "
                     "trial_user_attributes a WHERE a.trial_id = t.trial_id AND a.key = "
                     "'outcome' AND a.value_json NOT IN ('\"interrupted\"', '\"node_failure\"')))"))
+        if found < 4:
+            widen_recompute_add_sequence_parallel(self.engine)
         if found < 5:
             from autotune.storage.relabel import relabel_workloads
 

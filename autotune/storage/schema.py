@@ -26,6 +26,9 @@ Version history (each step a migration in :mod:`autotune.storage.db`):
    ``measurements`` row from the claim on (outcome ``running`` until it is recorded, or
    ``killed`` when it is repaired). Claims of version 2 whose trial failed unjudged or
    interrupted get ``retry`` = 1;
+4. ``measurements.recompute`` widened to 16 characters (``selective`` has 9; issue 22)
+   and ``measurements.sequence_parallel`` (boolean, false for every earlier row: nothing
+   ran with sequence parallelism before it existed);
 5. ``measurements.workload`` says what ran (``builtin``, ``command``,
    ``megatron-deepspeed``, ``replay``): before, a study of the user's own program stored
    ``builtin`` (the launcher alone decided it), so that it calibrated, and was calibrated
@@ -42,6 +45,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    Boolean,
     DateTime,
     Float,
     Integer,
@@ -50,6 +54,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false
 
 __all__ = ["Base", "Measurement", "LayoutClaim", "SchemaVersion", "SCHEMA_VERSION",
            "ENERGY_COLUMNS"]
@@ -76,7 +81,10 @@ class Measurement(Base):
     micro_batch: Mapped[int] = mapped_column(Integer)
     grad_accum: Mapped[int] = mapped_column(Integer)
     zero_stage: Mapped[int] = mapped_column(Integer)
-    recompute: Mapped[str] = mapped_column(String(8))
+    recompute: Mapped[str] = mapped_column(String(16))
+    """``none``, ``selective`` or ``full`` (:data:`autotune.layout.RECOMPUTE_CHOICES`)."""
+    sequence_parallel: Mapped[bool] = mapped_column(Boolean, default=False,
+                                                    server_default=false())
     world_size: Mapped[int] = mapped_column(Integer)
     global_batch: Mapped[int] = mapped_column(Integer)
     model_name: Mapped[str] = mapped_column(String(64))

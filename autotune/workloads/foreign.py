@@ -74,6 +74,7 @@ def placeholder_values(spec: TrialSpec, paths: Any, placement: Placement) -> dic
     return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "micro_batch": lay.micro_batch,
             "grad_accum": lay.grad_accum, "global_batch": lay.global_batch,
             "zero_stage": lay.zero_stage, "recompute": lay.recompute,
+            "sequence_parallel": "true" if lay.sequence_parallel else "false",
             "ds_config": str(paths.ds_config), "trial_dir": str(paths.root),
             "metrics_file": str(paths.metrics), "train_iters": train_iters(spec),
             "world_size": lay.world_size, "nodes": placement.nodes,

@@ -8,24 +8,51 @@ Flag names as defined in deepspeedai/Megatron-DeepSpeed ``megatron/arguments.py`
 f1feb8877d760b4ceaa0551debbf1cb4026fc9be): ``--tensor-model-parallel-size``,
 ``--pipeline-model-parallel-size`` (``_add_distributed_args``), ``--micro-batch-size``,
 ``--global-batch-size``, ``--checkpoint-activations``, ``--recompute-granularity``,
+``--recompute-method``, ``--recompute-num-layers``,
 ``--train-iters``, ``--log-interval``, ``--no-pipeline-parallel`` (``_add_training_args``),
+``--sequence-parallel`` (in 4efb479 defined at line 972 of
+``megatron/arguments.py``, beside ``--ds-sequence-parallel-size``, DeepSpeed's Ulysses,
+which "cannot be combined" with it),
 ``--eval-iters``, ``--eval-interval`` (``_add_validation_args``), ``--save``
 (``_add_checkpointing_args``), ``--zero-stage`` (``_add_zero_args``),
 ``--deepspeed-activation-checkpointing`` (``_add_activation_checkpoint_args``), ``--bf16``
 (``_add_mixed_precision_args``); ``--deepspeed`` and ``--deepspeed_config`` come from
 DeepSpeed's ``add_config_arguments`` (deepspeedai/DeepSpeed ``deepspeed/__init__.py``,
 commit 85a6a5db928f80352833adf449ab03b3565b0d57, ``_add_core_arguments``). argonne-lcf's
-fork keeps these names.
+fork keeps these names (at ffa3456d68b630192fcaefcc3288bd18525b8d95: ``--recompute-
+granularity``, ``--recompute-method``, ``--recompute-num-layers`` at lines 1268-1298 and
+``--sequence-parallel`` at 1577 of its ``megatron/arguments.py``; its ``GPTModelPipe`` maps
+``full`` + ``uniform`` to the checkpoint interval the same way, ``gpt_model.py`` line 522).
 
 Why each owned flag:
 
 * ``--no-pipeline-parallel`` at pp = 1: without it Megatron-DeepSpeed builds ``GPTModelPipe``
   and DeepSpeed's PipelineEngine even for one stage (``args.ds_pipeline_enabled = not
   args.no_pipeline_parallel``), which refuses ZeRO-2/3 and is not what pp = 1 means here.
-* recompute ``full``: ``--checkpoint-activations`` is what the PipelineEngine path honours
-  (``GPTModelPipe``'s ``activation_checkpoint_interval``), ``--deepspeed-activation-
-  checkpointing`` routes the non-pipeline path through DeepSpeed's checkpointing; the user's
-  own ``--recompute-*`` flags would contradict the layout.
+* recompute ``full``: Megatron's own ``--recompute-granularity full --recompute-method
+  uniform --recompute-num-layers 1`` (every layer checkpointed, one per unit). Both model
+  paths honour it (deepspeedai/Megatron-DeepSpeed@4efb479d5317ce9b86096b9d8e3e8030b0b5263b):
+  ``GPTModelPipe`` turns it into ``activation_checkpoint_interval = recompute_num_layers``
+  (``megatron/model/gpt_model.py``: "deepspeed's pipeline doesn't support the block recompute
+  method", hence ``uniform``), ``ParallelTransformer.forward`` calls ``_checkpointed_forward``
+  for ``recompute_granularity == 'full'`` (``megatron/model/transformer.py``), which with
+  ``uniform`` checkpoints ``recompute_num_layers`` layers at a time through Megatron's
+  ``tensor_parallel.checkpoint``. Not DeepSpeed's ``--checkpoint-activations
+  --deepspeed-activation-checkpointing``: that path crashed on CPU
+  (``get_accelerator().Stream`` is None; issue 21 item 5).
+* recompute ``selective``: ``--recompute-granularity selective``, no ``--recompute-method``
+  (``validate_args`` asserts "recompute method is not yet supported for selective
+  recomputing granularity"). ``ParallelAttention`` then checkpoints its ``core_attention``
+  (``checkpoint_core_attention``), but only on the non-flash path: with ``--use-flash-attn``
+  the flag has no effect in that fork (``megatron/model/transformer.py``, where
+  ``checkpoint_core_attention`` is set in the non-flash branch only).
+* ``sequence_parallel``: ``--sequence-parallel``; Megatron drops it itself at tp = 1
+  (``validate_args``), which the layout never asks for. On CUDA Megatron refuses to start
+  without ``CUDA_DEVICE_MAX_CONNECTIONS=1`` in the environment (``validate_args``), which
+  :data:`SP_ENV` holds for the launch line. With pp > 1 the trial's DeepSpeed config turns
+  DeepSpeed's partitioned pipeline sends off (:func:`autotune.dsconfig.pipeline_partitioning`).
+* A user's own ``--checkpoint-activations``, ``--recompute-*``, ``--sequence-parallel``
+  (or DeepSpeed's ``--ds-sequence-parallel-size``) would contradict the layout: refused.
 * ``--train-iters``, ``--log-interval 1``, ``--eval-iters 0``: a short run that logs every
   iteration and never evaluates; no ``--save`` (a trial writes no checkpoint).
 
@@ -34,8 +61,11 @@ Why each owned flag:
 ...             dtype="bf16")  # doctest: +NORMALIZE_WHITESPACE
 ['--tensor-model-parallel-size', '2', '--pipeline-model-parallel-size', '1',
  '--micro-batch-size', '1', '--global-batch-size', '8', '--zero-stage', '0',
- '--no-pipeline-parallel', '--checkpoint-activations',
- '--deepspeed-activation-checkpointing', '--bf16']
+ '--no-pipeline-parallel', '--recompute-granularity', 'full', '--recompute-method',
+ 'uniform', '--recompute-num-layers', '1', '--bf16']
+>>> layout_args(Layout(tp=2, pp=2, dp=1, micro_batch=1, grad_accum=4, recompute="selective",
+...                    sequence_parallel=True), dtype="fp32")[-3:]
+['--recompute-granularity', 'selective', '--sequence-parallel']
 >>> conflicting_flag(["--data-path", "x", "--micro-batch-size=4"])
 (2, '--micro-batch-size', '--micro-batch-size')
 """
@@ -47,8 +77,14 @@ from collections.abc import Sequence
 from autotune.config.model import ModelConfig
 from autotune.layout import Layout
 
-__all__ = ["layout_args", "trial_args", "model_args", "conflicting_flag", "model_mismatch",
-           "flash_attention_flag", "OWNED_FLAGS", "MODEL_FLAGS", "FLASH_FLAGS"]
+__all__ = ["layout_args", "recompute_args", "trial_args", "model_args", "conflicting_flag",
+           "model_mismatch", "flash_attention_flag", "OWNED_FLAGS", "MODEL_FLAGS", "FLASH_FLAGS",
+           "SP_ENV"]
+
+SP_ENV: dict[str, str] = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+"""The environment Megatron-DeepSpeed requires on CUDA with ``--sequence-parallel``
+(``validate_args`` raises "Using sequence parallelism requires setting the environment
+variable CUDA_DEVICE_MAX_CONNECTIONS to 1")."""
 
 OWNED_FLAGS: dict[str, str] = {
     # user flag -> the flag autotune sets that it would contradict
@@ -59,13 +95,17 @@ OWNED_FLAGS: dict[str, str] = {
     "--rampup-batch-size": "--global-batch-size",
     "--zero-stage": "--zero-stage",
     "--no-pipeline-parallel": "--no-pipeline-parallel",
-    "--checkpoint-activations": "--checkpoint-activations",
-    "--deepspeed-activation-checkpointing": "--deepspeed-activation-checkpointing",
-    "--recompute-activations": "--checkpoint-activations",
-    "--recompute-granularity": "--checkpoint-activations",
-    "--recompute-method": "--checkpoint-activations",
-    "--recompute-num-layers": "--checkpoint-activations",
-    "--checkpoint-num-layers": "--checkpoint-activations",
+    # Recompute is the layout's (--recompute-granularity), whatever spelling a user has.
+    "--recompute-granularity": "--recompute-granularity",
+    "--recompute-method": "--recompute-method",
+    "--recompute-num-layers": "--recompute-num-layers",
+    "--recompute-activations": "--recompute-granularity",
+    "--checkpoint-activations": "--recompute-granularity",
+    "--deepspeed-activation-checkpointing": "--recompute-granularity",
+    "--checkpoint-num-layers": "--recompute-num-layers",
+    "--distribute-saved-activations": "--recompute-granularity",
+    "--sequence-parallel": "--sequence-parallel",
+    "--ds-sequence-parallel-size": "--sequence-parallel",
     "--bf16": "--bf16",
     "--fp16": "--bf16",
     "--train-iters": "--train-iters",
@@ -102,8 +142,9 @@ def layout_args(layout: Layout, *, dtype: str) -> list[str]:
             "--zero-stage", str(layout.zero_stage)]
     if layout.pp == 1:
         args.append("--no-pipeline-parallel")
-    if layout.recompute == "full":
-        args += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
+    args += recompute_args(layout)
+    if layout.sequence_parallel:
+        args.append("--sequence-parallel")
     if dtype == "bf16":
         args.append("--bf16")
     return args
@@ -133,6 +174,18 @@ def flash_attention_flag(device: str | None) -> str | None:
 FLASH_FLAGS = ("--use-flash-attn", "--use-flash-attn-v1", "--use-flash-attn-v2",
                "--use-flash-attn-triton", "--use-flash-attn-builder")
 """Every fused-attention flag of the forks: a user's own choice is kept."""
+
+
+def recompute_args(layout: Layout) -> list[str]:
+    """Megatron's own recompute flags for the layout's ``recompute`` (module docstring):
+    ``full`` every layer (``uniform``, 1 layer per unit), ``selective`` the attention core,
+    nothing for ``none``."""
+    if layout.recompute == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"]
+    if layout.recompute == "selective":
+        return ["--recompute-granularity", "selective"]
+    return []
 
 
 def model_args(model: ModelConfig, *, given: Sequence[str] = (),

@@ -300,7 +300,7 @@ def measure(rb: Readback, *, model: Any, layout: Layout, dtype: str, device: str
     q1, median_s, q3 = (float(x) for x in np.percentile(times, [25, 50, 75]))
     world = layout.world_size
     flops = model_flops_per_step(model, layout.global_batch)
-    hw = hardware_flops_per_step(model, layout.global_batch, recompute=layout.recompute == "full")
+    hw = hardware_flops_per_step(model, layout.global_batch, recompute=layout.recompute)
     model_tflops = flops / (median_s * world) / 1e12
     peaks = [r.peak_memory_bytes for r in rb.records if r.peak_memory_bytes is not None]
     peak_mem = max(peaks) if peaks else rb.log_peak_memory_bytes

@@ -28,17 +28,22 @@ from tests.megatron.indexed_data import write_indexed_dataset
 pytestmark = [pytest.mark.megatron, pytest.mark.slow]
 
 LAYOUTS: list[dict[str, Any]] = [
-    # One study each; extend with recompute (Megatron's own --recompute-granularity) and
-    # sequence-parallel rows where the layout space has them.
-    {"id": "tp2", "tp": 2, "pp": 1, "micro_batch": 1, "zero_stage": 0, "recompute": "none"},
+    # One study each. Together they cover tp = 2, pp = 2, dp = 2, Megatron's own recompute
+    # (--recompute-granularity full and selective) and --sequence-parallel.
+    {"id": "tp2-sp-full", "tp": 2, "pp": 1, "micro_batch": 1, "zero_stage": 0,
+     "recompute": "full", "sequence_parallel": True},
     {"id": "pp2", "tp": 1, "pp": 2, "micro_batch": 1, "zero_stage": 0, "recompute": "none"},
-    {"id": "dp2", "tp": 1, "pp": 1, "micro_batch": 2, "zero_stage": 0, "recompute": "none"},
-    {"id": "dp2-ga2", "tp": 1, "pp": 1, "micro_batch": 1, "zero_stage": 0,
-     "recompute": "none"},
+    {"id": "dp2-selective", "tp": 1, "pp": 1, "micro_batch": 2, "zero_stage": 0,
+     "recompute": "selective"},
+    {"id": "tp2-sp-selective", "tp": 2, "pp": 1, "micro_batch": 1, "zero_stage": 0,
+     "recompute": "selective", "sequence_parallel": True},
 ]
 """Four rows (with the OOM's and the misspelled flag's trials, 7 real trials): each costs
-30-45 s on an idle 2-core machine, 90-135 s on a loaded one; tp2-mb2 and pp2-mb2 rows ran
-and passed too (2026-12-01) and were left out for CI's time."""
+30-45 s on an idle 2-core machine, 90-135 s on a loaded one; plain tp2, dp2-ga2, tp2-mb2 and
+pp2-mb2 rows ran and passed too (2026-12-01) and were left out for CI's time. Full
+recompute is measured at pp = 1: with a pipeline, Megatron hands it to DeepSpeed's
+activation checkpointing (``GPTModelPipe``'s ``activation_checkpoint_interval``), which
+fails on a CPU (``get_accelerator().Stream`` is None; docs/own-command.md)."""
 MODEL = {"n_layer": 2, "hidden": 64, "n_head": 4, "seq_len": 64, "vocab_size": 256,
          "ffn_hidden": 256, "name": "tiny-megatron"}
 # What Megatron needs on a CPU (shared/megatron-deepspeed/README.md): no fused kernels,
@@ -68,6 +73,7 @@ def megatron_study(path: Path, env: MegatronEnv, data: Path, *, name: str, layou
         workload["python"] = python
     axes = {"tp": [layout["tp"]], "pp": [layout["pp"]], "micro_batch": [layout["micro_batch"]],
             "zero_stage": [layout["zero_stage"]], "recompute": [layout["recompute"]],
+            "sequence_parallel": [layout.get("sequence_parallel", False)],
             "strategy": "cost-model-only", "n_trials": n_trials}
     return write_study(path, name=name, devices=2, n_trials=n_trials, db=path.parent / "m.db",
                        model=MODEL, training={"global_batch": global_batch, "dtype": "fp32"},
@@ -104,6 +110,13 @@ def test_a_real_pretrain_gpt_trial_is_measured_as_megatron_prints_it(
                             {"n": name}).scalar() == "megatron-deepspeed"
     launch = json.loads((folder / "command.json").read_text())  # what ran, recorded
     assert "--tensor-model-parallel-size" in launch["argv"]
+    # The layout's own axes reached Megatron as its own flags (and it ran with them).
+    assert ("--sequence-parallel" in launch["argv"]) == layout.get("sequence_parallel", False)
+    if layout["recompute"] != "none":
+        at = launch["argv"].index("--recompute-granularity")
+        assert launch["argv"][at + 1] == layout["recompute"]
+    else:
+        assert "--recompute-granularity" not in launch["argv"]
     assert launch["env"]["LOCAL_SIZE"] == "2" and launch["cwd"] == str(REPO)
     if layout is LAYOUTS[0]:  # once: the printed line reproduces the run, env included
         best = run_cli("best", str(path), "--emit", "command", "--out", str(tmp_path),

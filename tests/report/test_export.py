@@ -16,7 +16,9 @@ from tests.report import synthetic
 LAYOUTS = [Layout(tp=1, pp=1, dp=8, micro_batch=4, grad_accum=1),
            Layout(tp=2, pp=4, dp=2, micro_batch=1, grad_accum=16, zero_stage=1,
                   recompute="full"),
-           Layout(tp=4, pp=2, dp=1, micro_batch=2, grad_accum=8, zero_stage=0)]
+           Layout(tp=4, pp=2, dp=1, micro_batch=2, grad_accum=8, zero_stage=0),
+           Layout(tp=2, pp=2, dp=2, micro_batch=1, grad_accum=8, zero_stage=1,
+                  recompute="selective", sequence_parallel=True)]
 MODEL = {"n_layer": 24, "hidden": 2048, "n_head": 16, "seq_len": 2048, "ffn_hidden": None}
 
 
@@ -45,8 +47,12 @@ def assert_consistent(args: dict[str, str | bool], lay: Layout, dtype: str) -> N
     dp = lay.world_size // (tp * pp)
     assert dp == lay.dp and gb % (mb * dp) == 0 and gb // (mb * dp) == lay.grad_accum
     assert ("--no-pipeline-parallel" in args) == (lay.pp == 1)
-    assert ("--checkpoint-activations" in args) == (lay.recompute == "full")
-    assert ("--deepspeed-activation-checkpointing" in args) == (lay.recompute == "full")
+    # Megatron's own recompute flags, never DeepSpeed's (issue 21 item 5).
+    assert args.get("--recompute-granularity", "none") == lay.recompute
+    assert ("--recompute-method" in args) == (lay.recompute == "full")
+    assert "--checkpoint-activations" not in args
+    assert "--deepspeed-activation-checkpointing" not in args
+    assert ("--sequence-parallel" in args) == lay.sequence_parallel
     assert ("--bf16" in args) == (dtype == "bf16")
 
 

@@ -68,7 +68,7 @@ def test_megatron_deepspeed_trial_is_read_from_its_log_lines(
     assert best.returncode == 0, best.stderr
     line = shlex.split(best.stdout.splitlines()[-1])
     assert line[:2] == [sys.executable, str(PROGRAMS / "megatron_standin.py")]
-    for flag in ("--micro-batch-size", "--checkpoint-activations", "--no-pipeline-parallel",
+    for flag in ("--micro-batch-size", "--recompute-granularity", "--no-pipeline-parallel",
                  "--deepspeed_config", "--standin-fork"):
         assert flag in line
     assert "--train-iters" not in line and "--save" not in line

@@ -241,7 +241,7 @@ def test_slurm_step_of_foreign_workloads(tmp_path: Path) -> None:
     assert program[1] == str(script) and program[2:6] == ["--data-path", "d",
                                                           "--tensorboard-dir",
                                                           f"{paths.root}/tb"]
-    for flag in ("--tensor-model-parallel-size", "--checkpoint-activations", "--train-iters",
+    for flag in ("--tensor-model-parallel-size", "--recompute-granularity", "--train-iters",
                  "--deepspeed_config", "--num-layers"):
         assert flag in program
     assert "--no-pipeline-parallel" not in program and "--save" not in program

@@ -113,8 +113,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
                  "--max-position-embeddings"):
         p.add_argument(flag, type=int, required=flag not in ("--ffn-hidden-size",))
     for flag in ("--no-pipeline-parallel", "--checkpoint-activations",
-                 "--deepspeed-activation-checkpointing", "--bf16", "--deepspeed", "--swiglu"):
+                 "--deepspeed-activation-checkpointing", "--bf16", "--deepspeed", "--swiglu",
+                 "--sequence-parallel"):
         p.add_argument(flag, action="store_true")
+    # Megatron-DeepSpeed's own recompute flags (megatron/arguments.py, as defined there).
+    p.add_argument("--recompute-granularity", choices=("full", "selective"), default=None)
+    p.add_argument("--recompute-method", choices=("uniform", "block"), default=None)
+    p.add_argument("--recompute-num-layers", type=int, default=1)
     p.add_argument("--deepspeed_config", required=True)
     p.add_argument("--data-path", required=True)
     p.add_argument("--standin-fork", choices=("deepspeedai", "argonne", "argonne-old", "pipe"),
