@@ -19,6 +19,8 @@ disjoint node groups of the allocation, as any study's do.
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -57,6 +59,47 @@ def run_scaling(spec: StudySpec, request: ScalingRequest, *, n_trials: int | Non
                 storage_url: str | None, log: Callable[[str], None],
                 quiet: bool = False) -> ScalingRun:
     """Tune every size of ``request`` in order (module docstring)."""
+    specs = [size_spec(spec, request, size) for size in request.sizes]  # all checked first
+    outcome = ScalingRun()
+    with _SigtermBetweenSizes() as between:
+        for size, at in zip(request.sizes, specs, strict=True):
+            if between.received:  # arrived while no size's study ran: stop before this one
+                outcome.stopped_by, outcome.stopped_at = "sigterm", size
+                return outcome
+            if not _run_size(spec, request, size, at, outcome, n_trials=n_trials,
+                             storage_url=storage_url, log=log, quiet=quiet):
+                return outcome
+    return outcome
+
+
+class _SigtermBetweenSizes:
+    """A SIGTERM that arrives between two sizes' studies (after one study's own handler,
+    :class:`autotune.runner.lifecycle.StopSignals`, was removed and before the next one's
+    is installed) stops the scaling run before its next size, as one inside a study does;
+    without this the default action killed the process there (exit -15, not the 0 that
+    lets a campaign resume). Main thread only, as Python delivers signals there."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._old: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = True
+
+    def __enter__(self) -> _SigtermBetweenSizes:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+def _run_size(spec: StudySpec, request: ScalingRequest, size: int, at: StudySpec,
+              outcome: ScalingRun, *, n_trials: int | None, storage_url: str | None,
+              log: Callable[[str], None], quiet: bool) -> bool:
+    """One size's study; False when the scaling run stops at it (``outcome`` says why)."""
     import optuna
 
     from autotune.launchers import make_launchers
@@ -65,40 +108,37 @@ def run_scaling(spec: StudySpec, request: ScalingRequest, *, n_trials: int | Non
     from autotune.runner.study import run_study
     from autotune.storage import open_storage
 
-    specs = [size_spec(spec, request, size) for size in request.sizes]  # all checked first
-    outcome = ScalingRun()
-    for size, at in zip(request.sizes, specs, strict=True):
-        if storage_url:
-            at = at.with_storage_url(storage_url)
-        if n_trials:
-            at = replace(at, search=replace(at.search, n_trials=n_trials))
-        launchers = make_launchers(at.launcher, at.model, at.cluster, at.training,
-                                   source=at.source, workload=at.workload)
-        storage = open_storage(at.storage, connections=len(launchers))
-        try:
-            log(f"{request.mode} scaling, {request.axis} {size}: study {at.name!r}, "
-                f"{at.world_size} devices, global batch {at.training.global_batch}, "
-                f"budget {at.search.n_trials} trials")
-            summary = run_study(at, storage, launchers, n_trials=at.search.n_trials,
-                                progress=Progress(total=at.search.n_trials,
-                                                  enabled=not quiet))
-            study = optuna.load_study(study_name=at.name, storage=storage.optuna)
-            records = dict(study.user_attrs.get(SCALING_ATTR) or {})
-            records[request.mode] = scaling_record(spec, request, size)
-            study.set_user_attr(SCALING_ATTR, records)
-            learned = learned_from_line(learned_from_of(study))
-            if learned:
-                log(f"{request.axis} {size}: calibration carried over across world sizes: "
-                    f"{learned}")
-            if summary.best is not None:
-                log(f"{request.axis} {size}: {best_line(summary.best)}")
-        finally:
-            storage.close()
-        if summary.stopped_by in ("sigterm", "interrupt"):
-            outcome.stopped_by, outcome.stopped_at = summary.stopped_by, size
-            return outcome
-        if summary.best is None:
-            outcome.stopped_by, outcome.stopped_at = "failed", size
-            return outcome
-        outcome.done.append(size)
-    return outcome
+    if storage_url:
+        at = at.with_storage_url(storage_url)
+    if n_trials:
+        at = replace(at, search=replace(at.search, n_trials=n_trials))
+    launchers = make_launchers(at.launcher, at.model, at.cluster, at.training,
+                               source=at.source, workload=at.workload)
+    storage = open_storage(at.storage, connections=len(launchers))
+    try:
+        log(f"{request.mode} scaling, {request.axis} {size}: study {at.name!r}, "
+            f"{at.world_size} devices, global batch {at.training.global_batch}, "
+            f"budget {at.search.n_trials} trials")
+        summary = run_study(at, storage, launchers, n_trials=at.search.n_trials,
+                            progress=Progress(total=at.search.n_trials,
+                                              enabled=not quiet))
+        study = optuna.load_study(study_name=at.name, storage=storage.optuna)
+        records = dict(study.user_attrs.get(SCALING_ATTR) or {})
+        records[request.mode] = scaling_record(spec, request, size)
+        study.set_user_attr(SCALING_ATTR, records)
+        learned = learned_from_line(learned_from_of(study))
+        if learned:
+            log(f"{request.axis} {size}: calibration carried over across world sizes: "
+                f"{learned}")
+        if summary.best is not None:
+            log(f"{request.axis} {size}: {best_line(summary.best)}")
+    finally:
+        storage.close()
+    if summary.stopped_by in ("sigterm", "interrupt"):
+        outcome.stopped_by, outcome.stopped_at = summary.stopped_by, size
+        return False
+    if summary.best is None:
+        outcome.stopped_by, outcome.stopped_at = "failed", size
+        return False
+    outcome.done.append(size)
+    return True
