@@ -41,7 +41,11 @@ def _worker(study: str) -> None:
 @pytest.mark.parametrize("seed", [0, 3, 7])
 def test_eight_workers_store_only_layouts_of_the_space(tmp_path: Path, seed: int) -> None:
     study = write_replay_study(tmp_path, name="space", url=f"sqlite:///{tmp_path / 's.db'}",
-                               n_trials=N_TRIALS, seed=seed, strategy="random")
+                               n_trials=N_TRIALS, seed=seed, strategy="random",
+                               # Nobody is killed here: a lease that outlives a loaded
+                               # machine's pauses (3 s did not, in CI) keeps every trial
+                               # its worker's.
+                               grace_s=60)
     spec = load_study(study)
     space = {lay.key() for lay in make_launchers(
         spec.launcher, spec.model, spec.cluster, spec.training, source=spec.source,
