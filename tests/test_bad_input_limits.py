@@ -247,7 +247,7 @@ def test_campaign_and_site_files_are_read_with_the_same_limits(tmp_path: Path) -
     ("postgresql+psycopg://tuner@127.0.0.1:abc/db", "port that is not a number"),
     ("postgresql+psycopg://tuner@127.0.0.1:70000/db", "port 70000"),
     ("postgresql+psycopg://tuner:hunt@er2xyz@127.0.0.1:5432/db", "unencoded '@'"),
-    ("postgresql+psycopg://tuner:hunt@er2xyz@127.0.0.1:abc/db", "port that is not a number"),
+    ("postgresql+psycopg://tuner:hunt@er2xyz@127.0.0.1:abc/db", "unencoded '@'"),
     ("oracle://tuner:hunt@er2xyz@host/db", "storage.url"),
 ])
 def test_bad_urls_exit_2_without_any_part_of_the_password(tmp_path: Path, seeded_db: Path,
