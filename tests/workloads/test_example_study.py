@@ -66,7 +66,11 @@ def test_example_study_runs_end_to_end(tmp_path: Path, deepspeed_cpu_ops: None) 
     out.mkdir()
     best = run_cli("best", str(path), "--emit", "command", "--out", str(out))
     assert best.returncode == 0, best.stderr
-    line = shlex.split(best.stdout.splitlines()[-1])
+    words = shlex.split(best.stdout.splitlines()[-1])
+    # The study's workload.env leads the line (it reproduces the run), then the argv.
+    env_words = [w for w in words[:len(study["workload"].get("env", {}))] if "=" in w]
+    assert env_words == [f"{k}={v}" for k, v in study["workload"].get("env", {}).items()]
+    line = words[len(env_words):]
     winner = max(complete, key=lambda t: t.value or 0)
     lay = winner.user_attrs["layout_dict"]
     assert line[:2] == ["python", "examples/deepspeed_gpt/train.py"]
