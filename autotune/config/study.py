@@ -235,8 +235,9 @@ class TrialConfig:
     """Measure each layout until its median step time is known to this relative precision
     (half-width of the distribution-free 95% interval of the median, from order statistics:
     at least 6 timed steps) or ``max_measure_steps`` is reached; the precision reached is
-    stored with the measurement. ``null``: exactly ``measure_steps`` steps. Built-in
-    trainer only (a user's program runs ``measure_steps``)."""
+    stored with the measurement. ``null``: exactly ``measure_steps`` steps. A user's
+    program (``workload.kind`` ``command`` or ``megatron-deepspeed``) is started with the
+    cap and stopped by autotune once its median is known (docs/own-command.md)."""
     max_measure_steps: int | None = None
     """The step cap with ``measure_precision`` (at least ``measure_steps``). ``null``: the
     larger of 12 and ``measure_steps``."""

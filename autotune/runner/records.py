@@ -348,10 +348,15 @@ def study_attrs(fingerprint: dict[str, Any], *, model: str, cluster: str,
 
 
 def workload_record(workload: dict[str, Any], *, train_iters: int,
-                    ranks_per_node: int) -> dict[str, Any]:
+                    ranks_per_node: int, launcher: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
     """The study's :attr:`StudyAttr.WORKLOAD`: its ``workload`` section, the steps a trial
-    ran (``{train_iters}``) and the ranks per node (``{ranks_per_node}``)."""
-    return {**workload, "train_iters": train_iters, "ranks_per_node": ranks_per_node}
+    ran (``{train_iters}``), the ranks per node (``{ranks_per_node}``) and the launcher
+    (``kind``, its ``env`` and SLURM options: ``best --emit command``'s launch line)."""
+    out = {**workload, "train_iters": train_iters, "ranks_per_node": ranks_per_node}
+    if launcher is not None:
+        out["launcher"] = launcher
+    return out
 
 
 def study_workload(study: _HasAttrs) -> dict[str, Any] | None:
