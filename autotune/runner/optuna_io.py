@@ -89,7 +89,9 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
     if create:
         from autotune.workloads.foreign import steps_of
 
-        steps = steps_of(spec.trial.warmup_steps, spec.trial.measure_steps,
+        # What a trial is started with: warm-up + the step cap (a foreign one may be
+        # stopped before, once measured: autotune.workloads.adaptive).
+        steps = steps_of(spec.trial.warmup_steps, spec.run_config().step_cap,
                          foreign=spec.workload.foreign)
         per_node = min(spec.world_size, spec.cluster.devices_per_node)
         from autotune.objective import selection_record

@@ -84,3 +84,16 @@ def test_a_command_that_launches_its_own_ranks_is_printed_as_it_is(
         assert words[:4] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1"]
         words = words[4:]
     assert words[:2] == ["python", "train.py"]
+
+
+def test_the_study_records_its_launcher_for_the_line(tmp_path: Path) -> None:
+    from autotune.config.launcher import LauncherConfig
+    from autotune.runner.optuna_io import launcher_record
+
+    record = launcher_record(LauncherConfig.from_dict({"kind": "slurm", "slurm": {
+        "gpus_per_node": "gpu:4", "env": {"A": "b"}, "extra_args": ["--account=x"]}}))
+    lines = _emit(tmp_path, LAY, launcher=record, per_node=4)
+    words = shlex.split(lines[-1])
+    assert words[:6] == ["A=b", "K=v w", "srun", "--nodes=2", "--ntasks=8",
+                         "--ntasks-per-node=4"]
+    assert "--gres=gpu:4" in words and "--account=x" in words
