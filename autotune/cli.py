@@ -144,12 +144,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_best(args: argparse.Namespace) -> int:
     from autotune.report.export import emit_best
-    from autotune.results import best_layout, load_existing_study
+    from autotune.results import best_layout, confirmation_line, load_existing_study
 
     storage, name = _open(args.storage, args.study)
     study = load_existing_study(storage, name)
     layout, trial = best_layout(study)
     print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out)))
+    line = confirmation_line(study)
+    if line:  # on stderr: the emitted JSON, config or command line stays as it was
+        print(f"confirmation: {line}", file=sys.stderr)
     return EXIT_OK
 
 
