@@ -194,8 +194,9 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         stored += new_runs
         done_rounds += want
         decision = _decide(stored, keys)
-        if decision is not None:
-            say(f"confirmation round: {decision_line(decision.to_record())}")
+        if decision is not None and not settled(decision, cap):
+            say(f"confirmation round: {decision_line(decision.to_record())}; "
+                f"{ROUNDS_PER_STEP} more rounds")
     if decision is None:
         note = "every round had a failed run"
         record = confirmation_record(None, cands, state="failed", launches=launches,
