@@ -159,6 +159,13 @@ def test_under_drift_the_confirmation_round_names_the_true_best(tmp_path: Path,
     assert (f"drifty: confirmation: best {best_key} 1.03x the runner-up {rival_key}, "
             "95% interval [1.03, 1.03], 6 paired rounds: distinguishable; "
             "confirmation cost: 12 launches") in status
+    from autotune.report.build import _best
+    from autotune.report.frames import trials_frame
+
+    # The report's "Best layouts": the verdict, and the winner's (mb 1) launch arguments.
+    section = " ".join(getattr(b, "text", "") for b in _best(study, trials_frame(study)).blocks)
+    assert f"best {best_key} 1.03x the runner-up {rival_key}" in section
+    assert "--micro-batch-size 1 " in section
     capsys.readouterr()
     assert main(["best", str(spec.source), "--emit", "json"]) == 0
     out = capsys.readouterr()
