@@ -13,7 +13,8 @@ launch, in the same interleaved order. After each step the paired verdict is tak
 an interval (6 at 95%), each later one 2 more, until the verdict is distinguishable, can
 no longer become so, or ``search.confirm_max_rounds`` is reached.
 
-Many workers sharing a study: the worker that finds every trial recorded (no live claim,
+With several node groups in one run, the first group's launcher measures it. Many workers
+sharing a study: the worker that finds every trial recorded (no live claim,
 no retry waiting) claims the round through :mod:`autotune.storage.confirmations` (the
 study's lock and a lease, as a layout's claim); the others end their run, saying who
 confirms. A runner killed inside it leaves its stored rounds and a lease that runs out; the
@@ -26,7 +27,6 @@ counts against the budget and none is left RUNNING.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +56,7 @@ from autotune.storage.confirmations import (
     ConfirmClaimed,
     ConfirmRefused,
     claim_confirmation,
+    decided_record,
     finish_confirmation,
     record_round,
     release_confirmation,
@@ -99,6 +100,11 @@ def candidates_of(study: optuna.Study, spec: StudySpec) -> list[ConfirmCandidate
                        assumed_precision=assumed if assumed is not None else DEFAULT_PRECISION)
 
 
+def _basis(cands: list[ConfirmCandidate]) -> str:
+    """The round's key: its candidates' trial numbers (a new rival makes a new round)."""
+    return ",".join(str(n) for n in sorted(c.trial_number for c in cands))
+
+
 def confirmation_record(decision: PairedDecision | None, cands: list[ConfirmCandidate], *,
                         state: str, launches: int, device_s: float, complete_trials: int,
                         note: str | None = None) -> dict[str, Any]:
@@ -108,7 +114,7 @@ def confirmation_record(decision: PairedDecision | None, cands: list[ConfirmCand
     base: dict[str, Any] = (decision.to_record() if decision is not None else
                             {"winner": cands[0].key, "runner_up": None, "ratio": None,
                              "interval": None, "rounds": 0, "distinguishable": None})
-    return {**base, "state": state, "note": note,
+    return {**base, "state": state, "note": note, "basis": _basis(cands),
             "winner_trial": numbers.get(base["winner"]),
             "runner_up_trial": numbers.get(base["runner_up"]) if base["runner_up"] else None,
             "candidates": [c.key for c in cands], "launches": launches,
@@ -140,13 +146,19 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
                                      note="no other layout's interval overlaps the best's")
         set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
         return ConfirmResult(record, "confirmation round: " + decision_line(record))
-    basis = ",".join(str(c.trial_number) for c in sorted(cands, key=lambda c: c.trial_number))
+    basis = _basis(cands)
     claimed = storage.retrying("claiming the confirmation round", lambda: claim_confirmation(
         storage, study_name=name, basis=basis, worker=worker))
     if claimed is ConfirmRefused.DONE:
-        found = record_of(study)
-        line = decision_line(found) if found is not None else "decided"
-        return ConfirmResult(found, f"confirmation round: {line}")
+        # Decided on these candidates already. Trials completed since (slower layouts, a
+        # larger budget) did not change them, so the verdict holds for them too.
+        found = decided_record(storage, name, basis)
+        if found is None:
+            return ConfirmResult(None, "confirmation round: decided (no record)")
+        found = {**found, "complete_trials": complete}
+        set_user_attrs(study, {StudyAttr.CONFIRMATION: found})
+        return ConfirmResult(found, f"confirmation round: {decision_line(found)}; "
+                             + cost_line(found))
     if not isinstance(claimed, ConfirmClaimed):
         return ConfirmResult(None, "confirmation round: another worker runs it")
     with heartbeat(storage, 0, renew=lambda: renew_confirmation(storage, claimed.id)):
@@ -264,11 +276,3 @@ def _measure(spec: StudySpec, launcher: Launcher, confirmation_id: int,
                      "elapsed_s": report.elapsed_s, "world_size": world,
                      "launcher": launcher.kind, "worker": worker, "run_dir": str(path.root)})
     return runs, launches, wall * world
-
-
-def record_of(study: optuna.Study) -> dict[str, Any] | None:
-    """The study's stored verdict, if any (for readers that hold no spec)."""
-    record = study.user_attrs.get(StudyAttr.CONFIRMATION)
-    if isinstance(record, str):
-        record = json.loads(record)
-    return record if isinstance(record, dict) else None

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ConfirmClaimed", "ConfirmRefused", "claim_confirmation", "renew_confirmation",
            "release_confirmation", "record_round", "finish_confirmation", "stored_runs",
-           "RUN_COLUMNS"]
+           "decided_record", "RUN_COLUMNS"]
 
 RUN_COLUMNS = ("round", "slot", "layout_key", "trial_number", "outcome", "reason",
                "model_tflops_per_device", "step_time_s", "measure_precision", "elapsed_s",
@@ -136,3 +136,13 @@ def stored_runs(storage: Storage, confirmation_id: int) -> list[dict[str, Any]]:
             ConfirmationRun.confirmation_id == confirmation_id)
             .order_by(ConfirmationRun.round, ConfirmationRun.slot)).all()
     return [dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows]
+
+
+def decided_record(storage: Storage, study_name: str, basis: str) -> dict[str, Any] | None:
+    """The verdict stored when the round of ``basis`` was decided (``None``: not yet)."""
+    with storage.session() as s:
+        text = s.scalar(select(Confirmation.decision_json).where(
+            Confirmation.study_name == study_name, Confirmation.basis == basis,
+            Confirmation.state == "done"))
+    found = json.loads(text) if text else None
+    return found if isinstance(found, dict) else None

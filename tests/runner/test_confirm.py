@@ -205,9 +205,14 @@ def test_a_killed_confirmation_round_is_resumed_from_its_stored_rounds(tmp_path:
     # Done: a further run neither measures nor claims it again.
     again = claim_confirmation(storage, study_name=spec.name, basis=basis, worker="x:1")
     assert again is ConfirmRefused.DONE
-    summary2, _ = _run(spec, storage)
+    # A trial completed since, that joins no candidates (here: as if), leaves the verdict
+    # standing: the next run refreshes it without measuring.
+    study.set_user_attr("confirmation", {**record, "complete_trials": 2})
+    assert "stale" in (format_statuses([study_status(study)]))
+    summary2, study = _run(spec, storage)
     assert summary2.confirmation is not None and summary2.confirmation["rounds"] == 6
     assert len(stored_runs(storage, claimed.id)) == 12
+    assert "stale" not in format_statuses([study_status(study)])
 
 
 def test_a_live_claim_leaves_the_round_to_its_worker(tmp_path: Path) -> None:
