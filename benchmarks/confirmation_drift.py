@@ -10,9 +10,10 @@ repetition draws one drift and runs the study twice on it, through ``run_study``
 replay launcher, each into a database of its own: ``single`` (``search.confirm: 0``, the
 single pass names the best) and ``confirmed`` (``search.confirm`` as given, default 3).
 
-Printed per arm: how often the named best is the true best (100 ms) and within 1.5% of
-it; for the confirmation round, its mean launches and how often it called the verdict
-distinguishable. Nothing is asserted.
+Printed per arm: how often the named best is the true best (100 ms) and within 2% of it
+(the true best or the 101.5 ms runner-up), the mean regret (the named best's true step
+time over the true best's, minus 1); for the confirmation round, its mean launches and how
+often it called the verdict distinguishable. Nothing is asserted.
 
     python benchmarks/confirmation_drift.py                 # 20 repetitions, about 2 min
     python benchmarks/confirmation_drift.py --reps 5 --walk 0.03 --jitter 0.01 --json out.json
@@ -118,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     for arm, rows in results.items():
         n = len(rows)
         summary = {"true_best": sum(r["best_ms"] == TRUE_BEST_MS for r in rows) / n,
-                   "within_1.5pct": sum(r["best_ms"] <= TRUE_BEST_MS * 1.015
-                                        for r in rows) / n,
+                   "within_2pct": sum(r["best_ms"] <= TRUE_BEST_MS * 1.02 for r in rows) / n,
+                   "mean_regret": sum(r["best_ms"] / TRUE_BEST_MS - 1.0 for r in rows) / n,
                    "mean_confirm_launches": sum(r["launches"] for r in rows) / n,
                    "distinguishable": sum(bool(r["distinguishable"]) for r in rows) / n}
         out["arms"][arm] = summary
-        print(f"{arm:10s} true best {summary['true_best']:.0%}, within 1.5% "
-              f"{summary['within_1.5pct']:.0%}, confirmation launches "
+        print(f"{arm:10s} true best {summary['true_best']:.0%}, within 2% "
+              f"{summary['within_2pct']:.0%}, mean regret {summary['mean_regret']:.2%}, "
+              "confirmation launches "
               f"{summary['mean_confirm_launches']:.1f} per study "
               f"(search: {len(ROWS)}), distinguishable {summary['distinguishable']:.0%}")
     if args.json:
