@@ -126,6 +126,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"no studies in {storage.masked_url}")
         return EXIT_OK
     from autotune.storage.claims import claim_counts, repair_stale
+    from autotune.storage.confirmations import unfinished_line
 
     statuses = []
     for n in names:
@@ -133,6 +134,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         repair_stale(storage, n)  # a dead runner's trial shows as killed, not running
         st = study_status(study)
         st.retries = claim_counts(storage, n).retries
+        if st.confirmation is None or "stale" in st.confirmation:
+            st.confirmation = unfinished_line(storage, n) or st.confirmation
         statuses.append(st)
     print(format_statuses(statuses))
     from autotune.scaling.command import status_lines

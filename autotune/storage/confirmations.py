@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ConfirmClaimed", "ConfirmRefused", "claim_confirmation", "renew_confirmation",
            "release_confirmation", "record_round", "finish_confirmation", "stored_runs",
-           "decided_record", "RUN_COLUMNS"]
+           "decided_record", "unfinished_line", "RUN_COLUMNS"]
 
 RUN_COLUMNS = ("round", "slot", "layout_key", "trial_number", "outcome", "reason",
                "model_tflops_per_device", "step_time_s", "measure_precision", "elapsed_s",
@@ -146,3 +146,20 @@ def decided_record(storage: Storage, study_name: str, basis: str) -> dict[str, A
             Confirmation.state == "done"))
     found = json.loads(text) if text else None
     return found if isinstance(found, dict) else None
+
+
+def unfinished_line(storage: Storage, study_name: str) -> str | None:
+    """A round begun and not decided, in words (for ``autotune status``), else ``None``."""
+    now = _utcnow()
+    with storage.session() as s:
+        row = s.execute(select(Confirmation.id, Confirmation.worker, Confirmation.lease_until)
+                        .where(Confirmation.study_name == study_name,
+                               Confirmation.state == "running")
+                        .order_by(Confirmation.id.desc())).first()
+        if row is None:
+            return None
+        rounds = len({r for (r,) in s.execute(select(ConfirmationRun.round).where(
+            ConfirmationRun.confirmation_id == row.id))})
+    live = row.lease_until is not None and row.lease_until >= now and not _dead_here(row.worker)
+    return (f"running in {row.worker}, {rounds} round(s) stored" if live else
+            f"unfinished, {rounds} round(s) stored; the next `autotune run` goes on")

@@ -31,7 +31,9 @@ from autotune.storage.confirmations import (
     ConfirmRefused,
     claim_confirmation,
     record_round,
+    release_confirmation,
     stored_runs,
+    unfinished_line,
 )
 from autotune.storage.db import Storage, open_storage
 from tests.helpers import write_study
@@ -228,6 +230,10 @@ def test_a_live_claim_leaves_the_round_to_its_worker(tmp_path: Path) -> None:
     summary, _ = _run(spec, storage)
     assert summary.confirmation is None
     assert stored_runs(storage, other.id) == []
+    assert unfinished_line(storage, spec.name) == ("running in another-host:1, 0 round(s) "
+                                                   "stored")
+    release_confirmation(storage, other.id)
+    assert unfinished_line(storage, spec.name).startswith("unfinished, 0 round(s) stored")
 
 
 def test_search_confirm_is_validated(tmp_path: Path) -> None:
