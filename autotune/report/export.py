@@ -159,9 +159,12 @@ def best_json(study: optuna.Study, layout: Layout, trial: FrozenTrial) -> dict[s
     keys = (TrialAttr.MODEL_TFLOPS, TrialAttr.HARDWARE_TFLOPS, TrialAttr.MFU,
             TrialAttr.STEP_TIME_S, TrialAttr.TOKENS_PER_S, TrialAttr.PEAK_MEMORY_GIB,
             TrialAttr.DEVICE_NAME)
+    from autotune.results import confirmation_of
+
     return {"study": study.study_name, "trial": trial.number, "layout": layout.to_dict(),
             "world_size": layout.world_size, "global_batch": layout.global_batch,
-            **{k: trial.user_attrs[k] for k in keys if k in trial.user_attrs}}
+            **{k: trial.user_attrs[k] for k in keys if k in trial.user_attrs},
+            "confirmation": confirmation_of(study)}
 
 
 def emit_best(study: optuna.Study, layout: Layout, trial: FrozenTrial, *, fmt: str,

@@ -128,6 +128,10 @@ class StudyAttr:
     """A scaling study's size: ``{mode: record}`` (:func:`autotune.scaling.run.scaling_record`)."""
     SELECTION = "selection"
     """``search.objective`` as last run (:func:`autotune.objective.selection_record`)."""
+    CONFIRMATION = "confirmation"
+    """The confirmation round's verdict and cost (a dict from
+    :func:`autotune.runner.confirm.confirmation_record`): the best it names, the runner-up,
+    the paired interval, rounds, launches, device-seconds."""
     WORKLOAD = "workload"
     """The study's ``workload`` section as last run (:func:`workload_record`): what
     ``autotune best --emit command`` renders the winning launch line from."""
