@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.config._fields import check_choice, check_int, check_keys, check_text
+from autotune.config._fields import (
+    check_choice,
+    check_float,
+    check_int,
+    check_keys,
+    check_text,
+)
 from autotune.errors import SpecError
 
 __all__ = ["LauncherConfig", "LocalOptions", "SlurmOptions", "ReplayOptions", "LAUNCHER_KINDS"]
@@ -90,16 +96,34 @@ class ReplayOptions:
     group: int | None = None
     """Which landscape group of the file (index as listed by ``autotune landscapes``);
     None: the group matching the study's model, world size and global batch."""
+    study_check: bool = False
+    """Check the table's rows as a real study of this cluster would: the placement and
+    memory rules exclude rows (a row that ran may be excluded), and each kept row is
+    weighed by its probability of fitting, conditioned on the study's OOMs. ``false``:
+    only the structural rules (every row of the table is a candidate, each fits with
+    probability 1). ``benchmarks/search_efficiency.py`` replays with ``true`` (the
+    memory check on) unless told ``--no-study-check``."""
+    build_s: float = 60.0
+    """Seconds a replayed trial spends before its first step (process start, imports,
+    rendezvous, model build), which a table does not record: a failed build (an OOM)
+    costs this, a layout that ran this plus its steps (``timings_s`` of each replayed
+    result; device-seconds = seconds x devices). An assumption, not a measurement."""
 
     @classmethod
     def from_dict(cls, data: Any) -> ReplayOptions:
-        data = check_keys("launcher.replay", data, ("landscape", "group"))
+        data = check_keys("launcher.replay", data, ("landscape", "group", "study_check",
+                                                    "build_s"))
         if not data.get("landscape"):
             raise SpecError("launcher.replay.landscape", data.get("landscape"),
                             "required: path of a measured-landscape CSV")
         check_text("launcher.replay.landscape", data["landscape"])
         if data.get("group") is not None:
             check_int("launcher.replay.group", data["group"], minimum=0, maximum=1_000_000)
+        if "study_check" in data and not isinstance(data["study_check"], bool):
+            raise SpecError("launcher.replay.study_check", data["study_check"],
+                            "allowed: true or false")
+        if "build_s" in data:
+            check_float("launcher.replay.build_s", data["build_s"], maximum=86_400.0)
         return cls(**data)
 
 

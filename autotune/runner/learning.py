@@ -156,9 +156,13 @@ class StudyLearning:
         if self.table is None:
             return rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
                                    constraints, profile=spec.profile, ooms=ooms)
+        # A replayed table's rows, checked by ``constraints`` (structural only, or the
+        # study's full check: launcher.replay.study_check, whose memory rule then gives
+        # each row its probability of fitting, conditioned on the OOMs).
         return rank_layouts(spec.model, spec.cluster,
                             [lay for lay in self.table if not constraints.check(lay, spec.model)],
-                            dtype=spec.training.dtype, profile=spec.profile)
+                            dtype=spec.training.dtype, profile=spec.profile,
+                            constraints=constraints, ooms=ooms)
 
     def candidates(self, ooms: Sequence[Layout] = ()) -> list[Candidate]:
         """The feasible layouts under the current calibration, ``p_fit`` conditioned on

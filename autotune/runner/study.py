@@ -168,10 +168,12 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
                                            profile=spec.profile)
     table = launchers[0].fixed_layouts()
-    if table is not None:
+    replay = spec.launcher.replay
+    if table is not None and not (replay is not None and replay.study_check):
         # A replayed table is the space: its rows say what ran and what ran out of memory,
         # so only the structural rules apply (the study's axes, placement and memory
-        # model would hide rows that were measured).
+        # model would hide rows that were measured), unless the study asks to be checked
+        # as a real study of its cluster (launcher.replay.study_check: the benchmarks').
         constraints = constraints.structural_only()
     key = key_of(spec, workload_of(launchers[0].kind, spec.workload.kind))
     learn = spec.search.learn_from_database
