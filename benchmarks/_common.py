@@ -32,14 +32,16 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.feasibility import Constraints, Reason
+from autotune.hardware import get_device
 from autotune.landscape import (
     SHIPPED_LANDSCAPES,
     LandscapeGroup,
@@ -64,7 +66,7 @@ __all__ = ["CV_SCHEMES", "StudyCheck", "add_landscape_arguments", "add_profile_c
            "landscape_paths", "load_groups", "parse_profile_cv", "print_study_check",
            "replay", "spearman", "study_check", "study_constraints", "study_p_fit",
            "study_strategy", "perturbed", "with_error", "StudyTrial", "replay_spec",
-           "study_run", "replay_device_seconds"]
+           "study_run", "replay_device_seconds", "wrong_links"]
 
 # ------------------------------------------------------------------------------ landscapes
 
@@ -274,7 +276,8 @@ class StudyTrial:
 
 def replay_spec(group: LandscapeGroup, strategy: str, *, seed: int, n_trials: int,
                 workdir: str, study_check: bool = True,
-                memory_margin: float | None = None, name: str = "replay") -> Any:
+                memory_margin: float | None = None, name: str = "replay",
+                build_s: float | None = None) -> Any:
     """The study file a user would write to replay ``group`` with ``autotune run``: the
     group's model, cluster and global batch, ``search.strategy``/``seed``/``n_trials``,
     every other setting at the shipped default, a SQLite database and run folder under
@@ -290,13 +293,15 @@ def replay_spec(group: LandscapeGroup, strategy: str, *, seed: int, n_trials: in
         search=SearchConfig(strategy=strategy, seed=seed, n_trials=n_trials), trial=trial,
         storage=StorageConfig(url=f"sqlite:///{workdir}/study.db"),
         launcher=LauncherConfig(kind="replay", run_dir=f"{workdir}/runs",
-                                replay=ReplayOptions(landscape=group.name,
-                                                     study_check=study_check)))
+                                replay=ReplayOptions(
+                                    landscape=group.name, study_check=study_check,
+                                    build_s=ReplayOptions.build_s if build_s is None
+                                    else build_s)))
 
 
 def study_run(group: LandscapeGroup, strategy: str, *, seed: int, n_trials: int | None = None,
-              study_check: bool = True, memory_margin: float | None = None
-              ) -> list[StudyTrial]:
+              study_check: bool = True, memory_margin: float | None = None,
+              build_s: float | None = None) -> list[StudyTrial]:
     """``group`` replayed by the study runner itself (:func:`autotune.runner.study.
     run_study`, the replay launcher, the spec of :func:`replay_spec`, SQLite in a temporary
     folder, in this process): the trials it launched, in order, until ``n_trials`` (default:
@@ -311,7 +316,8 @@ def study_run(group: LandscapeGroup, strategy: str, *, seed: int, n_trials: int 
     n = n_trials or len(group.measurements)
     with tempfile.TemporaryDirectory(prefix="autotune-replay-") as workdir:
         spec = replay_spec(group, strategy, seed=seed, n_trials=n, workdir=workdir,
-                           study_check=study_check, memory_margin=memory_margin)
+                           study_check=study_check, memory_margin=memory_margin,
+                           build_s=build_s)
         launcher = ReplayLauncher(group, build_s=spec.launcher.replay.build_s)
         storage = Storage(spec.storage)
         try:
@@ -332,7 +338,8 @@ def study_run(group: LandscapeGroup, strategy: str, *, seed: int, n_trials: int 
     return out
 
 
-def replay_device_seconds(group: LandscapeGroup) -> Callable[[Layout], float]:
+def replay_device_seconds(group: LandscapeGroup, build_s: float | None = None
+                          ) -> Callable[[Layout], float]:
     """What a replayed trial of each layout of ``group`` costs in device-seconds, as
     :func:`study_run` counts it (the replay launcher's timing breakdown at the shipped
     defaults): for the replays that do not go through the runner."""
@@ -342,7 +349,9 @@ def replay_device_seconds(group: LandscapeGroup) -> Callable[[Layout], float]:
     spec = StudySpec(name="cost", model=group.model, cluster=group.cluster,
                      training=TrainingConfig(global_batch=group.global_batch,
                                              dtype=group.dtype))
-    launcher, run = ReplayLauncher(group), spec.run_config()
+    launcher = ReplayLauncher(group) if build_s is None else ReplayLauncher(group,
+                                                                             build_s=build_s)
+    run = spec.run_config()
     return lambda lay: (sum(launcher.result_for(lay, run).timings_s.values())
                         * lay.world_size)
 
@@ -357,6 +366,18 @@ def perturbed(predict: Predictor, layouts: list[Layout], sd: float, seed: str) -
     factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in Layout.SEARCH_AXES
               for v in sorted({getattr(lay, a) for lay in layouts}, key=str)}
     return lambda lay: predict(lay) * math.prod(factor[a, v] for a, v in lay.params().items())
+
+
+def wrong_links(cluster: ClusterConfig, factor: float) -> ClusterConfig:
+    """``cluster`` told that every link (within a card, within a node, between nodes) has
+    ``factor`` times its real bandwidth (the device's table figures): a cost model wrong
+    about the interconnect, as one is with a mis-set ``cluster.links`` (0.25: it thinks
+    NVLink four times slower, so it overrates pipelines and underrates tensor parallelism)."""
+    dev = get_device(cluster.device)
+    return replace(cluster, links=replace(
+        cluster.links, intra_card_gbps=dev.intra_card.gbps * factor,
+        intra_node_gbps=dev.intra_node.gbps * factor,
+        inter_node_gbps=dev.inter_node.gbps * factor))
 
 
 def with_error(predict: Predictor, group: LandscapeGroup, sd: float, draw: int) -> Predictor:

@@ -59,6 +59,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autotune.config.launcher import ReplayOptions
 from autotune.landscape import LandscapeGroup
 from autotune.models.profile import LayerProfile
 from autotune.search import (
@@ -149,12 +150,13 @@ def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float,
 
 def hit_in_process(strategy: Strategy, group: LandscapeGroup, tolerance: float,
                    max_trials: int | None = None, *, check: StudyCheck | None = None,
-                   history: list[Observation] | None = None) -> Hit:
+                   history: list[Observation] | None = None,
+                   build_s: float | None = None) -> Hit:
     """:func:`trials_to_hit` with the device-seconds (:func:`~benchmarks._common.
     replay_device_seconds`), for the replays that do not go through the runner."""
     if check is not None and check.best_excluded:
         return None, None
-    cost = replay_device_seconds(group)
+    cost = replay_device_seconds(group, build_s)
     return first_hit(((o.value, cost(o.layout))
                       for o in replay(strategy, group, check, history=history)),
                      threshold_of(group, tolerance), max_trials)
@@ -162,14 +164,16 @@ def hit_in_process(strategy: Strategy, group: LandscapeGroup, tolerance: float,
 
 def hit_through_runner(group: LandscapeGroup, strategy: str, tolerance: float, *, seed: int,
                        max_trials: int | None, check: StudyCheck | None,
-                       memory_margin: float | None = None) -> Hit:
+                       memory_margin: float | None = None,
+                       build_s: float | None = None) -> Hit:
     """The study runner's own trials (:func:`~benchmarks._common.study_run`: what
     ``autotune run`` does with the group's replay study file, the memory check on when
     ``check`` is given), scored as :func:`first_hit`."""
     if check is not None and check.best_excluded:
         return None, None
     trials = study_run(group, strategy, seed=seed, n_trials=max_trials,
-                       study_check=check is not None, memory_margin=memory_margin)
+                       study_check=check is not None, memory_margin=memory_margin,
+                       build_s=build_s)
     return first_hit(((t.value, t.device_seconds) for t in trials),
                      threshold_of(group, tolerance), max_trials)
 
@@ -220,6 +224,8 @@ class Task:
 
     memory_margin: float | None = None
     """``trial.memory_margin`` of the replayed study (``None``: the default)."""
+    build_s: float | None = None
+    """``launcher.replay.build_s`` of the replayed study (``None``: the default)."""
 
     @property
     def through_runner(self) -> bool:
@@ -235,7 +241,7 @@ def run_task(task: Task) -> list[Hit]:
     if task.through_runner:
         return [hit_through_runner(g, task.strategy, task.tolerance, seed=seed,
                                    max_trials=task.max_trials, check=task.check,
-                                   memory_margin=task.memory_margin)
+                                   memory_margin=task.memory_margin, build_s=task.build_s)
                 for seed in task.seeds]
     predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype, profile=task.profile)
     out = []
@@ -244,7 +250,7 @@ def run_task(task: Task) -> list[Hit]:
         strategy, history = study_strategy(task.strategy, g, task.check, seed=seed,
                                            predict=pred)
         out.append(hit_in_process(strategy, g, task.tolerance, task.max_trials,
-                                  check=task.check, history=history))
+                                  check=task.check, history=history, build_s=task.build_s))
     return out
 
 
@@ -343,6 +349,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--group", action="append", default=[], metavar="NAME",
                     help="score only this group (repeatable; default: every group large "
                     "enough)")
+    ap.add_argument("--build-s", type=float, default=None, metavar="S",
+                    help="seconds a replayed trial spends before its first step, all an "
+                    "OOM costs (launcher.replay.build_s; default "
+                    f"{ReplayOptions.build_s:g})")
     ap.add_argument("--no-study-check", dest="study_check", action="store_false",
                     help="replay every row of a group as a candidate that fits (what "
                     "`autotune run` does with launcher.replay.study_check false); default: "
@@ -402,7 +412,7 @@ def make_tasks(args: argparse.Namespace, groups: list[LandscapeGroup],
     on = args.study_check  # without: what `autotune run` replays by default (every row)
     tasks = [Task(g, s, seeds_for(s, args), args.tolerance, args.cost_model_error,
                   None if s == "random" else args.max_trials, check=c if on else None,
-                  memory_margin=args.memory_margin)
+                  memory_margin=args.memory_margin, build_s=args.build_s)
              for g, c in zip(groups, checks, strict=True) for s in args.strategy_list]
     profiled_rows: dict[str, dict[str, str]] = {}
     for scheme in args.schemes:
@@ -411,7 +421,8 @@ def make_tasks(args: argparse.Namespace, groups: list[LandscapeGroup],
         profiles = held_out_profiles(groups, scheme, fit_on=every_group)
         tasks += [Task(g, s, seeds_for(s, args), args.tolerance, args.cost_model_error,
                        args.max_trials, profile=p, label=profiled_rows[scheme][s],
-                       check=c if on else None, memory_margin=args.memory_margin)
+                       check=c if on else None, memory_margin=args.memory_margin,
+                       build_s=args.build_s)
                   for g, p, c in zip(groups, profiles, checks, strict=True) for s in mine]
     return tasks, profiled_rows
 

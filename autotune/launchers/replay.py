@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from autotune.config.study import TrainingConfig
 
 __all__ = ["ReplayLauncher", "group_from_frame", "FRAME_COLUMNS", "DEFAULT_BUILD_S",
-           "replay_timings", "replayed_timed_steps"]
+           "replay_timings", "fewest_timed_steps"]
 
 DEFAULT_BUILD_S: float = ReplayOptions.build_s
 """``launcher.replay.build_s``'s default."""
@@ -150,11 +150,11 @@ class ReplayLauncher(Launcher):
         return {"launcher": self.kind, "landscape": self.group.name}
 
 
-def replayed_timed_steps(run: RunConfig) -> int:
-    """Timed steps a replayed trial takes: ``measure_steps``, or with a precision target
-    the fewest at which the median's interval exists (its steps are all equal, so the
-    precision is 0 as soon as it has one: :func:`autotune.measurement.median_interval`;
-    6 at 95%), at most ``max_measure_steps``."""
+def fewest_timed_steps(run: RunConfig) -> int:
+    """The fewest timed steps a trial takes: ``measure_steps``, or with a precision target
+    the fewest at which the median's interval exists (6 at 95%:
+    :func:`autotune.measurement.median_interval`), at most ``max_measure_steps``. A
+    replayed trial takes exactly these (its steps are all equal: precision 0 at once)."""
     steps = run.measure_steps
     if run.measure_precision is None:
         return steps
@@ -169,14 +169,14 @@ def replay_timings(run: RunConfig, step_time_s: float | None, *,
     """What a replayed trial would have spent, by phase (:data:`autotune.trial.PHASES`):
     ``build_s`` before its first step (process start, imports, rendezvous and model build,
     booked as ``build``: a table records none of them apart), then ``warmup_steps`` and
-    :func:`replayed_timed_steps` steps of the table's step time. A trial without a step
+    :func:`fewest_timed_steps` steps of the table's step time. A trial without a step
     time (an OOM, an error: it failed in its first step) costs ``build_s`` alone: the
     cheap failure the search weighs against a full trial (:mod:`autotune.search`)."""
     out = dict.fromkeys(PHASES, 0.0)
     out["build"] = float(build_s)
     if step_time_s is not None:
         out["warmup"] = run.warmup_steps * step_time_s
-        out["measure"] = replayed_timed_steps(run) * step_time_s
+        out["measure"] = fewest_timed_steps(run) * step_time_s
     return out
 
 
