@@ -188,23 +188,29 @@ def profiled_variants(ev: Evaluation, schemes: list[str], given: LayerProfile | 
 
 
 def online_variant(ev: Evaluation, after: list[int], *, error_sd: float = 0.0,
-                   draws: int = 1) -> dict[str, Any]:
+                   draws: int = 1, link_factor: float | None = None) -> dict[str, Any]:
     """The ``online`` row (``benchmarks/_online.py``) of the selected groups: its summary
     per count of trials, its definition and the per-group entries (empty without counts).
     ``error_sd`` > 0: the cost model made wrong (``common.with_error``), ``draws`` draws a
-    group, for this row alone (its analytic columns rank with the same wrong model)."""
+    group, for this row alone (its analytic columns rank with the same wrong model);
+    ``link_factor``: the cost model told every link has that times its bandwidth
+    (``common.wrong_links``), likewise for this row alone."""
     if not after:
         return {}
     draws = draws if error_sd > 0 else 1
     rows = []
     for draw in range(draws):
         for g, c in zip(ev.selected, ev.selected_checks, strict=True):
-            predict = common.with_error(cost_model_predictor(g.model, g.cluster, dtype=g.dtype),
+            told = g.cluster if link_factor is None else common.wrong_links(g.cluster,
+                                                                            link_factor)
+            predict = common.with_error(cost_model_predictor(g.model, told, dtype=g.dtype),
                                         g, error_sd, draw)
             row = online.online_group(g, c, after, predict)
             rows.append({**row, "draw": draw} if error_sd > 0 else row)
     out = {"definition": online.DEFINITION, "after": online.summarize_online(rows, after),
            "groups": rows}
+    if link_factor is not None:
+        out["link_factor"] = link_factor
     return {**out, "cost_model_error": error_sd, "error_draws": draws} if error_sd > 0 else out
 
 
@@ -282,11 +288,16 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str],
                    "this sd per axis value, as in search_efficiency.py (0: the real one)")
     p.add_argument("--error-draws", type=int, default=3, metavar="N",
                    help="draws of that error per group (default 3)")
+    p.add_argument("--link-factor", type=float, default=None, metavar="F",
+                   help="the online row's cost model is told every link has F times its "
+                   "real bandwidth (0.25: NVLink 4x slower than it is); default: the truth")
     p.add_argument("--json", metavar="OUT")
     args = p.parse_args(argv)
     args.landscape = common.landscape_paths(args)
     if args.error_draws < 1:
         p.error(f"--error-draws: got {args.error_draws}; allowed: at least 1")
+    if args.link_factor is not None and not 0 < args.link_factor <= 1000:
+        p.error(f"--link-factor: got {args.link_factor}; allowed: a factor > 0 and <= 1000")
     try:
         args.online_after = online.parse_after(args.online_after)
         return args, common.parse_profile_cv(args.profile_cv), (
@@ -306,7 +317,10 @@ def main(argv: list[str] | None = None) -> int:
             f"profiled, {'file' if name == 'file' else 'cv ' + name}": r
             for name, r in profiled.items()}})
     online_row = online_variant(ev, args.online_after, error_sd=args.cost_model_error,
-                                draws=args.error_draws)
+                                draws=args.error_draws, link_factor=args.link_factor)
+    if args.link_factor is not None:
+        print(f"\n(the online row's cost model is told every link has {args.link_factor:g} "
+              "times its bandwidth)")
     online.print_online(online_row.get("after", {}), args.cost_model_error)
     if args.json:
         doc = to_json(ev, analytic, profiled, args.profile if given is not None else None,

@@ -49,7 +49,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +59,7 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autotune.config.launcher import ReplayOptions
 from autotune.landscape import LandscapeGroup
 from autotune.models.profile import LayerProfile
 from autotune.search import (
@@ -78,7 +79,9 @@ from benchmarks._common import (
     parse_profile_cv,
     print_study_check,
     replay,
+    replay_device_seconds,
     study_check,
+    study_run,
     study_strategy,
     with_error,
 )
@@ -114,6 +117,26 @@ def random_success_probability(n: int, k: int, budget: int) -> float:
     return 1.0 - math.comb(n - k, budget) / math.comb(n, budget)
 
 
+Hit = tuple[int | None, float | None]
+"""Trials and device-seconds spent until a layout within the tolerance of the group's best
+was measured, the hit included; ``(None, None)``: a miss."""
+
+
+def first_hit(trials: Iterable[tuple[float | None, float]], threshold: float,
+              max_trials: int | None = None) -> Hit:
+    """``trials``: (value or ``None``, device-seconds) in launch order; the trials and
+    device-seconds until the first value at or above ``threshold`` (a miss if the trials
+    end, or ``max_trials`` pass, first)."""
+    spent = 0.0
+    for n, (value, seconds) in enumerate(trials, start=1):
+        spent += seconds
+        if value is not None and value >= threshold:
+            return n, spent
+        if max_trials is not None and n >= max_trials:
+            break
+    return None, None
+
+
 def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float,
                   max_trials: int | None = None, *, check: StudyCheck | None = None,
                   history: list[Observation] | None = None) -> int | None:
@@ -121,15 +144,38 @@ def trials_to_hit(strategy: Strategy, group: LandscapeGroup, tolerance: float,
     strategy stops first or ``max_trials`` pass without one (a censored run: a miss), or if
     ``check`` excludes the measured best (no study could propose it: a miss). ``history``:
     the list the replay records into (:func:`~benchmarks._common.study_strategy`'s)."""
+    return hit_in_process(strategy, group, tolerance, max_trials, check=check,
+                          history=history)[0]
+
+
+def hit_in_process(strategy: Strategy, group: LandscapeGroup, tolerance: float,
+                   max_trials: int | None = None, *, check: StudyCheck | None = None,
+                   history: list[Observation] | None = None,
+                   build_s: float | None = None) -> Hit:
+    """:func:`trials_to_hit` with the device-seconds (:func:`~benchmarks._common.
+    replay_device_seconds`), for the replays that do not go through the runner."""
     if check is not None and check.best_excluded:
-        return None
-    threshold = threshold_of(group, tolerance)
-    for n, obs in enumerate(replay(strategy, group, check, history=history), start=1):
-        if obs.value is not None and obs.value >= threshold:
-            return n
-        if max_trials is not None and n >= max_trials:
-            return None
-    return None
+        return None, None
+    cost = replay_device_seconds(group, build_s)
+    return first_hit(((o.value, cost(o.layout))
+                      for o in replay(strategy, group, check, history=history)),
+                     threshold_of(group, tolerance), max_trials)
+
+
+def hit_through_runner(group: LandscapeGroup, strategy: str, tolerance: float, *, seed: int,
+                       max_trials: int | None, check: StudyCheck | None,
+                       memory_margin: float | None = None,
+                       build_s: float | None = None) -> Hit:
+    """The study runner's own trials (:func:`~benchmarks._common.study_run`: what
+    ``autotune run`` does with the group's replay study file, the memory check on when
+    ``check`` is given), scored as :func:`first_hit`."""
+    if check is not None and check.best_excluded:
+        return None, None
+    trials = study_run(group, strategy, seed=seed, n_trials=max_trials,
+                       study_check=check is not None, memory_margin=memory_margin,
+                       build_s=build_s)
+    return first_hit(((t.value, t.device_seconds) for t in trials),
+                     threshold_of(group, tolerance), max_trials)
 
 
 def until_stop(strategy: Strategy, group: LandscapeGroup, budget: int, tolerance: float,
@@ -176,16 +222,35 @@ class Task:
         self.label = self.label or self.strategy
 
 
-def run_task(task: Task) -> list[int | None]:
+    memory_margin: float | None = None
+    """``trial.memory_margin`` of the replayed study (``None``: the default)."""
+    build_s: float | None = None
+    """``launcher.replay.build_s`` of the replayed study (``None``: the default)."""
+
+    @property
+    def through_runner(self) -> bool:
+        """Replayed by the study runner itself: the strategies whose single run stands for
+        all seeds, with the real cost model (a perturbed or profiled model is not a study
+        setting: those rows, and the seeded baselines, replay in process)."""
+        return (self.strategy in DETERMINISTIC and self.cost_model_error <= 0
+                and self.profile is None)
+
+
+def run_task(task: Task) -> list[Hit]:
     g = task.group
+    if task.through_runner:
+        return [hit_through_runner(g, task.strategy, task.tolerance, seed=seed,
+                                   max_trials=task.max_trials, check=task.check,
+                                   memory_margin=task.memory_margin, build_s=task.build_s)
+                for seed in task.seeds]
     predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype, profile=task.profile)
     out = []
     for seed in task.seeds:
         pred = with_error(predict, g, task.cost_model_error, seed)
         strategy, history = study_strategy(task.strategy, g, task.check, seed=seed,
                                            predict=pred)
-        out.append(trials_to_hit(strategy, g, task.tolerance, task.max_trials,
-                                 check=task.check, history=history))
+        out.append(hit_in_process(strategy, g, task.tolerance, task.max_trials,
+                                  check=task.check, history=history, build_s=task.build_s))
     return out
 
 
@@ -234,16 +299,19 @@ def summarize_early_stop(runs: list[Run]) -> dict[str, float | None]:
             "max_regret": max(regrets) if regrets else None}
 
 
-def summarize(trials: list[int | None], budget: int) -> dict[str, float | None]:
-    """Median and quartiles of trials-to-hit (a miss counts as infinitely many) and the
-    fraction of runs that hit within the budget."""
-    vals = sorted(math.inf if t is None else float(t) for t in trials)
-
+def summarize(hits: list[Hit], budget: int) -> dict[str, float | None]:
+    """Median and quartiles of trials-to-hit (a miss counts as infinitely many), the
+    fraction of runs that hit within the budget, and the median and largest device-seconds
+    to the hit (``None`` when a run missed)."""
+    vals = sorted(math.inf if t is None else float(t) for t, _ in hits)
+    secs = sorted(math.inf if d is None else float(d) for _, d in hits)
     finite = [v for v in vals if math.isfinite(v)]
     return {"median_trials": _fin(statistics.median(vals)),
             "q1_trials": _fin(_quantile(vals, 0.25)), "q3_trials": _fin(_quantile(vals, 0.75)),
             "mean_trials": statistics.fmean(finite) if len(finite) == len(vals) else None,
-            "success_rate": sum(1 for v in vals if v <= budget) / len(vals)}
+            "success_rate": sum(1 for v in vals if v <= budget) / len(vals),
+            "median_device_seconds": _fin(statistics.median(secs)),
+            "max_device_seconds": _fin(max(secs))}
 
 
 # ---------------------------------------------------------------------------------- main
@@ -278,6 +346,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="stop each replay after N trials without a hit and count it a miss "
                     "(bounds the run time of tpe/gp on large files; random is never cut; "
                     "default: no limit, every replay runs to its hit). Must be >= --budget")
+    ap.add_argument("--group", action="append", default=[], metavar="NAME",
+                    help="score only this group (repeatable; default: every group large "
+                    "enough)")
+    ap.add_argument("--build-s", type=float, default=None, metavar="S",
+                    help="seconds a replayed trial spends before its first step, all an "
+                    "OOM costs (launcher.replay.build_s; default "
+                    f"{ReplayOptions.build_s:g})")
+    ap.add_argument("--no-study-check", dest="study_check", action="store_false",
+                    help="replay every row of a group as a candidate that fits (what "
+                    "`autotune run` does with launcher.replay.study_check false); default: "
+                    "the study's feasibility check, memory rule and placement included")
     add_profile_cv_argument(ap)
     args = ap.parse_args(argv)
     args.landscape = landscape_paths(args)
@@ -304,7 +383,8 @@ def select_groups(args: argparse.Namespace) -> tuple[list[LandscapeGroup], list[
     groups: list[LandscapeGroup] = []
     every_group: list[LandscapeGroup] = []
     for path, loaded in load_groups(args):
-        usable = [g for g in loaded if len(g.measurements) >= args.min_layouts and g.ok()]
+        usable = [g for g in loaded if len(g.measurements) >= args.min_layouts and g.ok()
+                  and (not args.group or g.name in args.group)]
         print(f"{path}: {len(loaded)} groups, {len(usable)} with >= {args.min_layouts} "
               "layouts", file=sys.stderr)
         groups.extend(usable)
@@ -329,8 +409,10 @@ def make_tasks(args: argparse.Namespace, groups: list[LandscapeGroup],
     """One task per group and strategy (random search never censored: it is cheap, and its
     full runs are the harness check), plus the profiled rows of ``--profile-cv``: the
     tasks and, per scheme, strategy -> row label."""
+    on = args.study_check  # without: what `autotune run` replays by default (every row)
     tasks = [Task(g, s, seeds_for(s, args), args.tolerance, args.cost_model_error,
-                  None if s == "random" else args.max_trials, check=c)
+                  None if s == "random" else args.max_trials, check=c if on else None,
+                  memory_margin=args.memory_margin, build_s=args.build_s)
              for g, c in zip(groups, checks, strict=True) for s in args.strategy_list]
     profiled_rows: dict[str, dict[str, str]] = {}
     for scheme in args.schemes:
@@ -338,7 +420,9 @@ def make_tasks(args: argparse.Namespace, groups: list[LandscapeGroup],
         profiled_rows[scheme] = {s: f"{s}+{scheme}" for s in mine}
         profiles = held_out_profiles(groups, scheme, fit_on=every_group)
         tasks += [Task(g, s, seeds_for(s, args), args.tolerance, args.cost_model_error,
-                       args.max_trials, profile=p, label=profiled_rows[scheme][s], check=c)
+                       args.max_trials, profile=p, label=profiled_rows[scheme][s],
+                       check=c if on else None, memory_margin=args.memory_margin,
+                       build_s=args.build_s)
                   for g, p, c in zip(groups, profiles, checks, strict=True) for s in mine]
     return tasks, profiled_rows
 
@@ -352,11 +436,11 @@ def run_all(fn: Callable[[T], R], tasks: Sequence[T], jobs: int) -> list[R]:
 
 
 def score_groups(args: argparse.Namespace, groups: list[LandscapeGroup],
-                 checks: list[StudyCheck], tasks: list[Task], results: list[list[int | None]],
+                 checks: list[StudyCheck], tasks: list[Task], results: list[list[Hit]],
                  rows: list[str], profiled_rows: dict[str, dict[str, str]]
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Summary]]]:
     """Per group: its JSON entry and each row's :func:`summarize`; prints one line each."""
-    per_group: dict[str, dict[str, list[int | None]]] = {}
+    per_group: dict[str, dict[str, list[Hit]]] = {}
     for task, res in zip(tasks, results, strict=True):
         per_group.setdefault(task.group.name, {})[task.label] = res
     strategies = args.strategy_list
@@ -393,12 +477,15 @@ def summarize_rows(rows: list[str], group_rows: list[dict[str, Summary]],
     for s in rows:
         medians = [_inf(by_row[s]["median_trials"]) for by_row in group_rows]
         rates = [by_row[s]["success_rate"] or 0.0 for by_row in group_rows]
+        secs = [_inf(by_row[s]["median_device_seconds"]) for by_row in group_rows]
         summary[s] = {
             "median_trials": _fin(statistics.median(medians)) if medians else None,
             "q1_trials": _fin(_quantile(medians, 0.25)),
             "q3_trials": _fin(_quantile(medians, 0.75)),
             "max_group_median_trials": _fin(max(medians)) if medians else None,
             "success_rate": statistics.fmean(rates) if rates else None,
+            "median_device_seconds": _fin(statistics.median(secs)) if secs else None,
+            "max_group_median_device_seconds": _fin(max(secs)) if secs else None,
         }
     if entries:
         # Against the analytic random expectation (noise-free): mean trials over groups.
@@ -429,13 +516,19 @@ def print_summary(args: argparse.Namespace, rows: list[str], summary: dict[str, 
               "cost_model_accuracy.py, 'online')")
     name_width = max([16, *(len(r) for r in rows)])
     print(f"{'strategy':{name_width}s} {'median':>7s} {'q1':>5s} {'q3':>5s} {'worst':>6s} "
-          f"{'mean':>5s} {'success':>8s} {'x random':>9s}")
+          f"{'mean':>5s} {'success':>8s} {'x random':>9s} {'dev-s median':>12s} "
+          f"{'worst':>9s}")
     for s in rows:
         r = summary[s]
         print(f"{s:{name_width}s} {_fmt(r['median_trials']):>7s} {_fmt(r['q1_trials']):>5s} "
               f"{_fmt(r['q3_trials']):>5s} {_fmt(r['max_group_median_trials']):>6s} "
               f"{_fmt(r.get('mean_trials')):>5s} "
-              f"{r['success_rate'] or 0:8.1%} {_fmt(r.get('speedup_vs_random')):>9s}")
+              f"{r['success_rate'] or 0:8.1%} {_fmt(r.get('speedup_vs_random')):>9s} "
+              f"{_fmt0(r['median_device_seconds']):>12s} "
+              f"{_fmt0(r['max_group_median_device_seconds']):>9s}")
+    print("device-seconds: to the hit, each trial's replayed timing breakdown times its "
+          "devices (an OOM: a failed build, launcher.replay.build_s); rows through the "
+          f"study runner itself: {', '.join(r for r in rows if r in DETERMINISTIC)}")
 
 
 def run_early_stops(args: argparse.Namespace, groups: list[LandscapeGroup],
@@ -568,6 +661,10 @@ def _quantile(xs: list[float], p: float) -> float | None:
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
+
+
+def _fmt0(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
 
 
 if __name__ == "__main__":

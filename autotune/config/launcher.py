@@ -6,7 +6,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.config._drift import drift_rules
-from autotune.config._fields import check_choice, check_int, check_keys, check_text
+from autotune.config._fields import (
+    check_choice,
+    check_float,
+    check_int,
+    check_keys,
+    check_text,
+)
 from autotune.errors import SpecError
 
 if TYPE_CHECKING:
@@ -101,9 +107,23 @@ class ReplayOptions:
     after), and divides its TFLOPS and tokens per second by the same, as a neighbour's job
     slowing the machine would. Rules that match multiply. Empty: the table as measured."""
 
+    study_check: bool = False
+    """Check the table's rows as a real study of this cluster would: the placement and
+    memory rules exclude rows (a row that ran may be excluded), and each kept row is
+    weighed by its probability of fitting, conditioned on the study's OOMs. ``false``:
+    only the structural rules (every row of the table is a candidate, each fits with
+    probability 1). ``benchmarks/search_efficiency.py`` replays with ``true`` (the
+    memory check on) unless told ``--no-study-check``."""
+    build_s: float = 60.0
+    """Seconds a replayed trial spends before its first step (process start, imports,
+    rendezvous, model build), which a table does not record: a failed build (an OOM)
+    costs this, a layout that ran this plus its steps (``timings_s`` of each replayed
+    result; device-seconds = seconds x devices). An assumption, not a measurement."""
+
     @classmethod
     def from_dict(cls, data: Any) -> ReplayOptions:
-        data = dict(check_keys("launcher.replay", data, ("landscape", "group", "drift")))
+        data = dict(check_keys("launcher.replay", data, ("landscape", "group", "drift",
+                                                          "study_check", "build_s")))
         if "drift" in data:
             data["drift"] = drift_rules(data["drift"])
         if not data.get("landscape"):
@@ -112,6 +132,11 @@ class ReplayOptions:
         check_text("launcher.replay.landscape", data["landscape"])
         if data.get("group") is not None:
             check_int("launcher.replay.group", data["group"], minimum=0, maximum=1_000_000)
+        if "study_check" in data and not isinstance(data["study_check"], bool):
+            raise SpecError("launcher.replay.study_check", data["study_check"],
+                            "allowed: true or false")
+        if "build_s" in data:
+            check_float("launcher.replay.build_s", data["build_s"], maximum=86_400.0)
         return cls(**data)
 
 

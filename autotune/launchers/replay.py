@@ -10,6 +10,7 @@ the table does not hold cannot be replayed: :class:`~autotune.errors.LaunchError
 names the layout and the group (a search over a landscape must propose its layouts only).
 
 >>> from autotune.config.cluster import ClusterConfig
+from autotune.config.launcher import ReplayOptions
 >>> from autotune.config.model import MODEL_PRESETS
 >>> from autotune.landscape import LandscapeGroup, Measurement
 >>> from autotune.layout import Layout
@@ -29,20 +30,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config.cluster import ClusterConfig
+from autotune.config.launcher import ReplayOptions
 from autotune.config.model import ModelConfig
 from autotune.errors import LaunchError, SpecError
 from autotune.landscape import LandscapeGroup, Measurement, load_landscape, merge_duplicates
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
+from autotune.measurement import median_interval
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
-from autotune.trial import TrialPaths, TrialResult, TrialSpec
+from autotune.trial import PHASES, RunConfig, TrialPaths, TrialResult, TrialSpec
 
 if TYPE_CHECKING:
     from autotune.config._drift import DriftRule
-    from autotune.config.launcher import ReplayOptions
     from autotune.config.study import TrainingConfig
 
-__all__ = ["ReplayLauncher", "group_from_frame", "FRAME_COLUMNS"]
+__all__ = ["ReplayLauncher", "group_from_frame", "FRAME_COLUMNS", "DEFAULT_BUILD_S",
+           "replay_timings", "fewest_timed_steps"]
+
+DEFAULT_BUILD_S: float = ReplayOptions.build_s
+"""``launcher.replay.build_s``'s default."""
 
 FRAME_COLUMNS: tuple[str, ...] = ("tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage",
                                   "recompute", "status", "model_tflops_per_device")
@@ -55,9 +61,12 @@ class ReplayLauncher(Launcher):
 
     kind = "replay"
 
-    def __init__(self, group: LandscapeGroup, drift: Sequence[DriftRule] = ()) -> None:
+    def __init__(self, group: LandscapeGroup, drift: Sequence[DriftRule] = (), *,
+                 build_s: float = DEFAULT_BUILD_S) -> None:
         super().__init__()
         self.group = group
+        self.build_s = build_s
+        """Seconds before a replayed trial's first step (``launcher.replay.build_s``)."""
         self._by_layout = {m.layout: m for m in group.measurements}
         self.drift = tuple(drift)
         """``launcher.replay.drift``: time-varying factors on step times (:meth:`factor`)."""
@@ -83,6 +92,7 @@ class ReplayLauncher(Launcher):
             raise SpecError("launcher.replay.landscape", opts.landscape,
                             "allowed: the path of a readable landscape CSV (vTrain or Aurora "
                             "format)", source=source)
+        build_s = opts.build_s
         groups = load_landscape(path, hardware=cluster.device,
                                 devices_per_node=cluster.devices_per_node,
                                 vocab_size=model.vocab_size, attention=model.attention)
@@ -99,7 +109,7 @@ class ReplayLauncher(Launcher):
                 raise SpecError("launcher.replay.group", opts.group,
                                 f"group {group.name!r} does not match the study: {problem}",
                                 source=source)
-            return cls(group, opts.drift)
+            return cls(group, opts.drift, build_s=build_s)
         matching = [g for g in groups
                     if not _mismatch(g, model, cluster.world_size, training.global_batch)]
         if len(matching) != 1:
@@ -109,27 +119,32 @@ class ReplayLauncher(Launcher):
                             f"{cluster.world_size} and global batch "
                             f"{training.global_batch}; set launcher.replay.group to one "
                             f"of: {listing}", source=source)
-        return cls(matching[0], opts.drift)
+        return cls(matching[0], opts.drift, build_s=build_s)
 
     def fixed_layouts(self) -> tuple[Layout, ...]:
         """The table's layouts: a replayed study searches exactly these."""
         return self.group.layouts()
 
-    def result_for(self, layout: Layout) -> TrialResult:
-        """The table's result for ``layout``; :class:`LaunchError` if it has none."""
+    def result_for(self, layout: Layout, run: RunConfig | None = None) -> TrialResult:
+        """The table's result for ``layout``; :class:`LaunchError` if it has none. With
+        ``run`` (the trial spec's), its wall time broken down as :func:`replay_timings`."""
         m = self._by_layout.get(layout)
         if m is None:
             raise LaunchError(f"replay: layout {layout.key()} is not in landscape "
                               f"{self.group.name!r} ({len(self._by_layout)} layouts); "
                               "a replayed search may only propose the table's layouts")
-        return _result(m, self.group)
+        result = _result(m, self.group)
+        if run is not None:
+            result.timings_s = replay_timings(run, result.step_time_s, build_s=self.build_s)
+            result.elapsed_s = sum(result.timings_s.values())
+        return result
 
     def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
         differences = _model_differences(self.group.model, spec.model)
         if differences:
             raise LaunchError(f"replay: landscape {self.group.name!r} has another model: "
                               f"{', '.join(differences)}")
-        result = _drifted(self.result_for(spec.layout), self.factor(spec.layout))
+        result = _drifted(self.result_for(spec.layout, spec.run), self.factor(spec.layout))
         self.answers += 1
         result.write(paths.result)
         return 0
@@ -166,6 +181,36 @@ class ReplayLauncher(Launcher):
 
     def describe(self) -> dict[str, Any]:
         return {"launcher": self.kind, "landscape": self.group.name}
+
+
+def fewest_timed_steps(run: RunConfig) -> int:
+    """The fewest timed steps a trial takes: ``measure_steps``, or with a precision target
+    the fewest at which the median's interval exists (6 at 95%:
+    :func:`autotune.measurement.median_interval`), at most ``max_measure_steps``. A
+    replayed trial takes exactly these (its steps are all equal: precision 0 at once)."""
+    steps = run.measure_steps
+    if run.measure_precision is None:
+        return steps
+    cap = max(steps, run.max_measure_steps or steps)
+    while steps < cap and median_interval([1.0] * steps, run.confidence) is None:
+        steps += 1
+    return steps
+
+
+def replay_timings(run: RunConfig, step_time_s: float | None, *,
+                   build_s: float) -> dict[str, float]:
+    """What a replayed trial would have spent, by phase (:data:`autotune.trial.PHASES`):
+    ``build_s`` before its first step (process start, imports, rendezvous and model build,
+    booked as ``build``: a table records none of them apart), then ``warmup_steps`` and
+    :func:`fewest_timed_steps` steps of the table's step time. A trial without a step
+    time (an OOM, an error: it failed in its first step) costs ``build_s`` alone: the
+    cheap failure the search weighs against a full trial (:mod:`autotune.search`)."""
+    out = dict.fromkeys(PHASES, 0.0)
+    out["build"] = float(build_s)
+    if step_time_s is not None:
+        out["warmup"] = run.warmup_steps * step_time_s
+        out["measure"] = fewest_timed_steps(run) * step_time_s
+    return out
 
 
 def _model_differences(table: ModelConfig, asked: ModelConfig) -> list[str]:

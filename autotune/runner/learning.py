@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import copy
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune.candidates import Candidate, rank_candidates, rank_layouts
 from autotune.feasibility import Constraints
+from autotune.launchers.replay import fewest_timed_steps
 from autotune.layout import Layout
 from autotune.models.calibration import (
     BUILTIN_WORKLOAD,
@@ -37,11 +38,15 @@ from autotune.models.calibration import (
     MeasuredRow,
     calibrate,
 )
+from autotune.search import TrialSeconds
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
+from autotune.timings import STARTUP_PHASES
+from autotune.trial import RunConfig
 
 __all__ = ["MAX_EARLIER_ROWS", "DEFAULT_MEMORY_LOG_SD", "workload_of", "key_of",
-           "earlier_rows", "own_rows", "memory_log_sd", "StudyLearning", "plan_calibration"]
+           "earlier_rows", "own_rows", "memory_log_sd", "StudyLearning", "plan_calibration",
+           "build_seconds", "trial_seconds"]
 
 MAX_EARLIER_ROWS = 2_000
 """Most rows of earlier studies a warm start reads, the most recent: a bound on one query
@@ -115,6 +120,32 @@ def memory_log_sd(constraints: Constraints, spec: StudySpec,
     return statistics.median(sds) if sds else DEFAULT_MEMORY_LOG_SD
 
 
+def build_seconds(launcher_build_s: float | None,
+                  timings: Iterable[Mapping[str, Any]]) -> float | None:
+    """What a trial spends before its first step, the whole cost of one that runs out of
+    memory (:mod:`autotune.search._acquisition`): the launcher's own figure where it has
+    one (a replayed table: ``launcher.replay.build_s``), else the median over the study's
+    trials' timing breakdowns (``timings_s``) of their start-up and build phases (in a
+    batch only the first trial pays the start-up: a trial added to a launch costs that
+    little); ``None`` before any trial has a breakdown."""
+    if launcher_build_s is not None:
+        return float(launcher_build_s)
+    phases = (*STARTUP_PHASES, "build")
+    seen = [sum(float(t.get(p) or 0.0) for p in phases) for t in timings if t]
+    return float(statistics.median(seen)) if seen else None
+
+
+def trial_seconds(candidate: Candidate | None, run: RunConfig,
+                  build_s: float | None) -> TrialSeconds | None:
+    """A trial's expected seconds: ``build_s``, then its warm-up and fewest timed steps
+    (:func:`autotune.launchers.replay.fewest_timed_steps`) at the candidate's predicted
+    step time; ``None`` when either is unknown."""
+    if candidate is None or build_s is None:
+        return None
+    steps = run.warmup_steps + fewest_timed_steps(run)
+    return TrialSeconds(build_s, steps * candidate.predicted_step_time_s)
+
+
 class StudyLearning:
     """One worker's calibration of its study (module docstring).
 
@@ -156,9 +187,13 @@ class StudyLearning:
         if self.table is None:
             return rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
                                    constraints, profile=spec.profile, ooms=ooms)
+        # A replayed table's rows, checked by ``constraints`` (structural only, or the
+        # study's full check: launcher.replay.study_check, whose memory rule then gives
+        # each row its probability of fitting, conditioned on the OOMs).
         return rank_layouts(spec.model, spec.cluster,
                             [lay for lay in self.table if not constraints.check(lay, spec.model)],
-                            dtype=spec.training.dtype, profile=spec.profile)
+                            dtype=spec.training.dtype, profile=spec.profile,
+                            constraints=constraints, ooms=ooms)
 
     def candidates(self, ooms: Sequence[Layout] = ()) -> list[Candidate]:
         """The feasible layouts under the current calibration, ``p_fit`` conditioned on

@@ -71,7 +71,14 @@ from autotune.results import best_trial
 from autotune.runner import stop_early
 from autotune.runner.budget import budget_reached
 from autotune.runner.confirm import confirm_best
-from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
+from autotune.runner.learning import (
+    StudyLearning,
+    build_seconds,
+    earlier_rows,
+    key_of,
+    trial_seconds,
+    workload_of,
+)
 from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
 from autotune.runner.optuna_io import history, layout_params, open_study, set_search_stop
 from autotune.runner.outcome import Outcome, classify, infeasible
@@ -172,10 +179,12 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
                                            profile=spec.profile)
     table = launchers[0].fixed_layouts()
-    if table is not None:
+    replay = spec.launcher.replay
+    if table is not None and not (replay is not None and replay.study_check):
         # A replayed table is the space: its rows say what ran and what ran out of memory,
         # so only the structural rules apply (the study's axes, placement and memory
-        # model would hide rows that were measured).
+        # model would hide rows that were measured), unless the study asks to be checked
+        # as a real study of its cluster (launcher.replay.study_check: the benchmarks').
         constraints = constraints.structural_only()
     key = key_of(spec, workload_of(launchers[0].kind, spec.workload.kind))
     learn = spec.search.learn_from_database
@@ -280,7 +289,12 @@ class _Worker:
             p_fit=lambda lay: self.by_key[lay.key()].p_fit if lay.key() in self.by_key
             else 0.0,
             min_improvement=spec.search.min_improvement,
-            warm_start=learning.calibration.residuals)
+            warm_start=learning.calibration.residuals,
+            cost=lambda lay: trial_seconds(self.by_key.get(lay.key()), self._run_config,
+                                           self._build_s))
+        self._run_config = spec.run_config()
+        # What a failed build costs: the launcher's figure (a replay), else measured.
+        self._build_s = build_seconds(getattr(launcher, "build_s", None), ())
         self.name_suffix = name_suffix
         self.name = f"{socket.gethostname()}:{os.getpid()}{name_suffix}"
         self.batch_size = spec.trial.batch_size if launcher.batches else 1
@@ -473,6 +487,10 @@ class _Worker:
         ooms = [o.layout for o in observed if o.status == "oom"]
         self._set_candidates(self.learning.refit(self.storage, ooms))
         self.constraints = self.learning.constraints
+        if getattr(self.launcher, "build_s", None) is None:
+            self._build_s = build_seconds(None, (
+                t.user_attrs.get(TrialAttr.TIMINGS_S) or {}
+                for t in self.study.get_trials(deepcopy=False)))
         set_user_attrs(self.study, {StudyAttr.LEARNED_FROM: learned_from_record(
             self.learning.calibration, enabled=self.learning.enabled)})
 

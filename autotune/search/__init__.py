@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from autotune.config.study import STRATEGIES, check_min_improvement
 from autotune.errors import SpecError
 from autotune.models.calibration import Residual
+from autotune.search._acquisition import TrialCost, TrialSeconds, gain_per_second
 from autotune.search._base import (
     FitProbability,
     Observation,
@@ -48,7 +49,7 @@ __all__ = ["STRATEGIES", "Observation", "Predictor", "FitProbability", "Stop", "
            "make_strategy", "dominated_by_oom", "needs_no_less_memory", "untried", "plan_order",
            "axis_distributions", "layout_from_params", "cost_model_predictor",
            "ResidualStrategy", "CostModelOnlyStrategy", "GridStrategy", "RandomStrategy",
-           "OptunaSamplerStrategy"]
+           "OptunaSamplerStrategy", "TrialCost", "TrialSeconds", "gain_per_second"]
 
 
 def _tpe(seed: int):
@@ -72,7 +73,8 @@ def _gp(seed: int):
 
 def make_strategy(name: str, *, seed: int, predict: Predictor | None = None,
                   p_fit: FitProbability | None = None, min_improvement: float | None = None,
-                  warm_start: Sequence[Residual] = ()) -> Strategy:
+                  warm_start: Sequence[Residual] = (), cost: TrialCost | None = None
+                  ) -> Strategy:
     """A fresh strategy for one study. ``predict`` is the cost model's predicted throughput
     of a layout; ``cost-model-only`` needs it, ``default`` uses it when given. ``p_fit``:
     each candidate's probability of fitting the device (``None``: all fit); the two rank by
@@ -82,12 +84,15 @@ def make_strategy(name: str, *, seed: int, predict: Predictor | None = None,
     ``random``, ``grid``, ``tpe`` and ``gp`` use neither: baselines, and samplers that
     learn from the OOMs they are told. ``min_improvement`` (``search.min_improvement``):
     only ``default`` has an expected improvement to compare with it; the others refuse it
-    rather than ignore it."""
+    rather than ignore it. ``cost``: a trial's expected seconds (an OOM: its build);
+    ``default`` then ranks by constrained EI per expected second
+    (:mod:`autotune.search._acquisition`)."""
     if min_improvement is not None:
         min_improvement = check_min_improvement(min_improvement, name)
     if name == "default":
         return ResidualStrategy(seed=seed, predict=predict, p_fit=p_fit,
-                                min_improvement=min_improvement, warm_start=warm_start)
+                                min_improvement=min_improvement, warm_start=warm_start,
+                                cost=cost)
     if name == "cost-model-only":
         if predict is None:
             raise SpecError("search.strategy", name, "needs a cost model (predict)")

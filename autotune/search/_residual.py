@@ -19,7 +19,9 @@ axes (a slow interconnect, a kernel that is faster at one micro-batch). So the s
    of ``log(predicted) + r`` over the best measured, under the posterior variance plus a
    per-layout term for what an additive correction cannot explain, times its
    probability of fitting (``p_fit``: an OOM improves nothing, so ``E[gain] = p_fit ·
-   E[gain | it fits]``, fitting and throughput taken as independent);
+   E[gain | it fits]``, fitting and throughput taken as independent), per expected
+   second of the trial when the runner says what a trial costs (``cost``: an OOM costs
+   its build, a layout that runs its steps too; :mod:`autotune.search._acquisition`);
 4. skips layouts that need no less memory than a measured OOM;
 5. optionally stops early (issue #5): with ``min_improvement`` set, once
    :data:`SEED_TRIALS` trials have finished and at least one has a value, it proposes
@@ -55,7 +57,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from autotune.layout import Layout
-from autotune.models.calibration import Residual, carry_over_gaussian
+from autotune.models.calibration import Residual, carry_over_gaussian, evidence_scale
+from autotune.search._acquisition import TrialCost, gain_per_second
 from autotune.search._base import FitProbability, Observation, Predictor, Stop, Strategy
 from autotune.search._simple import log_fit_probabilities, log_predictions
 
@@ -112,6 +115,8 @@ class _Features:
         sds = [INTERCEPT_SD] + ([SLOPE_SD] if self.use_slope else [])
         sds += [TREND_SD] * len(self.numeric) + [AXIS_SD] * len(self.onehot)
         self.width = len(sds)
+        self.shape = np.arange(self.width) > 0
+        """The terms that can reorder layouts: all but the intercept (evidence_scale)."""
         self.prior_precision = np.diag(1.0 / np.square(sds))
         self.log_prior = log_prior
 
@@ -138,10 +143,12 @@ class ResidualStrategy(Strategy):
 
     def __init__(self, *, seed: int = 0, predict: Predictor | None = None,
                  p_fit: FitProbability | None = None, min_improvement: float | None = None,
-                 warm_start: Sequence[Residual] = ()) -> None:
+                 warm_start: Sequence[Residual] = (), cost: TrialCost | None = None) -> None:
         super().__init__(seed=seed)
         self._predict = predict
         self._p_fit = p_fit
+        self._cost = cost
+        """A trial's expected seconds (``None``: every trial costs the same)."""
         self.min_improvement = min_improvement
         """Stop when the largest EI (a fraction of the best) is below this; ``None``: never."""
         self._warm = tuple(warm_start) if predict is not None else ()
@@ -188,18 +195,26 @@ class ResidualStrategy(Strategy):
         ok = [o for o in history if o.status == "ok" and o.value and o.value > 0]
         prior_free = np.array([self._prior.get(lay, min(self._prior.values())) for lay in free])
         x_free = feats.matrix(free)
-        precision = self._prior_precision.copy()
-        rhs = self._prior_precision @ self._prior_mean
+        cov = np.linalg.inv(self._prior_precision)
+        coef = self._prior_mean
         if ok:
             x = feats.matrix([o.layout for o in ok])
             r = np.array([math.log(o.value) - self._prior[o.layout]  # type: ignore[arg-type]
                           for o in ok])
-            precision += x.T @ x / LAYOUT_SD**2
-            rhs = rhs + x.T @ r / LAYOUT_SD**2
-        cov = np.linalg.inv(precision)
-        mean = prior_free + x_free @ (cov @ rhs)
+            # The shape terms at the width the trials support (evidence_scale: at full
+            # width, 2 trials' scatter became an axis trend that ranked worse than the
+            # cost model), then the Gaussian posterior in covariance form (a width of 0
+            # makes the prior singular): Bishop 2006, eqs. 3.49-3.51 via the Woodbury
+            # identity.
+            scale = evidence_scale(x, r, coef, cov, feats.shape, LAYOUT_SD)
+            d = np.where(feats.shape, scale, 1.0)
+            cov, coef = d[:, None] * cov * d[None, :], d * coef
+            gain = cov @ x.T @ np.linalg.inv(x @ cov @ x.T + LAYOUT_SD**2 * np.eye(len(ok)))
+            coef = coef + gain @ (r - x @ coef)
+            cov = cov - gain @ x @ cov
+        mean = prior_free + x_free @ coef
         var = np.einsum("ij,jk,ik->i", x_free, cov, x_free) + LAYOUT_SD**2
-        return mean, np.sqrt(var)
+        return mean, np.sqrt(np.maximum(var, LAYOUT_SD**2))
 
     def posterior(self, candidates: Sequence[Layout], history: Sequence[Observation],
                   layouts: Sequence[Layout]) -> tuple[np.ndarray, np.ndarray]:
@@ -224,12 +239,24 @@ class ResidualStrategy(Strategy):
             mean, _ = self.scores(free, [])
             return free[int(np.argmax(mean + log_p))]
         mean, sd = self.scores(free, history)
-        ei = expected_improvement(mean, sd, math.log(max(values))) * np.exp(log_p)
-        best = int(np.argmax(ei))
+        p_fit = np.exp(log_p)
+        ei_if_fits = expected_improvement(mean, sd, math.log(max(values)))
+        ei = ei_if_fits * p_fit
+        secs = [self._cost(lay) for lay in free] if self._cost is not None else []
+        if not secs or any(c is None for c in secs):
+            best = int(np.argmax(ei))
+        else:
+            log_pred = np.array([self._prior[lay] for lay in free])
+            best = int(np.argmax(gain_per_second(
+                ei_if_fits, p_fit, np.array([c.build_s for c in secs if c is not None]),
+                np.array([c.steps_s for c in secs if c is not None]),
+                np.exp(mean - log_pred))))
         # Only after the seeds and with a value to improve on (the branch above): before,
-        # the residual model has too little to say that nothing better is left.
-        if self.min_improvement is not None and ei[best] < self.min_improvement:
-            return Stop(f"expected improvement {_percent(ei[best])} < "
+        # the residual model has too little to say that nothing better is left. The bar is
+        # the largest EI, whatever the trials cost: "nothing left is worth 1%".
+        top = float(ei.max())
+        if self.min_improvement is not None and top < self.min_improvement:
+            return Stop(f"expected improvement {_percent(top)} < "
                         f"{_percent(self.min_improvement)} after {judged} trials "
                         f"({len(free)} layouts untried)", judged=judged)
         return free[best]

@@ -1,0 +1,63 @@
+"""Issue #24: constrained EI per expected second, and the evidence scale of the residual
+model's shape terms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autotune.layout import Layout
+from autotune.models.calibration import evidence_scale
+from autotune.search import Observation, TrialSeconds, gain_per_second, make_strategy
+
+
+def _space() -> list[Layout]:
+    return sorted(Layout(tp=t, pp=1, dp=8 // t, micro_batch=m, grad_accum=32 // (8 // t * m))
+                  for t in (1, 2, 4, 8) for m in (1, 2, 4))
+
+
+def _choice(build_s: float) -> Layout | None:
+    """The fifth proposal after four seeds, where tp1 is predicted far ahead but its
+    memory is doubtful (p_fit 0.1) and the others fit."""
+    cands = _space()
+    predict = {lay: (200.0 if lay.tp == 1 else 100.0 - lay.tp) for lay in cands}
+    strategy = make_strategy("default", seed=0, predict=predict.__getitem__,
+                             p_fit=lambda lay: 0.1 if lay.tp == 1 else 1.0,
+                             cost=lambda lay: TrialSeconds(build_s, 100.0))
+    seeds = [lay for lay in cands if lay.tp == 2]  # measured as predicted
+    history = [Observation(lay, "ok", predict[lay]) for lay in seeds[:3]]
+    history.append(Observation(next(lay for lay in cands if lay.tp == 4), "ok", 96.0))
+    return strategy.propose(cands, history)
+
+
+def test_a_doubtful_layout_far_ahead_goes_first_where_its_oom_is_cheap() -> None:
+    cheap = _choice(build_s=1.0)
+    dear = _choice(build_s=1000.0)
+    assert cheap is not None and cheap.tp == 1  # an OOM costs 1 s against a 101 s trial
+    assert dear is not None and dear.tp != 1  # start-up dominates: the sure layouts first
+
+
+def test_gain_per_second_weighs_the_gain_by_p_fit_and_the_cost_by_the_outcomes() -> None:
+    ei = np.array([0.2, 0.2])
+    p = np.array([1.0, 0.25])
+    out = gain_per_second(ei, p, np.array([10.0, 10.0]), np.array([90.0, 90.0]),
+                          np.array([1.0, 1.0]))
+    assert math.isclose(out[0], 0.2 / 100.0)
+    assert math.isclose(out[1], 0.25 * 0.2 / (10.0 + 0.25 * 90.0))
+    # A layout expected twice as fast as predicted takes half its predicted steps' time.
+    fast = gain_per_second(ei[:1], p[:1], np.array([10.0]), np.array([90.0]), np.array([2.0]))
+    assert math.isclose(fast[0], 0.2 / 55.0)
+
+
+def test_the_evidence_keeps_the_shape_terms_off_for_scatter_and_on_for_a_trend() -> None:
+    rng = np.random.default_rng(0)
+    # Columns: intercept, one axis trend (log2 of an axis value, centred).
+    x = np.column_stack([np.ones(8), np.repeat([-1.5, -0.5, 0.5, 1.5], 2)])
+    prior_cov = np.diag([1.0, 0.15**2])
+    shape = np.array([False, True])
+    scatter = -0.2 + rng.normal(0.0, 0.05, 2)  # two close favourites, a common offset
+    assert evidence_scale(x[:2], scatter, np.zeros(2), prior_cov, shape, 0.2) == 0.0
+    trend = -0.2 + 0.3 * x[:, 1]  # the model is wrong by 35% per doubling of the axis
+    assert evidence_scale(x, trend, np.zeros(2), prior_cov, shape, 0.2) > 0.0
+    assert evidence_scale(x[:0], trend[:0], np.zeros(2), prior_cov, shape, 0.2) == 1.0
