@@ -31,6 +31,7 @@ from autotune.runner.records import (
 from autotune.storage.db import Storage
 from autotune.tables import format_table
 from autotune.timings import TimeBreakdown, breakdown_line, time_breakdown
+from autotune.trial.outcome import Outcome
 
 __all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "selected_trial",
            "best_layout", "list_studies", "format_statuses"]
@@ -135,11 +136,12 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
     rows = []
     for st in statuses:
         best, out = st.best, st.by_outcome
-        rows.append([st.name, out.get("complete", 0), out.get("stopped", 0), out.get("oom", 0),
-                     out.get("infeasible", 0),
-                     sum(out.get(k, 0) for k in ("error", "timeout", "fail")),
-                     out.get("interrupted", 0) + out.get("killed", 0)
-                     + out.get("node_failure", 0), len(st.running),
+        rows.append([st.name, out.get(Outcome.COMPLETE, 0), out.get(Outcome.STOPPED, 0),
+                     out.get(Outcome.OOM, 0), out.get(Outcome.INFEASIBLE, 0),
+                     # failed: ran and failed (Outcome.observed "error"), or its runner died
+                     out.get("fail", 0) + sum(out.get(o, 0) for o in Outcome
+                                              if o.observed == "error"),
+                     sum(out.get(o, 0) for o in Outcome if o.retry), len(st.running),
                      st.waiting,
                      trial_layout_key(best) if best else None,
                      best.value if best else None])

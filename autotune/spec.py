@@ -31,8 +31,8 @@ from autotune.config._fields import check_keys
 from autotune.config.cluster import ClusterConfig
 from autotune.config.launcher import LauncherConfig
 from autotune.config.model import ModelConfig
+from autotune.config.run_defaults import step_cap
 from autotune.config.study import (
-    DEFAULT_MAX_MEASURE_STEPS,
     SearchConfig,
     StorageConfig,
     TrainingConfig,
@@ -245,8 +245,9 @@ class StudySpec:
                          seed=self.search.seed, device=trial.device,
                          collective_timeout_s=trial.collective_timeout_s,
                          measure_precision=trial.measure_precision,
-                         max_measure_steps=(trial.max_measure_steps or max(
-                             DEFAULT_MAX_MEASURE_STEPS, trial.measure_steps))
+                         max_measure_steps=step_cap(trial.measure_steps,
+                                                    trial.measure_precision,
+                                                    trial.max_measure_steps)
                          if trial.measure_precision is not None else None,
                          early_stop_tolerance=trial.early_stop_tolerance,
                          best_model_tflops_per_device=best_model_tflops_per_device

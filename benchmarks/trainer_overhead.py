@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "layout": {"tp": 1, "pp": 1, "dp": 1, "micro_batch": micro,
                        "grad_accum": args.grad_accum, "zero_stage": 0, "recompute": "none"},
             "run": {"warmup_steps": args.warmup_steps, "measure_steps": args.measure_steps,
+                    "measure_precision": None,
                     "dtype": dtype, "seed": seed, "device": args.device}}
     trainer = run_trainer(spec)
     import torch

@@ -4,7 +4,7 @@ A :class:`ReplayLauncher` holds one :class:`~autotune.landscape.LandscapeGroup` 
 published landscape, or a finished campaign's ``measurements`` table via
 :func:`group_from_frame`) and, for a trial spec, writes the table's result for the spec's
 layout — ``ok`` with its model TFLOPS per device and step time, or ``oom`` — through the
-same result file and :class:`~autotune.launchers.base.LaunchReport` as a real launcher, so
+same result file and :class:`~autotune.trial.report.LaunchReport` as a real launcher, so
 the study runner, the outcome mapping and the storage are exercised unchanged. A layout
 the table does not hold cannot be replayed: :class:`~autotune.errors.LaunchError`, which
 names the layout and the group (a search over a landscape must propose its layouts only).

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 from autotune.hardware import GiB
 from autotune.layout import Layout
 from autotune.models.calibration import BUILTIN_WORKLOAD, Calibration, LogCorrection
-from autotune.runner.outcome import Outcome
 from autotune.trial import TrialResult
+from autotune.trial.outcome import Verdict
 
 __all__ = ["TrialAttr", "StudyAttr", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR", "RESULT_ATTRS",
            "TrialFacts", "measurement_row", "user_attrs", "verdict_attrs", "retry_attrs",
@@ -44,7 +44,7 @@ class TrialAttr:
     LAYOUT_DICT = "layout_dict"
     """The layout as :meth:`autotune.layout.Layout.to_dict` (what readers rebuild it from)."""
     OUTCOME = "outcome"
-    """An outcome kind (:data:`autotune.runner.outcome.OUTCOME_KINDS`) or :data:`SKIPPED`;
+    """An outcome kind (:data:`autotune.trial.outcome.OUTCOME_KINDS`) or :data:`SKIPPED`;
     absent on a trial whose runner died before judging it."""
     REASON = "reason"
     """Why it is not ``complete``: the error text, the infeasibility reasons, ..."""
@@ -155,7 +155,7 @@ class TrialFacts:
     trial_number: int
     trial_id: int
     layout: Layout
-    outcome: Outcome
+    outcome: Verdict
     result: TrialResult | None
     launcher: str
     worker: str
@@ -169,7 +169,7 @@ class TrialFacts:
     calibrated_tflops_per_device: float | None = None
     calibrated_memory_bytes: float | None = None
     batch: dict[str, Any] | None = None
-    """Where the trial sat in its launch (:attr:`autotune.launchers.base.LaunchReport.batch`)."""
+    """Where the trial sat in its launch (:attr:`autotune.trial.report.LaunchReport.batch`)."""
 
 
 def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch: int,
@@ -189,7 +189,7 @@ def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch
         "n_params": float(model.n_params()), "device_type": cluster.device,
         "nodes": cluster.nodes, "devices_per_node": cluster.devices_per_node, "dtype": dtype,
         "workload": workload,
-        "outcome": facts.outcome.kind, "status": res.status if res else None,
+        "outcome": facts.outcome.kind.value, "status": res.status if res else None,
         "reason": facts.outcome.reason or None,
         "model_tflops_per_device": res.model_tflops_per_device if res else None,
         "hardware_tflops_per_device": res.hardware_tflops_per_device if res else None,
@@ -226,7 +226,7 @@ def user_attrs(facts: TrialFacts) -> dict[str, Any]:
         TrialAttr.WORLD_SIZE: facts.layout.world_size,
         TrialAttr.DP: facts.layout.dp,
         TrialAttr.GRAD_ACCUM: facts.layout.grad_accum,
-        TrialAttr.OUTCOME: facts.outcome.kind,
+        TrialAttr.OUTCOME: facts.outcome.kind.value,
         TrialAttr.WORKER: facts.worker,
         TrialAttr.LAUNCHER: facts.launcher,
         TrialAttr.ELAPSED_S: round(facts.elapsed_s, 2),

@@ -13,7 +13,8 @@ Per trial, :class:`ForeignWorkload`
 * watches the metrics file and the logs for new steps (:meth:`watch`): none for
   ``workload.no_progress_s`` and the launcher kills the trial;
 * once it ended, reads its steps back and scores them (:mod:`autotune.workloads.readback`),
-  has the outcome decided (:func:`autotune.runner.foreign.foreign_outcome`) and writes the
+  has the outcome decided (:func:`autotune.trial.outcome.classify`, with the signatures
+  of :mod:`autotune.workloads.oom_signatures`) and writes the
   trial's ``result.json`` (status ``ok``, ``oom`` or ``error``) atomically (:meth:`finish`).
 
 A trial runs ``train_iters`` = warm-up + measured steps; at least one step is dropped as
@@ -23,7 +24,7 @@ warm-up, whatever ``trial.warmup_steps`` says (a program's first step includes i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.atomic import write_json_atomic
 from autotune.config.cluster import ClusterConfig
@@ -32,15 +33,13 @@ from autotune.dsconfig import batch_config
 from autotune.errors import SpecError
 from autotune.metrics_writer import ENV_VAR
 from autotune.result_numbers import check_result_numbers
-from autotune.trial import TrialResult, TrialSpec
+from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
+from autotune.trial.outcome import Outcome, classify
 from autotune.workloads import megatron
 from autotune.workloads.base import Placement, ProgressWatch, Workload, log_paths
 from autotune.workloads.error_line import program_error_line
+from autotune.workloads.oom_signatures import OOM_SIGNATURES
 from autotune.workloads.readback import StepCounter, measure, read_back
-
-if TYPE_CHECKING:
-    from autotune.launchers.base import LaunchReport
-    from autotune.trial import TrialPaths
 
 __all__ = ["ForeignWorkload", "CommandWorkload", "MegatronWorkload", "fill",
            "placeholder_values", "warmup_steps", "train_iters", "steps_of",
@@ -104,6 +103,8 @@ def trial_ds_config(spec: TrialSpec, extra: dict[str, Any]) -> dict[str, Any]:
 class ForeignWorkload(Workload):
     """What ``command`` and ``megatron-deepspeed`` share (module docstring)."""
 
+    oom_signatures = OOM_SIGNATURES
+
     def __init__(self, config: WorkloadConfig, cluster: ClusterConfig) -> None:
         self.config = config
         self.per_device = config.outer == "per-device"
@@ -131,8 +132,6 @@ class ForeignWorkload(Workload):
     # -- after the run ------------------------------------------------------------------
 
     def finish(self, spec: TrialSpec, paths: TrialPaths, report: LaunchReport) -> None:
-        from autotune.runner.foreign import foreign_outcome
-
         logs = log_paths(paths)
         rb = read_back(paths.metrics, logs, drop=warmup_steps(spec))
         expected = train_iters(spec)
@@ -154,14 +153,14 @@ class ForeignWorkload(Workload):
         except SpecError as err:  # a degenerate number read back: the trial's error
             measured, report.result_error = None, f"invalid read-back: {err}"
         report.result = measured
-        outcome = foreign_outcome(report)
-        status = {"complete": "ok", "oom": "oom"}.get(outcome.kind, "error")
+        verdict = classify(report, self.oom_signatures)
+        status = {Outcome.COMPLETE: "ok", Outcome.OOM: "oom"}.get(verdict.kind, "error")
         result = measured or TrialResult(
             status=status, losses=[r.loss for r in rb.records if r.loss is not None],
             world_size=spec.layout.world_size, device=self.device_name,
             layout=spec.layout.to_dict(), extra={"readback": report.readback})
         result.status = status
-        result.error = None if status == "ok" else outcome.reason
+        result.error = None if status == "ok" else verdict.reason
         result.elapsed_s = report.elapsed_s
         result.extra["workload"] = self.kind
         result.write(paths.result)

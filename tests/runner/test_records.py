@@ -10,7 +10,6 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.layout import Layout
-from autotune.runner.outcome import Outcome
 from autotune.runner.records import (
     RESULT_ATTRS,
     SKIPPED,
@@ -28,12 +27,13 @@ from autotune.runner.records import (
     verdict_attrs,
 )
 from autotune.trial import TrialResult
+from autotune.trial.outcome import Verdict
 
 LAYOUT = Layout(tp=2, pp=1, dp=2, micro_batch=2, grad_accum=2, zero_stage=1)
 AUTOTUNE = Path(__file__).resolve().parents[2] / "autotune"
 
 
-def _facts(outcome: Outcome, result: TrialResult | None) -> TrialFacts:
+def _facts(outcome: Verdict, result: TrialResult | None) -> TrialFacts:
     t0 = datetime(2025, 1, 1)
     return TrialFacts(study_name="s", trial_number=3, trial_id=4, layout=LAYOUT,
                       outcome=outcome, result=result, launcher="local", worker="h:1",
@@ -49,7 +49,7 @@ def _frozen(attrs: dict, state: TrialState = TrialState.COMPLETE) -> optuna.tria
 def test_a_measured_trial_reads_back_its_layout_outcome_and_result() -> None:
     result = TrialResult(status="ok", model_tflops_per_device=150.0, step_time_s=0.5,
                          peak_memory_bytes=3 * 2**30, device="cuda", versions={"torch": "2"})
-    attrs = user_attrs(_facts(Outcome("complete", value=150.0), result))
+    attrs = user_attrs(_facts(Verdict("complete", value=150.0), result))
     trial = _frozen(attrs)
     assert trial_layout(trial) == LAYOUT and trial_layout_key(trial) == LAYOUT.key()
     assert trial_outcome(trial) == "complete" and trial_reason(trial) == ""
