@@ -17,7 +17,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UsageError
 from autotune.layout import Layout
-from autotune.runner.records import (
+from autotune.storage.db import Storage
+from autotune.storage.records import (
     TrialAttr,
     learned_from_line,
     learned_from_of,
@@ -28,7 +29,6 @@ from autotune.runner.records import (
     trial_layout_key,
     trial_outcome,
 )
-from autotune.storage.db import Storage
 from autotune.tables import format_table
 from autotune.timings import TimeBreakdown, breakdown_line, time_breakdown
 from autotune.trial.outcome import Outcome
@@ -49,11 +49,11 @@ class StudyStatus:
     search_stop: str | None = None
     """Why the search strategy stopped before the budget, if it last did (issue #5)."""
     search_stop_record: dict[str, Any] | None = None
-    """The same as recorded (:func:`autotune.runner.records.search_stop_record`): what
+    """The same as recorded (:func:`autotune.storage.records.search_stop_record`): what
     :func:`autotune.runner.budget.study_done` decides on."""
     learned_from: str | None = None
     """What the study's calibration learned from (earlier studies and their measurements,
-    the corrections): :func:`autotune.runner.records.learned_from_line`."""
+    the corrections): :func:`autotune.storage.records.learned_from_line`."""
     time: TimeBreakdown = field(default_factory=lambda: time_breakdown([]))
     """Where the trials' wall time went, by phase (start-up, build, warm-up, measured
     steps, teardown): :mod:`autotune.timings`."""
@@ -94,7 +94,7 @@ def selected_trial(study: optuna.Study) -> FrozenTrial | None:
     """The best completed trial under the study's ``search.objective``
     (:func:`autotune.objective.select_best`; throughput for studies run before it)."""
     from autotune.objective import select_best
-    from autotune.runner.records import StudyAttr, TrialAttr, trial_energy
+    from autotune.storage.records import StudyAttr, TrialAttr, trial_energy
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     return select_best(done, study.user_attrs.get(StudyAttr.SELECTION),
@@ -154,7 +154,7 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
               if st.learned_from]
     lines += [f"{st.name}: time: {breakdown_line(st.time)}" for st in statuses
               if st.time.trials]
-    from autotune.runner.records import trial_energy_line
+    from autotune.storage.records import trial_energy_line
 
     lines += [f"{st.name}: best: {trial_energy_line(st.best)}" for st in statuses
               if st.best is not None]

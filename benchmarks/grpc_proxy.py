@@ -97,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from autotune.layout import Layout
     from autotune.runner.optuna_io import layout_params, open_study
-    from autotune.runner.records import TrialFacts, measurement_row, user_attrs
     from autotune.spec import load_study
     from autotune.storage import open_storage
     from autotune.storage._optuna_rdb import CONSTRAINT_ATTR
     from autotune.storage.claims import Claimed, claim_layout, record_execution
+    from autotune.storage.records import TrialFacts, measurement_row, user_attrs
     from autotune.trial import TrialResult
     from autotune.trial.outcome import Verdict
     from tests.replay_study import table_rows

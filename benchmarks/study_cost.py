@@ -94,7 +94,7 @@ def _run_arm(path: Path, name: str) -> dict[str, Any]:
     import optuna
 
     from autotune.results import best_trial
-    from autotune.runner.records import TrialAttr, trial_layout_key, trial_outcome
+    from autotune.storage.records import TrialAttr, trial_layout_key, trial_outcome
 
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,

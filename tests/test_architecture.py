@@ -5,7 +5,7 @@ imports), under ``TYPE_CHECKING`` — and no module of a layer may import one it
 know. A failure names each offending module, line and import.
 
 The runner is ``autotune.runner``. Two of its modules are schemas rather than machinery:
-``runner.records`` (every key a trial and a study store, with their readers) and
+``storage.records`` (every key a trial and a study store, with their readers) and
 ``runner.outcome`` (the outcome kinds and their Optuna states). Readers of a study (the
 report, ``results``, campaigns) must use them to read what the runner wrote, as they use
 ``storage.schema`` for SQL; so the report may import those two and nothing else of the
@@ -28,7 +28,7 @@ RUNNER = ("autotune.runner",)
 RUNNER_LOOP = ("autotune.runner.study", "autotune.runner.optuna_io", "autotune.runner.budget",
                "autotune.runner.lifecycle", "autotune.runner.progress")
 """The runner's machinery: everything of it but its two schema modules."""
-RUNNER_SCHEMAS = ("autotune/runner/records.py", "autotune/runner/outcome.py")
+RUNNER_SCHEMAS = ("autotune/storage/records.py", "autotune/runner/outcome.py")
 """The runner's schema modules. ``outcome`` names the launcher's ``LaunchReport`` as the type
 it classifies (under ``TYPE_CHECKING``), so the launchers are forbidden to ``records`` only."""
 LAUNCHERS = ("autotune.launchers",)

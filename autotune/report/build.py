@@ -25,7 +25,8 @@ from autotune.report.export import megatron_deepspeed_args
 from autotune.report.files import ReportPaths, write_text_atomic
 from autotune.report.frames import measurements_frame, trials_frame, write_exports
 from autotune.report.render import Code, Image, Report, Section, Table, Text, render
-from autotune.runner.records import (
+from autotune.storage.db import Storage
+from autotune.storage.records import (
     StudyAttr,
     TrialAttr,
     learned_from_line,
@@ -33,7 +34,6 @@ from autotune.runner.records import (
     study_device_memory_gib,
     study_fingerprint,
 )
-from autotune.storage.db import Storage
 from autotune.timings import breakdown_line, time_breakdown
 from autotune.trial import PHASES
 

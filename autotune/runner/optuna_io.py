@@ -4,7 +4,7 @@ parameters a layout's trial is created with.
 The loop (:mod:`autotune.runner.study`) decides; this module knows how a study is opened
 and read. Trials are created and finished in autotune's own transactions
 (:mod:`autotune.storage.claims`: a claim with its trial, a record with its measurement);
-what the attributes are called and hold is :mod:`autotune.runner.records`'s; which Optuna
+what the attributes are called and hold is :mod:`autotune.storage.records`'s; which Optuna
 state an outcome is told as is :mod:`autotune.trial.outcome`'s.
 """
 
@@ -20,7 +20,10 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import UsageError
 from autotune.hardware import GiB
 from autotune.layout import Layout
-from autotune.runner.records import (
+from autotune.search import Observation, dominated_by_oom
+from autotune.spec import StudySpec
+from autotune.storage.db import Storage
+from autotune.storage.records import (
     StudyAttr,
     set_user_attrs,
     study_attrs,
@@ -29,9 +32,6 @@ from autotune.runner.records import (
     trial_outcome,
     workload_record,
 )
-from autotune.search import Observation, dominated_by_oom
-from autotune.spec import StudySpec
-from autotune.storage.db import Storage
 from autotune.trial.outcome import OUTCOME_KINDS, Outcome
 
 __all__ = ["open_study", "fingerprint_of", "history", "layout_params", "NoSampling",
@@ -178,6 +178,6 @@ def layout_params(layout: Layout, spec: StudySpec) -> dict[str, tuple[Any, BaseD
 
 
 def set_search_stop(study: optuna.Study, record: dict[str, Any] | None) -> None:
-    """Record why the search stopped early (a :func:`~autotune.runner.records.
+    """Record why the search stopped early (a :func:`~autotune.storage.records.
     search_stop_record`), or clear it (``None``) when it no longer holds."""
     study.set_user_attr(StudyAttr.SEARCH_STOP, record)

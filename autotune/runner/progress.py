@@ -17,7 +17,7 @@ from typing import TextIO
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.layout import Layout
-from autotune.runner.records import (
+from autotune.storage.records import (
     SKIPPED,
     TrialAttr,
     trial_layout_key,
@@ -114,7 +114,7 @@ def stop_message(stopped_by: str, *, n_trials: int, reason: str | None = None) -
 
 def best_line(best: FrozenTrial) -> str:
     """The best trial in one line: layout, value, trial number."""
-    from autotune.runner.records import trial_energy_line
+    from autotune.storage.records import trial_energy_line
 
     return (f"best layout: {trial_layout_key(best)}  "
             f"{best.value:.4g} model TFLOPS/device (trial #{best.number}); "

@@ -74,19 +74,6 @@ from autotune.runner.learning import StudyLearning, earlier_rows, key_of, worklo
 from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
 from autotune.runner.optuna_io import history, layout_params, open_study, set_search_stop
 from autotune.runner.progress import Progress
-from autotune.runner.records import (
-    StudyAttr,
-    TrialAttr,
-    TrialFacts,
-    learned_from_line,
-    learned_from_record,
-    measurement_row,
-    search_stop_of,
-    search_stop_record,
-    set_user_attrs,
-    user_attrs,
-    verdict_attrs,
-)
 from autotune.runner.recovered import finished_result
 from autotune.search import (
     Observation,
@@ -107,6 +94,19 @@ from autotune.storage.claims import (
     store_verdict,
 )
 from autotune.storage.db import Storage
+from autotune.storage.records import (
+    StudyAttr,
+    TrialAttr,
+    TrialFacts,
+    learned_from_line,
+    learned_from_record,
+    measurement_row,
+    search_stop_of,
+    search_stop_record,
+    set_user_attrs,
+    user_attrs,
+    verdict_attrs,
+)
 from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
 from autotune.trial.outcome import Outcome, Verdict, classify, infeasible
 

@@ -87,7 +87,7 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
     import optuna
 
     from autotune.results import list_studies, selected_trial
-    from autotune.runner.records import trial_energy, trial_layout_key, trial_tokens_per_s
+    from autotune.storage.records import trial_energy, trial_layout_key, trial_tokens_per_s
 
     have = set(list_studies(storage))
     rows = []

@@ -72,7 +72,7 @@ def test_status_and_best_name_the_objective_s_best() -> None:
     import optuna
 
     from autotune.results import best_trial, selected_trial
-    from autotune.runner.records import StudyAttr
+    from autotune.storage.records import StudyAttr
 
     study = optuna.create_study(direction="maximize")
     for value, jpt in ((10.0, 2.0), (9.8, 1.5), (5.0, 1.0)):

@@ -1,7 +1,7 @@
 """A finished study with every outcome, stored the way the runner stores one.
 
 Trials go in through Optuna's ``add_trial`` and rows through ``Storage.add_measurement``,
-with user attributes and rows built by the runner's own :mod:`autotune.runner.records` from
+with user attributes and rows built by the runner's own :mod:`autotune.storage.records` from
 realistic results (an H100 node pair, a 1.3B GPT): complete, out-of-memory, infeasible
 (never launched, no row), failed and timed-out trials. Seconds instead of GPU hours.
 """
@@ -19,9 +19,9 @@ from autotune.config.study import StorageConfig
 from autotune.hardware import GiB
 from autotune.layout import Layout
 from autotune.runner.optuna_io import open_study
-from autotune.runner.records import TrialFacts, measurement_row, user_attrs
 from autotune.spec import StudySpec, parse_study
 from autotune.storage import Storage, open_storage
+from autotune.storage.records import TrialFacts, measurement_row, user_attrs
 from autotune.trial import TrialResult
 from autotune.trial.outcome import Verdict
 

@@ -10,7 +10,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.layout import Layout
-from autotune.runner.records import (
+from autotune.storage.records import (
     RESULT_ATTRS,
     SKIPPED,
     TrialAttr,
@@ -79,11 +79,27 @@ def test_a_search_stop_reads_as_one_line() -> None:
 
 def test_no_attribute_key_is_spelled_out_elsewhere_in_autotune() -> None:
     """Like SQL columns in storage/schema.py: keys of trial and study attributes live in
-    runner/records.py; everywhere else names them by its constants."""
-    bare = re.compile(r"""(user_attrs\.get\(|user_attrs\[|set_user_attr\()\s*["']""")
+    storage/records.py; everywhere else (storage/claims.py included) names them by its
+    constants: no ``user_attrs.get("...")``, ``attrs["..."] =``, ``user_attrs={"...": ``,
+    and no trial attribute key as a dict literal's key."""
+    keys = {v for v in vars(TrialAttr).values() if isinstance(v, str) and not v.startswith("_")
+            and v.islower()} - {"autotune.storage.records"}
+    bare = re.compile(r"""(user_attrs\.get\(|user_attrs\[|set_user_attr\(|attrs\[|"""
+                      r"""user_attrs=\{)\s*["']""")
+    literal_key = re.compile(r"""[{,]\s*["']([a-z_]+)["']\s*:""")
     offenders = [f"{path.relative_to(AUTOTUNE)}:{n}"
                  for path in sorted(AUTOTUNE.rglob("*.py"))
                  if path.name != "records.py"
                  for n, line in enumerate(path.read_text().splitlines(), start=1)
-                 if bare.search(line)]
+                 if bare.search(line) or (
+                     "user_attrs" in line and any(k in keys for k in literal_key.findall(line)))]
     assert offenders == []
+
+
+def test_the_key_check_can_fail() -> None:
+    """The pattern of the test above catches what storage/claims.py used to write."""
+    bare = re.compile(r"""(user_attrs\.get\(|user_attrs\[|set_user_attr\(|attrs\[|"""
+                      r"""user_attrs=\{)\s*["']""")
+    assert bare.search('rdb.finish_trial(s, tid, user_attrs={"outcome": "killed"})')
+    assert bare.search('attrs["retry_of"] = 3')
+    assert not bare.search("attrs[TrialAttr.RETRY_OF] = 3")

@@ -26,7 +26,7 @@ from autotune.models.calibration import BUILTIN_WORKLOAD, Calibration, LogCorrec
 from autotune.trial import TrialResult
 from autotune.trial.outcome import Verdict
 
-__all__ = ["TrialAttr", "StudyAttr", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR", "RESULT_ATTRS",
+__all__ = ["TrialAttr", "StudyAttr", "RUNNING", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR", "RESULT_ATTRS",
            "TrialFacts", "measurement_row", "user_attrs", "verdict_attrs", "retry_attrs",
            "study_attrs", "set_user_attrs", "trial_layout", "trial_layout_key",
            "trial_outcome", "trial_reason", "is_retry", "study_fingerprint",
@@ -98,6 +98,9 @@ RESULT_ATTRS: tuple[str, ...] = (
 """Trial attributes copied from the :class:`~autotune.trial.TrialResult` field of the same
 name."""
 
+RUNNING = "running"
+"""The ``outcome`` of an execution's ``measurements`` row from its claim until its record
+(:func:`autotune.storage.claims.claim_layout`)."""
 SKIPPED = "skipped"
 """The :attr:`TrialAttr.OUTCOME` of a proposal that was not launched and says nothing about
 its layout (another trial owns it, or the budget was reached)."""
