@@ -26,7 +26,8 @@ from autotune.models.calibration import BUILTIN_WORKLOAD, Calibration, LogCorrec
 from autotune.trial import TrialResult
 from autotune.trial.outcome import Verdict
 
-__all__ = ["TrialAttr", "StudyAttr", "RUNNING", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR", "RESULT_ATTRS",
+__all__ = ["TrialAttr", "StudyAttr", "RUNNING", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR",
+           "RESULT_ATTRS",
            "TrialFacts", "measurement_row", "user_attrs", "verdict_attrs", "retry_attrs",
            "study_attrs", "set_user_attrs", "trial_layout", "trial_layout_key",
            "trial_outcome", "trial_reason", "is_retry", "study_fingerprint",
