@@ -9,6 +9,7 @@ How a figure is obtained (``docs/trainer.md`` has the full table):
   (``step_time_s``) and the interquartile range (``step_time_iqr_s``), never the best.
 * ``tokens_per_s = global_batch * seq_len / step_time_s``.
 * ``model_tflops_per_device = model_flops_per_step / (step_time_s * world_size) / 1e12``
+  (:func:`autotune.models.flops.tflops_per_device`)
   with :func:`autotune.models.flops.model_flops_per_step` (Narayanan et al. 2021, eq. 3,
   without the recompute forward; PaLM's model FLOPs).
 * ``hardware_tflops_per_device``: the same with
@@ -48,7 +49,11 @@ from autotune.config.model import ModelConfig
 from autotune.hardware import peak_flops_for_device_name
 from autotune.layout import Layout
 from autotune.measurement import hopeless, max_step_time_s, median_lower_bound, relative_precision
-from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
+from autotune.models.flops import (
+    hardware_flops_per_step,
+    model_flops_per_step,
+    tflops_per_device,
+)
 from autotune.trial import RunConfig
 
 __all__ = ["StepClock", "StopRule", "summarize_step_times", "FlopsRates", "flops_rates"]
@@ -96,13 +101,13 @@ def flops_rates(model: ModelConfig, *, global_batch: int, step_time_s: float, wo
     """Throughput figures of a step of ``step_time_s`` seconds (formulas in the docstring)."""
     model_flops = model_flops_per_step(model, global_batch)
     hw_flops = hardware_flops_per_step(model, global_batch, recompute=recompute)
-    model_tflops = model_flops / (step_time_s * world_size) / 1e12
+    model_tflops = tflops_per_device(model_flops, step_time_s, world_size)
     peak = peak_flops_for_device_name(device_name, dtype)
     return FlopsRates(
         tokens_per_s=global_batch * model.seq_len / step_time_s,
         model_flops_per_step=model_flops,
         model_tflops_per_device=model_tflops,
-        hardware_tflops_per_device=hw_flops / (step_time_s * world_size) / 1e12,
+        hardware_tflops_per_device=tflops_per_device(hw_flops, step_time_s, world_size),
         mfu=None if peak is None else model_tflops * 1e12 / peak,
         peak_flops=peak,
     )
