@@ -54,7 +54,7 @@ from autotune.runner.progress import format_duration
 from autotune.spec import StudySpec
 from autotune.tables import format_table
 from autotune.trial import TrialPaths, TrialSpec
-from autotune.trial.outcome import classify
+from autotune.trial.classify import classify
 
 __all__ = ["ProfileCell", "ProfileRun", "Comparison", "check_profilable", "profile_cells",
            "profile_specs", "run_profile", "compare_rows", "render_comparison",

@@ -33,7 +33,7 @@ from autotune.tables import format_table
 from autotune.timings import TimeBreakdown, breakdown_line, time_breakdown
 from autotune.trial.outcome import Outcome
 
-__all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "selected_trial",
+__all__ = ["StudyStatus", "load_existing_study", "study_status", "selected_trial",
            "best_layout", "list_studies", "format_statuses"]
 
 
@@ -83,11 +83,6 @@ def load_existing_study(storage: Storage, name: str) -> optuna.Study:
         known = ", ".join(names) if names else "none"
         raise UsageError(f"no study named {name!r} in {storage.masked_url} "
                          f"(studies there: {known})") from None
-
-
-def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return max(done, key=lambda t: t.value or 0.0) if done else None
 
 
 def selected_trial(study: optuna.Study) -> FrozenTrial | None:

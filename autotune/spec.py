@@ -285,7 +285,7 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             workload=WorkloadConfig.from_dict(data.get("workload") or {}),
             source=source,
         )
-        spec.workload.check_model(spec.model)
+        check_megatron_flags(spec.workload, spec.model)
         if read_profile:
             # Read once, here: a bad file fails the load, before any database or launcher.
             spec = replace(spec, profile=load_cluster_profile(spec.cluster, spec.model,
@@ -352,3 +352,33 @@ def load_study(path: str | os.PathLike[str], *, read_profile: bool = True) -> St
         raise SpecError("STUDY", str(p), "the file is empty; see studies/cpu_demo.yaml")
     return parse_study(data, default_name=re.sub(r"[^A-Za-z0-9_.-]", "-", p.stem) or "study",
                        source=str(p), base_dir=p.parent, read_profile=read_profile)
+
+def check_megatron_flags(workload: WorkloadConfig, model: ModelConfig) -> None:
+    """A ``megatron-deepspeed`` workload's ``args`` give no flag autotune owns, and their
+    model flags agree with the study's ``model`` (the score is computed from it). Checked
+    here, by the loader, and not in ``config/``: the flags are the workload's
+    (:mod:`autotune.workloads.megatron`), and config imports nothing above it."""
+    if workload.kind != "megatron-deepspeed":
+        return
+    from autotune.workloads.megatron import conflicting_flag, model_mismatch
+
+    args = workload.args
+    clash = conflicting_flag(args)
+    if clash is not None:
+        index, flag, owned = clash
+        if owned == "--bf16":  # the precision: a flag only at bf16, none at fp32
+            raise SpecError(f"workload.args[{index}]", args[index],
+                            f"{flag} conflicts with training.dtype: autotune gives the "
+                            "trials their precision (--bf16 with training.dtype bf16, "
+                            "no precision flag with fp32); set training.dtype instead")
+        raise SpecError(f"workload.args[{index}]", args[index],
+                        f"{flag} conflicts with {owned}, which autotune sets for every "
+                        "trial (from the layout, training.dtype or the trial settings); "
+                        "remove it")
+    mismatch = model_mismatch(args, model)
+    if mismatch is not None:
+        index, given, study = mismatch
+        raise SpecError(f"workload.args[{index}]", given,
+                        f"disagrees with the study's {study}: the score's FLOPs are the "
+                        "study model's; make them equal (or leave the flag out: autotune "
+                        "adds it)")

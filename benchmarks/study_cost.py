@@ -93,8 +93,7 @@ def _arm_study(base: dict[str, Any], tmp: Path, arm: str, args: argparse.Namespa
 def _run_arm(path: Path, name: str) -> dict[str, Any]:
     import optuna
 
-    from autotune.results import best_trial
-    from autotune.storage.records import TrialAttr, trial_layout_key, trial_outcome
+    from autotune.storage.records import TrialAttr, best_trial, trial_layout_key, trial_outcome
 
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,

@@ -80,7 +80,7 @@ def run_plain(model_cfg: Any, *, device: str, dtype: str, micro_batch: int, grad
     from trainer.data import SyntheticTokens, micro_batches
     from trainer.engine import LEARNING_RATE
     from trainer.model import GPT, LossFn
-    from trainer.tensor_parallel import TPContext
+    from trainer.tp_context import TPContext
 
     tp = TPContext()
     model = GPT(model_cfg, tp, seed, recompute=False).to(device)

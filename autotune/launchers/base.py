@@ -28,7 +28,7 @@ Contract, checked for every backend by one test class (``LauncherContract`` in
    the trial and return promptly with ``interrupted`` set.
 4. The result is whatever the trainer wrote atomically to ``paths.result`` (or ``None``):
    outcomes are decided from that file and the report (:class:`~autotune.trial.report.LaunchReport`)
-   by :func:`autotune.trial.outcome.classify`, never by reading logs. ``stderr_tail`` is
+   by :func:`autotune.trial.classify.classify`, never by reading logs. ``stderr_tail`` is
    only for humans. A foreign workload writes the result file from what its program
    reported (``finish``), classified by the same function.
 5. A trial whose workload watch reports no progress is killed like a timed-out one, and

@@ -25,7 +25,7 @@ that from ``squeue --steps`` by the unique step name. :meth:`_kill` cancels that
 ``scancel J.S`` (SLURM kills every rank on every node) and then the local srun group;
 :meth:`_finish` asks ``sacct`` for the step's final state (``COMPLETED``, ``FAILED``,
 ``OUT_OF_MEMORY``, ``TIMEOUT``, ``NODE_FAIL``, ``CANCELLED``) and its hosts, which
-:func:`autotune.trial.outcome.classify` maps to an outcome when the trainer wrote no result.
+:func:`autotune.trial.classify.classify` maps to an outcome when the trainer wrote no result.
 
 Side-by-side trials: when a trial needs fewer nodes than the allocation has,
 :func:`node_groups` splits the allocation into disjoint groups; the runner makes one

@@ -67,7 +67,6 @@ from autotune.errors import AutotuneError, UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
-from autotune.results import best_trial
 from autotune.runner import stop_early
 from autotune.runner.budget import budget_reached
 from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
@@ -98,6 +97,7 @@ from autotune.storage.records import (
     StudyAttr,
     TrialAttr,
     TrialFacts,
+    best_trial,
     learned_from_line,
     learned_from_record,
     measurement_row,
@@ -108,7 +108,8 @@ from autotune.storage.records import (
     verdict_attrs,
 )
 from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
-from autotune.trial.outcome import Outcome, Verdict, classify, infeasible
+from autotune.trial.classify import classify
+from autotune.trial.outcome import Outcome, Verdict, infeasible
 
 T = TypeVar("T")
 

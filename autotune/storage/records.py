@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.hardware import GiB
 from autotune.layout import Layout
@@ -26,8 +26,12 @@ from autotune.models.calibration import BUILTIN_WORKLOAD, Calibration, LogCorrec
 from autotune.trial import TrialResult
 from autotune.trial.outcome import Verdict
 
-__all__ = ["TrialAttr", "StudyAttr", "RUNNING", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR",
-           "RESULT_ATTRS",
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+__all__ = ["TrialAttr", "StudyAttr", "RUNNING", "best_trial", "SKIPPED",
+           "FAILED_TRIAL_SYSTEM_ATTR", "RESULT_ATTRS",
            "TrialFacts", "measurement_row", "user_attrs", "verdict_attrs", "retry_attrs",
            "study_attrs", "set_user_attrs", "trial_layout", "trial_layout_key",
            "trial_outcome", "trial_reason", "is_retry", "study_fingerprint",
@@ -293,6 +297,16 @@ def set_user_attrs(target: _SetsAttrs, attrs: Mapping[str, Any]) -> None:
 
 
 # -- trials: readers ------------------------------------------------------------------------
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The completed trial of highest value (throughput), ``None`` before any: what the
+    runner compares each new trial with (the study's objective may name another best:
+    :func:`autotune.results.selected_trial`)."""
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return max(done, key=lambda t: t.value or 0.0) if done else None
+
 
 def trial_layout(trial: _HasAttrs) -> Layout | None:
     """The layout a judged trial ran or was refused (``None``: not judged yet)."""

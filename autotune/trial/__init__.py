@@ -11,7 +11,7 @@ module          owns
 ``report``      :class:`LaunchReport`: what a launcher observed
 ``outcome``     :class:`~autotune.trial.outcome.Outcome` (the enum of what a trial came to,
                 with its Optuna state, constraint, retry, observation, label and colour)
-                and the one :func:`~autotune.trial.outcome.classify`; imported from there
+                and the one :func:`~autotune.trial.classify.classify`; imported from there
                 (it needs Optuna, which the trainer does not load)
 ==============  =============================================================
 """

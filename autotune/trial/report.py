@@ -1,19 +1,17 @@
 """What a launcher observed of one trial: the evidence its outcome is decided from.
 
 The launchers fill it (:mod:`autotune.launchers.base`), a workload adds what it read back
-(:mod:`autotune.workloads`), and :func:`autotune.trial.outcome.classify` decides from it. It
+(:mod:`autotune.workloads`), and :func:`autotune.trial.classify.classify` decides from it. It
 lives here, below all three, so that none of them imports another for it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from autotune.trial.outcome import Verdict
 from autotune.trial.result import TrialResult
-
-if TYPE_CHECKING:
-    from autotune.trial.outcome import Verdict
 
 __all__ = ["LaunchReport"]
 
@@ -53,7 +51,7 @@ class LaunchReport:
     ``rerun`` (true when it ran again alone after the launch ended without its result)."""
 
     verdict: Verdict | None = None
-    """What :func:`autotune.trial.outcome.classify` decided from it (kept: it is decided once
+    """What :func:`autotune.trial.classify.classify` decided from it (kept: it is decided once
     per trial, by whoever asks first); not stored here (the study records it)."""
 
     def to_dict(self) -> dict[str, Any]:

@@ -104,7 +104,7 @@ class Workload(ABC):
     :meth:`argv`): autotune's trainer can, a user's program cannot."""
     oom_signatures: ClassVar[tuple[OomSignature, ...]] = ()
     """The out-of-memory texts its output may hold, for the classifier
-    (:func:`autotune.trial.outcome.classify`); none for autotune's trainer, whose result
+    (:func:`autotune.trial.classify.classify`); none for autotune's trainer, whose result
     file says ``oom`` itself."""
 
     def prepare(self, spec: TrialSpec, paths: TrialPaths) -> None:  # noqa: B027 (a hook)

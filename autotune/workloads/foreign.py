@@ -13,7 +13,7 @@ Per trial, :class:`ForeignWorkload`
 * watches the metrics file and the logs for new steps (:meth:`watch`): none for
   ``workload.no_progress_s`` and the launcher kills the trial;
 * once it ended, reads its steps back and scores them (:mod:`autotune.workloads.readback`),
-  has the outcome decided (:func:`autotune.trial.outcome.classify`, with the signatures
+  has the outcome decided (:func:`autotune.trial.classify.classify`, with the signatures
   of :mod:`autotune.workloads.oom_signatures`) and writes the
   trial's ``result.json`` (status ``ok``, ``oom`` or ``error``) atomically (:meth:`finish`).
 
@@ -34,7 +34,8 @@ from autotune.errors import SpecError
 from autotune.metrics_writer import ENV_VAR
 from autotune.result_numbers import check_result_numbers
 from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
-from autotune.trial.outcome import Outcome, classify
+from autotune.trial.classify import classify
+from autotune.trial.outcome import Outcome
 from autotune.workloads import megatron
 from autotune.workloads.base import Placement, ProgressWatch, Workload, log_paths
 from autotune.workloads.error_line import program_error_line

@@ -4,7 +4,7 @@ A program of the user's own (``workload.kind: command | megatron-deepspeed``) wr
 result file of autotune's, so its output (stdout and stderr, every rank as the launcher
 collected it) is the only evidence of an out-of-memory failure. The foreign workloads
 declare this table (:attr:`autotune.workloads.base.Workload.oom_signatures`) and
-:func:`autotune.trial.outcome.classify` looks for it.
+:func:`autotune.trial.classify.classify` looks for it.
 """
 
 from __future__ import annotations

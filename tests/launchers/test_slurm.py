@@ -16,7 +16,7 @@ from autotune.launchers.slurm import SlurmLauncher, allocation_job_id, step_name
 from autotune.layout import Layout
 from autotune.sites import load_site
 from autotune.trial import TrialPaths
-from autotune.trial.outcome import classify
+from autotune.trial.classify import classify
 from tests.helpers import processes_mentioning, tiny_spec
 from tests.launchers.contract import LauncherContract
 

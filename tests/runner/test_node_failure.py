@@ -16,7 +16,7 @@ from autotune.runner.study import run_study
 from autotune.spec import load_study
 from autotune.storage import open_storage
 from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
-from autotune.trial.outcome import classify
+from autotune.trial.classify import classify
 from tests.helpers import write_study
 
 

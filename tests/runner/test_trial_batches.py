@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 from autotune.config.study import TrialConfig
 from autotune.errors import SpecError
 from autotune.trial import LaunchReport, RunConfig, TrialResult
-from autotune.trial.outcome import classify
+from autotune.trial.classify import classify
 from tests.helpers import run_cli, write_study
 
 

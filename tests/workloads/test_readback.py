@@ -18,7 +18,8 @@ from autotune.launchers.slurm import SlurmLauncher
 from autotune.layout import Layout
 from autotune.models.flops import model_flops_per_step
 from autotune.trial import LaunchReport, RunConfig, TrialPaths, TrialSpec
-from autotune.trial.outcome import classify, find_oom_signature
+from autotune.trial.classify import classify
+from autotune.trial.outcome import find_oom_signature
 from autotune.workloads.base import ProgressWatch
 from autotune.workloads.oom_signatures import OOM_SIGNATURES
 from autotune.workloads.readback import (
