@@ -50,9 +50,9 @@ from autotune.models.memory import (
 )
 from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
 from autotune.models.profile_fit import LayerSample, fit_layer_profile, median_standard_error
+from autotune.report.tables import format_table
 from autotune.runner.progress import format_duration
 from autotune.spec import StudySpec
-from autotune.tables import format_table
 from autotune.trial import TrialPaths, TrialSpec
 from autotune.trial.classify import classify
 

@@ -42,7 +42,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from autotune.timings import STARTUP_PHASES, time_breakdown  # noqa: E402
+from autotune.report.timings import STARTUP_PHASES, time_breakdown  # noqa: E402
 from autotune.trial import PHASES  # noqa: E402
 
 _RAN = ("complete", "stopped", "oom")

@@ -136,7 +136,7 @@ def study_progress(url: str, study: str) -> StudyProgress:
     """Counts and the best trial of one study, from the shared database."""
     import optuna
 
-    from autotune.results import study_status
+    from autotune.report.results import study_status
     from autotune.storage.claims import claim_counts, repair_stale
     from autotune.storage.db import Storage
 

@@ -25,6 +25,7 @@ from autotune.report.export import megatron_deepspeed_args
 from autotune.report.files import ReportPaths, write_text_atomic
 from autotune.report.frames import measurements_frame, trials_frame, write_exports
 from autotune.report.render import Code, Image, Report, Section, Table, Text, render
+from autotune.report.timings import breakdown_line, time_breakdown
 from autotune.storage.db import Storage
 from autotune.storage.records import (
     StudyAttr,
@@ -34,7 +35,6 @@ from autotune.storage.records import (
     study_device_memory_gib,
     study_fingerprint,
 )
-from autotune.timings import breakdown_line, time_breakdown
 from autotune.trial import PHASES
 
 __all__ = ["study_report"]

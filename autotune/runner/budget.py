@@ -3,7 +3,7 @@
 The one statement of the rule. The runner stops on it (:mod:`autotune.runner.study`), and
 whoever asks from outside whether running the study again would do anything (``autotune
 campaign check``, ``campaign submit``: :mod:`autotune.campaign.jobs`) reads the same
-functions on the counts :func:`autotune.results.study_status` gives.
+functions on the counts :func:`autotune.report.results.study_status` gives.
 
 >>> study_done(claimed=3, running=0, waiting=0, search_stop=None, n_trials=3,
 ...            min_improvement=None)

@@ -17,6 +17,7 @@ from typing import TextIO
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.layout import Layout
+from autotune.report.tables import format_table
 from autotune.storage.records import (
     SKIPPED,
     TrialAttr,
@@ -24,7 +25,6 @@ from autotune.storage.records import (
     trial_outcome,
     trial_reason,
 )
-from autotune.tables import format_table
 from autotune.trial.outcome import Outcome, Verdict
 
 __all__ = ["Progress", "format_duration", "trials_table", "stop_message", "best_line"]

@@ -9,7 +9,7 @@ table, the dashboard and the reports agree. Changing a key here changes what old
 can be read with, so keys are added, not renamed.
 
 This module imports nothing of the loop (no launcher, no Optuna study handling), so that
-readers (:mod:`autotune.report`, :mod:`autotune.results`) can use it.
+readers (:mod:`autotune.report`, :mod:`autotune.report.results`) can use it.
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def set_user_attrs(target: _SetsAttrs, attrs: Mapping[str, Any]) -> None:
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
     """The completed trial of highest value (throughput), ``None`` before any: what the
     runner compares each new trial with (the study's objective may name another best:
-    :func:`autotune.results.selected_trial`)."""
+    :func:`autotune.report.results.selected_trial`)."""
     from optuna.trial import TrialState
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

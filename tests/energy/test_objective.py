@@ -71,7 +71,7 @@ def test_the_pareto_front_of_time_and_energy() -> None:
 def test_status_and_best_name_the_objective_s_best() -> None:
     import optuna
 
-    from autotune.results import selected_trial
+    from autotune.report.results import selected_trial
     from autotune.storage.records import StudyAttr, best_trial
 
     study = optuna.create_study(direction="maximize")

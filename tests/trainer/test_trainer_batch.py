@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from trainer_launch import launch, spec
 
-from autotune.timings import STARTUP_PHASES
+from autotune.report.timings import STARTUP_PHASES
 from autotune.trial import PHASES
 
 pytestmark = pytest.mark.slow

@@ -17,6 +17,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UsageError
 from autotune.layout import Layout
+from autotune.report.tables import format_table
+from autotune.report.timings import TimeBreakdown, breakdown_line, time_breakdown
 from autotune.storage.db import Storage
 from autotune.storage.records import (
     TrialAttr,
@@ -29,8 +31,6 @@ from autotune.storage.records import (
     trial_layout_key,
     trial_outcome,
 )
-from autotune.tables import format_table
-from autotune.timings import TimeBreakdown, breakdown_line, time_breakdown
 from autotune.trial.outcome import Outcome
 
 __all__ = ["StudyStatus", "load_existing_study", "study_status", "selected_trial",
@@ -56,7 +56,7 @@ class StudyStatus:
     the corrections): :func:`autotune.storage.records.learned_from_line`."""
     time: TimeBreakdown = field(default_factory=lambda: time_breakdown([]))
     """Where the trials' wall time went, by phase (start-up, build, warm-up, measured
-    steps, teardown): :mod:`autotune.timings`."""
+    steps, teardown): :mod:`autotune.report.timings`."""
 
     retries: int = 0
     """Layouts whose execution was cut short (killed, interrupted), waiting to be re-run
