@@ -210,7 +210,7 @@ def _port(text: str) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from autotune.plan import plan_study, render_plan
+    from autotune.planning.plan import plan_study, render_plan
     from autotune.runner.learning import plan_calibration
     from autotune.spec import load_study
 
@@ -247,7 +247,7 @@ def _layer_counts(text: str) -> tuple[int, ...]:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from autotune.errors import SpecError
-    from autotune.profile_command import profile_landscape, profile_study
+    from autotune.profiling.command import profile_landscape, profile_study
 
     if (args.study is None) == (args.from_landscape is None):
         raise SpecError("STUDY / --from-landscape", args.study or args.from_landscape,

@@ -41,7 +41,7 @@ from autotune.config.study import (
 from autotune.config.workload import WorkloadConfig
 from autotune.errors import SpecError
 from autotune.models.profile import LayerProfile, load_cluster_profile
-from autotune.space import check_space_size
+from autotune.planning.space import check_space_size
 from autotune.trial import RunConfig
 
 __all__ = ["StudySpec", "load_study", "parse_study", "read_yaml", "StudyLoader",

@@ -14,7 +14,7 @@ from autotune.layout import Layout, needs_no_less_memory
 from autotune.models.cost import estimate_step
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.models.memory import estimate_memory, layer_activation_bytes
-from autotune.space import enumerate_layouts
+from autotune.planning.space import enumerate_layouts
 
 
 def _lay(**kw) -> Layout:

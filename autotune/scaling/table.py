@@ -135,7 +135,7 @@ def _calibration(storage: Storage | None, spec: StudySpec, at: StudySpec,
 def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingRequest,
                    measured: Sequence[ScalingRow] = ()) -> list[ScalingRow]:
     """The model's best layout and throughput at every size (module docstring)."""
-    from autotune.plan import plan_study
+    from autotune.planning.plan import plan_study
 
     done = sorted(r.size for r in measured)
     out = []
