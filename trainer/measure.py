@@ -19,11 +19,11 @@ How a figure is obtained (``docs/trainer.md`` has the full table):
   the peak is unknown (CPUs).
 * How many steps (:class:`StopRule`): exactly ``measure_steps``; or, with
   ``run.measure_precision``, at least ``measure_steps`` and until the distribution-free
-  confidence interval of the median (:func:`autotune.measurement.relative_precision`) is
+  confidence interval of the median (:func:`autotune.trial.measurement.relative_precision`) is
   that narrow, at most ``run.step_cap``; and, with ``run.early_stop_tolerance`` and a best
   throughput to compare with, stopped as soon as the median's lower confidence bound
   shows the layout cannot come within the tolerance of the best
-  (:func:`autotune.measurement.hopeless`). The achieved precision is in the result.
+  (:func:`autotune.trial.measurement.hopeless`). The achieved precision is in the result.
 * Memory: the accelerator's peak allocated (and reserved) bytes since the trial started;
   on CPU the peak resident set of the process. The result holds the max over ranks.
 
@@ -48,13 +48,18 @@ import numpy as np
 from autotune.config.model import ModelConfig
 from autotune.hardware import peak_flops_for_device_name
 from autotune.layout import Layout
-from autotune.measurement import hopeless, max_step_time_s, median_lower_bound, relative_precision
 from autotune.models.flops import (
     hardware_flops_per_step,
     model_flops_per_step,
     tflops_per_device,
 )
 from autotune.trial import RunConfig
+from autotune.trial.measurement import (
+    hopeless,
+    max_step_time_s,
+    median_lower_bound,
+    relative_precision,
+)
 
 __all__ = ["StepClock", "StopRule", "summarize_step_times", "FlopsRates", "flops_rates"]
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autotune.errors import SpecError
-from autotune.result_numbers import check_result_numbers
+from autotune.trial.numbers import check_result_numbers
 from autotune.trial.outcome import OomSignature, Outcome, Verdict, find_oom_signature
 from autotune.trial.report import LaunchReport
 
@@ -156,7 +156,7 @@ def _read(report: LaunchReport) -> str:
 
 
 def _drop_invalid_result(report: LaunchReport) -> None:
-    """A result whose numbers cannot be stored (:mod:`autotune.result_numbers`) is no
+    """A result whose numbers cannot be stored (:mod:`autotune.trial.numbers`) is no
     result: the report keeps why (``result_error``), the trial is an ``error`` naming the
     field and its value, and nothing of it reaches the database. The loaders already refuse
     such files; this covers results built in memory (a replayed table, a read-back)."""

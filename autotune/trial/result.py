@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from autotune.atomic import write_json_atomic
 from autotune.errors import SpecError
-from autotune.result_numbers import check_result_numbers
+from autotune.trial.numbers import check_result_numbers
 
 __all__ = ["TrialResult", "Status", "STATUSES", "PHASES", "read_result"]
 

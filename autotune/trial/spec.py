@@ -40,7 +40,7 @@ class RunConfig:
     measure_precision: float | None = defaults.MEASURE_PRECISION
     """Measure until the median step time is known to this relative precision (half-width
     of its distribution-free confidence interval over the median,
-    :func:`autotune.measurement.relative_precision`) or ``max_measure_steps`` is reached;
+    :func:`autotune.trial.measurement.relative_precision`) or ``max_measure_steps`` is reached;
     ``None``: exactly ``measure_steps`` steps."""
     max_measure_steps: int | None = None
     """The most timed steps with ``measure_precision`` (``None``: the larger of

@@ -32,9 +32,9 @@ from autotune.config.workload import WorkloadConfig
 from autotune.dsconfig import batch_config
 from autotune.errors import SpecError
 from autotune.metrics_writer import ENV_VAR
-from autotune.result_numbers import check_result_numbers
 from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
 from autotune.trial.classify import classify
+from autotune.trial.numbers import check_result_numbers
 from autotune.trial.outcome import Outcome
 from autotune.workloads import megatron
 from autotune.workloads.base import Placement, ProgressWatch, Workload, log_paths

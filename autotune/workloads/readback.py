@@ -290,7 +290,7 @@ def measure(rb: Readback, *, model: Any, layout: Layout, dtype: str, device: str
     median step time, model and hardware TFLOPS per device with autotune's FLOPs functions,
     the program's own TFLOPS as extras. A steady step time that is not a finite number > 0
     raises :class:`~autotune.errors.SpecError` naming the step; the caller checks the
-    result's numbers (:func:`autotune.result_numbers.check_result_numbers`)."""
+    result's numbers (:func:`autotune.trial.numbers.check_result_numbers`)."""
     steady = rb.steady
     if not steady:
         return None
