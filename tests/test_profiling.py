@@ -92,8 +92,8 @@ def test_cells_are_the_feasible_shapes_best_predicted_first(study: Path) -> None
     spec = load_study(study)
     cells, skipped = profile_cells(spec)
     assert len(cells) == len(set(cells)) and not skipped
-    from autotune.candidates import rank_candidates
     from autotune.feasibility import Constraints
+    from autotune.planning.candidates import rank_candidates
 
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
                                            spec.trial)

@@ -3,7 +3,7 @@ others are out. No trial runs; it answers in well under a second even for 175B o
 devices (the space is a few thousand layouts; each check and estimate is arithmetic).
 
 :func:`plan_study` builds a :class:`PlanResult` from the ranking of
-:mod:`autotune.candidates` (the same order the search draws from: expected throughput,
+:mod:`autotune.planning.candidates` (the same order the search draws from: expected throughput,
 the predicted one times the probability of fitting) and the excluded layouts grouped by the
 first reason code of :mod:`autotune.feasibility`; each feasible row carries its memory
 verdict (*fits* or *uncertain*) and probability of fitting, and the header counts the
@@ -29,7 +29,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.candidates import Candidate, partition_space, rank_layouts
 from autotune.errors import SpecError
 from autotune.feasibility import REASON_CODES, Constraints
 from autotune.hardware import GiB
@@ -38,6 +37,7 @@ from autotune.models.calibration import Calibration
 from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
 from autotune.models.memory_uncertainty import Verdict
+from autotune.planning.candidates import Candidate, partition_space, rank_layouts
 from autotune.spec import StudySpec
 
 __all__ = ["PlanRow", "Exclusion", "PlanResult", "plan_study", "render_plan", "FORMATS"]

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from autotune.candidates import rank_candidates
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
@@ -50,6 +49,7 @@ from autotune.models.memory import (
 )
 from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
 from autotune.models.profile_fit import LayerSample, fit_layer_profile, median_standard_error
+from autotune.planning.candidates import rank_candidates
 from autotune.report.tables import format_table
 from autotune.runner.progress import format_duration
 from autotune.spec import StudySpec

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.candidates import Candidate, rank_candidates, rank_layouts
 from autotune.feasibility import Constraints
 from autotune.layout import Layout
 from autotune.models.calibration import (
@@ -37,6 +36,7 @@ from autotune.models.calibration import (
     MeasuredRow,
     calibrate,
 )
+from autotune.planning.candidates import Candidate, rank_candidates, rank_layouts
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
 from autotune.trial.outcome import Outcome

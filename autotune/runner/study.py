@@ -62,11 +62,11 @@ from typing import Any, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.candidates import Candidate
 from autotune.errors import AutotuneError, UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
+from autotune.planning.candidates import Candidate
 from autotune.runner import stop_early
 from autotune.runner.budget import budget_reached
 from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
