@@ -45,14 +45,6 @@ def test_bad_measurement_settings_name_the_field(trial: dict, field: str) -> Non
 
 def test_the_step_cap() -> None:
     assert RunConfig(measure_steps=3, measure_precision=None).step_cap == 3
-    # One set of defaults: a bare spec measures as a study's trial does (issue #20).
-    assert RunConfig(measure_steps=3).step_cap == 12
-    trial = TrialConfig()
-    run = RunConfig()
-    assert (run.warmup_steps, run.measure_steps, run.measure_precision, run.device,
-            run.collective_timeout_s) == (trial.warmup_steps, trial.measure_steps,
-                                          trial.measure_precision, trial.device,
-                                          trial.collective_timeout_s)
     assert RunConfig(measure_steps=3, measure_precision=0.05).step_cap == 12
     assert RunConfig(measure_steps=3, measure_precision=0.05, max_measure_steps=7).step_cap == 7
 
