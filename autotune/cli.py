@@ -118,7 +118,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -- status / best --------------------------------------------------------------------------
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from autotune.results import format_statuses, list_studies, load_existing_study, study_status
+    from autotune.report.results import (
+        format_statuses,
+        list_studies,
+        load_existing_study,
+        study_status,
+    )
 
     storage, name = _open(args.storage, args.study)
     names = [name] if name else list_studies(storage)
@@ -147,7 +152,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_best(args: argparse.Namespace) -> int:
     from autotune.report.export import emit_best
-    from autotune.results import best_layout, confirmation_line, load_existing_study
+    from autotune.report.results import best_layout, confirmation_line, load_existing_study
 
     storage, name = _open(args.storage, args.study)
     study = load_existing_study(storage, name)
@@ -170,7 +175,7 @@ def _log(quiet: bool, prefix: str = "autotune") -> Callable[[str], None]:
 def cmd_report(args: argparse.Namespace) -> int:
     from autotune.report.build import study_report
     from autotune.report.crossstudy import campaign_report
-    from autotune.results import load_existing_study
+    from autotune.report.results import load_existing_study
 
     if args.all:
         storage, _ = _open(args.storage, args.study)
@@ -194,7 +199,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from autotune.config.study import StorageConfig
-    from autotune.dashboard import serve
+    from autotune.report.dashboard import serve
     from autotune.spec import load_study
 
     url = args.storage or (load_study(args.study).storage.url if args.study
@@ -211,7 +216,7 @@ def _port(text: str) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from autotune.plan import plan_study, render_plan
+    from autotune.planning.plan import plan_study, render_plan
     from autotune.runner.learning import plan_calibration
     from autotune.spec import load_study
 
@@ -248,7 +253,7 @@ def _layer_counts(text: str) -> tuple[int, ...]:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from autotune.errors import SpecError
-    from autotune.profile_command import profile_landscape, profile_study
+    from autotune.profiling.command import profile_landscape, profile_study
 
     if (args.study is None) == (args.from_landscape is None):
         raise SpecError("STUDY / --from-landscape", args.study or args.from_landscape,

@@ -7,7 +7,7 @@ that callers can show *all* reasons at once (torchtitan's ``ParallelDims`` print
 factor); an empty list means feasible.
 
 >>> from autotune.config.model import MODEL_PRESETS
->>> from autotune.layout import Layout
+>>> from autotune.layout import Layout, needs_no_less_memory
 >>> tiny = MODEL_PRESETS["tiny"]
 >>> check_layout(Layout(tp=2, pp=2, dp=1, micro_batch=2, grad_accum=4), tiny, world_size=4)
 []
@@ -27,7 +27,7 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.hardware import GiB
-from autotune.layout import Layout
+from autotune.layout import Layout, needs_no_less_memory
 
 if TYPE_CHECKING:  # the models stay out of the trainer's import path (see check_layout)
     from autotune.models.memory_uncertainty import MemoryVerdict
@@ -290,7 +290,7 @@ class Constraints:
         """The memory verdict of ``layout`` (``None`` without a memory rule).
 
         ``ooms``: layouts measured to run out of memory. One that ``layout`` needs no less
-        memory than (:func:`autotune.search.needs_no_less_memory`) makes it *exceeds*
+        memory than (:func:`autotune.layout.needs_no_less_memory`) makes it *exceeds*
         with ``p_fit = 0`` (``oom`` names it); a sibling that needs less (same tp and pp)
         lowers its ``p_fit`` by conditioning on the shared error
         (:func:`~autotune.models.memory_uncertainty.oom_conditioned_p_fit`). The verdict
@@ -307,8 +307,6 @@ class Constraints:
             classify_fit,
             oom_conditioned_p_fit,
         )
-        from autotune.search._base import needs_no_less_memory  # local: search imports optuna
-
         for oom in ooms:
             if needs_no_less_memory(layout, oom):
                 return replace(fit, verdict=Verdict.EXCEEDS, p_fit=0.0, oom=oom.key())

@@ -20,7 +20,8 @@ licences of the two published tables shipped there: :func:`shipped_landscape`):
   fused softmax over a materialised score matrix, before FlashAttention reached Megatron
   (``attention="explicit"``), with Megatron's default dropout of 0.1 (``dropout=0.1``).
   Throughput is model FLOPs over time:
-  ``model_flops_per_step(model, global_batch) / (iteration_s * world) / 1e12``.
+  ``model_flops_per_step(model, global_batch) / (iteration_s * world) / 1e12``
+  (:func:`autotune.models.flops.tflops_per_device`).
 * **Aurora** (``aurora_pvc_70b.csv``, argonne-lcf/Megatron-DeepSpeed notes): one row per
   run with the model, the layout, ``status`` (``ok``/``oom``) and Megatron-DeepSpeed's
   logged per-tile TFLOPS. Those count the recompute forward pass (hardware FLOPs), so
@@ -63,7 +64,11 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS, ModelConfig
 from autotune.errors import SpecError
 from autotune.layout import Layout
-from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
+from autotune.models.flops import (
+    hardware_flops_per_step,
+    model_flops_per_step,
+    tflops_per_device,
+)
 
 __all__ = ["Measurement", "LandscapeGroup", "load_landscape", "merge_duplicates", "VTRAIN_COLUMNS",
            "AURORA_COLUMNS", "DEFAULT_VTRAIN_HARDWARE", "DEFAULT_AURORA_HARDWARE",
@@ -305,7 +310,7 @@ def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: s
         g = groups[key]
         layout = row.build("layout", Layout, tp=tp, pp=pp, dp=dp, micro_batch=mb,
                            grad_accum=gb // (dp * mb), zero_stage=0, recompute="full")
-        tflops = model_flops_per_step(g["model"], gb) / (iter_s * gpus) / 1e12
+        tflops = tflops_per_device(model_flops_per_step(g["model"], gb), iter_s, gpus)
         g["rows"].append(Measurement(layout, "ok", tflops, iter_s))
     return [_finish(g, "bf16") for g in groups.values()]
 

@@ -49,7 +49,7 @@ from typing import Any, ClassVar, Literal
 
 from autotune.errors import SpecError
 
-__all__ = ["Layout", "Recompute", "RECOMPUTE_CHOICES", "ZERO_STAGES"]
+__all__ = ["Layout", "Recompute", "RECOMPUTE_CHOICES", "ZERO_STAGES", "needs_no_less_memory"]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
@@ -202,3 +202,24 @@ class Layout:
 
     def __str__(self) -> str:
         return self.key()
+
+
+# Memory order of activation recomputation: "none" keeps every activation (more memory).
+# Selective recompute keeps everything but the attention core (Korthikanti et al. 2022).
+_RECOMPUTE_MEMORY = {"full": 0, "selective": 1, "none": 2}
+"""Recomputation choices, least activation memory first."""
+
+
+def needs_no_less_memory(layout: Layout, than: Layout) -> bool:
+    """Whether ``layout`` needs at least the memory of ``than`` per device.
+
+    Same tp and pp (so the same model shard and dp), a micro-batch at least as large,
+    recomputation no stronger and a ZeRO stage no higher (each ZeRO stage only removes
+    state: Rajbhandari et al. 2020, fig. 1). Gradient accumulation does not change the
+    peak: the micro-batches in flight are bounded by pp under 1F1B.
+    """
+    return (layout.tp == than.tp and layout.pp == than.pp
+            and layout.micro_batch >= than.micro_batch
+            and _RECOMPUTE_MEMORY[layout.recompute] >= _RECOMPUTE_MEMORY[than.recompute]
+            and layout.sequence_parallel <= than.sequence_parallel  # SP only removes memory
+            and layout.zero_stage <= than.zero_stage)

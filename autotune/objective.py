@@ -26,7 +26,7 @@ OBJECTIVES: tuple[str, ...] = ("throughput", "energy", "throughput-within")
 
 
 def selection_record(objective: str, throughput_within: float) -> dict[str, Any]:
-    """The study's ``selection`` attribute (``runner/records.py``, ``StudyAttr``)."""
+    """The study's ``selection`` attribute (``storage/records.py``, ``StudyAttr``)."""
     return {"objective": objective, "throughput_within": throughput_within}
 
 

@@ -31,8 +31,8 @@ from autotune.config._fields import check_keys
 from autotune.config.cluster import ClusterConfig
 from autotune.config.launcher import LauncherConfig
 from autotune.config.model import ModelConfig
+from autotune.config.run_defaults import step_cap
 from autotune.config.study import (
-    DEFAULT_MAX_MEASURE_STEPS,
     SearchConfig,
     StorageConfig,
     TrainingConfig,
@@ -41,7 +41,7 @@ from autotune.config.study import (
 from autotune.config.workload import WorkloadConfig
 from autotune.errors import SpecError
 from autotune.models.profile import LayerProfile, load_cluster_profile
-from autotune.space import check_space_size
+from autotune.planning.space import check_space_size
 from autotune.trial import RunConfig
 
 __all__ = ["StudySpec", "load_study", "parse_study", "read_yaml", "StudyLoader",
@@ -245,8 +245,9 @@ class StudySpec:
                          seed=self.search.seed, device=trial.device,
                          collective_timeout_s=trial.collective_timeout_s,
                          measure_precision=trial.measure_precision,
-                         max_measure_steps=(trial.max_measure_steps or max(
-                             DEFAULT_MAX_MEASURE_STEPS, trial.measure_steps))
+                         max_measure_steps=step_cap(trial.measure_steps,
+                                                    trial.measure_precision,
+                                                    trial.max_measure_steps)
                          if trial.measure_precision is not None else None,
                          early_stop_tolerance=trial.early_stop_tolerance,
                          best_model_tflops_per_device=best_model_tflops_per_device
@@ -284,7 +285,7 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             workload=WorkloadConfig.from_dict(data.get("workload") or {}),
             source=source,
         )
-        spec.workload.check_model(spec.model)
+        check_megatron_flags(spec.workload, spec.model)
         if read_profile:
             # Read once, here: a bad file fails the load, before any database or launcher.
             spec = replace(spec, profile=load_cluster_profile(spec.cluster, spec.model,
@@ -351,3 +352,33 @@ def load_study(path: str | os.PathLike[str], *, read_profile: bool = True) -> St
         raise SpecError("STUDY", str(p), "the file is empty; see studies/cpu_demo.yaml")
     return parse_study(data, default_name=re.sub(r"[^A-Za-z0-9_.-]", "-", p.stem) or "study",
                        source=str(p), base_dir=p.parent, read_profile=read_profile)
+
+def check_megatron_flags(workload: WorkloadConfig, model: ModelConfig) -> None:
+    """A ``megatron-deepspeed`` workload's ``args`` give no flag autotune owns, and their
+    model flags agree with the study's ``model`` (the score is computed from it). Checked
+    here, by the loader, and not in ``config/``: the flags are the workload's
+    (:mod:`autotune.workloads.megatron`), and config imports nothing above it."""
+    if workload.kind != "megatron-deepspeed":
+        return
+    from autotune.workloads.megatron import conflicting_flag, model_mismatch
+
+    args = workload.args
+    clash = conflicting_flag(args)
+    if clash is not None:
+        index, flag, owned = clash
+        if owned == "--bf16":  # the precision: a flag only at bf16, none at fp32
+            raise SpecError(f"workload.args[{index}]", args[index],
+                            f"{flag} conflicts with training.dtype: autotune gives the "
+                            "trials their precision (--bf16 with training.dtype bf16, "
+                            "no precision flag with fp32); set training.dtype instead")
+        raise SpecError(f"workload.args[{index}]", args[index],
+                        f"{flag} conflicts with {owned}, which autotune sets for every "
+                        "trial (from the layout, training.dtype or the trial settings); "
+                        "remove it")
+    mismatch = model_mismatch(args, model)
+    if mismatch is not None:
+        index, given, study = mismatch
+        raise SpecError(f"workload.args[{index}]", given,
+                        f"disagrees with the study's {study}: the score's FLOPs are the "
+                        "study model's; make them equal (or leave the flag out: autotune "
+                        "adds it)")

@@ -97,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from autotune.layout import Layout
     from autotune.runner.optuna_io import layout_params, open_study
-    from autotune.runner.outcome import Outcome
-    from autotune.runner.records import TrialFacts, measurement_row, user_attrs
     from autotune.spec import load_study
     from autotune.storage import open_storage
     from autotune.storage._optuna_rdb import CONSTRAINT_ATTR
     from autotune.storage.claims import Claimed, claim_layout, record_execution
+    from autotune.storage.records import TrialFacts, measurement_row, user_attrs
     from autotune.trial import TrialResult
+    from autotune.trial.outcome import Verdict
     from tests.replay_study import table_rows
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                              world_size=64, device="a100")
         now = datetime.now(timezone.utc).replace(tzinfo=None)
 
-        def facts(lay: Layout, trial_id: int, number: int, outcome: Outcome) -> TrialFacts:
+        def facts(lay: Layout, trial_id: int, number: int, outcome: Verdict) -> TrialFacts:
             return TrialFacts(study_name=spec.name, trial_number=number, trial_id=trial_id,
                               layout=lay, outcome=outcome, result=result, launcher="replay",
                               worker="bench", started_at=now, finished_at=now, elapsed_s=0.1,
@@ -146,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
                                    n_trials=10_000, worker="bench",
                                    params=layout_params(lay, spec),
                                    user_attrs={"layout": lay.key()},
-                                   measurement=row_of(facts(lay, 0, 0, Outcome("killed"))))
+                                   measurement=row_of(facts(lay, 0, 0, Verdict("killed"))))
             assert isinstance(claimed, Claimed)
-            done = facts(lay, claimed.trial_id, claimed.number, Outcome("complete", 20.0))
+            done = facts(lay, claimed.trial_id, claimed.number, Verdict("complete", 20.0))
             record_execution(storage, trial_id=claimed.trial_id, state=TrialState.COMPLETE,
                              value=20.0, user_attrs=user_attrs(done),
                              system_attrs={CONSTRAINT_ATTR: 0.0}, measurement=row_of(done),
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                     distributions={k: d for k, (_, d) in params.items()}, user_attrs={},
                     system_attrs={}, intermediate_values={}, trial_id=0)
                 trial_id = backend.create_new_trial(study_id, template_trial=template)
-                for key, value in user_attrs(facts(lay, trial_id, 0, Outcome("complete",
+                for key, value in user_attrs(facts(lay, trial_id, 0, Verdict("complete",
                                                                              20.0))).items():
                     backend.set_trial_user_attr(trial_id, key, value)
                 backend.set_trial_system_attr(trial_id, CONSTRAINT_ATTR, 0.0)

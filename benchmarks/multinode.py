@@ -50,11 +50,15 @@ sys.path.insert(0, str(REPO))
 
 from autotune.config.cluster import ClusterConfig, LinkConfig  # noqa: E402
 from autotune.config.model import ModelConfig  # noqa: E402
-from autotune.launchers.base import LaunchReport  # noqa: E402
 from autotune.launchers.slurm import SlurmLauncher  # noqa: E402
 from autotune.layout import Layout  # noqa: E402
 from autotune.models.cost import estimate_step  # noqa: E402
-from autotune.trial import RunConfig, TrialPaths, TrialSpec  # noqa: E402
+from autotune.trial import (  # noqa: E402
+    LaunchReport,
+    RunConfig,
+    TrialPaths,
+    TrialSpec,
+)
 
 CLUSTER_SH = REPO / ".ci" / "cluster.sh"
 TINY = ModelConfig(n_layer=2, hidden=32, n_head=4, seq_len=16, vocab_size=64,
@@ -129,7 +133,8 @@ class Allocation:
 def _trial(launcher: SlurmLauncher, root: Path, name: str, model: ModelConfig,
            layout: Layout, measure_steps: int) -> LaunchReport:
     spec = TrialSpec(model=model, layout=layout,
-                     run=RunConfig(device="cpu", warmup_steps=1, measure_steps=measure_steps))
+                     run=RunConfig(device="cpu", warmup_steps=1, measure_steps=measure_steps,
+                                   measure_precision=None))
     report = launcher.run(spec, TrialPaths(root / name), timeout_s=300)
     if report.result is None or report.result.status != "ok":
         raise SystemExit(f"trial {name} failed: {report.scheduler_state} "

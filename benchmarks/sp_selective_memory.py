@@ -93,7 +93,8 @@ def predicted_bytes(case: Case) -> int:
 
 def _spec(case: Case) -> dict:
     return {"model": case.model.to_dict(), "layout": case.layout.to_dict(),
-            "run": {"warmup_steps": 1, "measure_steps": 1, "dtype": "fp32", "seed": 3,
+            "run": {"warmup_steps": 1, "measure_steps": 1, "measure_precision": None,
+                    "dtype": "fp32", "seed": 3,
                     "device": "cpu"}}
 
 

@@ -42,7 +42,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from autotune.timings import STARTUP_PHASES, time_breakdown  # noqa: E402
+from autotune.report.timings import STARTUP_PHASES, time_breakdown  # noqa: E402
 from autotune.trial import PHASES  # noqa: E402
 
 _RAN = ("complete", "stopped", "oom")
@@ -93,8 +93,7 @@ def _arm_study(base: dict[str, Any], tmp: Path, arm: str, args: argparse.Namespa
 def _run_arm(path: Path, name: str) -> dict[str, Any]:
     import optuna
 
-    from autotune.results import best_trial
-    from autotune.runner.records import TrialAttr, trial_layout_key, trial_outcome
+    from autotune.storage.records import TrialAttr, best_trial, trial_layout_key, trial_outcome
 
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,

@@ -80,7 +80,7 @@ def run_plain(model_cfg: Any, *, device: str, dtype: str, micro_batch: int, grad
     from trainer.data import SyntheticTokens, micro_batches
     from trainer.engine import LEARNING_RATE
     from trainer.model import GPT, LossFn
-    from trainer.tensor_parallel import TPContext
+    from trainer.tp_context import TPContext
 
     tp = TPContext()
     model = GPT(model_cfg, tp, seed, recompute=False).to(device)
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "layout": {"tp": 1, "pp": 1, "dp": 1, "micro_batch": micro,
                        "grad_accum": args.grad_accum, "zero_stage": 0, "recompute": "none"},
             "run": {"warmup_steps": args.warmup_steps, "measure_steps": args.measure_steps,
+                    "measure_precision": None,
                     "dtype": dtype, "seed": seed, "device": args.device}}
     trainer = run_trainer(spec)
     import torch

@@ -25,7 +25,8 @@ TINY = ModelConfig(n_layer=2, hidden=32, n_head=4, seq_len=16, vocab_size=64, ff
 def tiny_spec(layout: Layout | None = None, **run: Any) -> TrialSpec:
     layout = layout or Layout(tp=1, pp=1, dp=2, micro_batch=1, grad_accum=2)
     return TrialSpec(model=TINY, layout=layout,
-                     run=RunConfig(device="cpu", warmup_steps=1, measure_steps=2, **run))
+                     run=RunConfig(**{"device": "cpu", "warmup_steps": 1, "measure_steps": 2,
+                                       "measure_precision": None, **run}))
 
 
 def write_study(path: Path, *, name: str = "t", devices: int = 2, n_trials: int = 3,

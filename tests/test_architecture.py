@@ -1,16 +1,15 @@
-"""Import direction: data flows one way (docs/architecture.md), so the imports do too.
+"""Import direction: data flows one way (docs/architecture.md, "The import rule"), so the
+imports do too.
 
 Every import of every module is read with :mod:`ast` — top-level, inside functions (lazy
 imports), under ``TYPE_CHECKING`` — and no module of a layer may import one it must not
 know. A failure names each offending module, line and import.
 
-The runner is ``autotune.runner``. Two of its modules are schemas rather than machinery:
-``runner.records`` (every key a trial and a study store, with their readers) and
-``runner.outcome`` (the outcome kinds and their Optuna states). Readers of a study (the
-report, ``results``, campaigns) must use them to read what the runner wrote, as they use
-``storage.schema`` for SQL; so the report may import those two and nothing else of the
-runner, and those two import nothing of the loop or of a launcher (checked below), so
-nothing reaches the loop through them.
+The layers, bottom up: ``config`` (with ``layout``, ``hardware``, ``errors``), ``models``,
+``trial`` (what a trial is: spec, result, paths, report, outcome), ``storage`` (the
+database, the stored keys and the ``measurements`` row), ``workloads`` and ``launchers``
+(what runs, where), ``search``, ``runner``, and the readers on top: ``report`` (it reads
+storage, never the runner). No module imports one that imports it back (no circle).
 """
 
 from __future__ import annotations
@@ -24,16 +23,12 @@ import pytest
 from tests.helpers import REPO
 
 RUNNER = ("autotune.runner",)
-"""The whole runner package."""
-RUNNER_LOOP = ("autotune.runner.study", "autotune.runner.optuna_io", "autotune.runner.budget",
-               "autotune.runner.lifecycle", "autotune.runner.progress")
-"""The runner's machinery: everything of it but its two schema modules."""
-RUNNER_SCHEMAS = ("autotune/runner/records.py", "autotune/runner/outcome.py")
-"""The runner's schema modules. ``outcome`` names the launcher's ``LaunchReport`` as the type
-it classifies (under ``TYPE_CHECKING``), so the launchers are forbidden to ``records`` only."""
 LAUNCHERS = ("autotune.launchers",)
+WORKLOADS = ("autotune.workloads",)
 SEARCH = ("autotune.search",)
 MODELS = ("autotune.models",)
+TRIAL = ("autotune.trial",)
+REPORT = ("autotune.report",)
 
 
 @dataclass(frozen=True)
@@ -99,13 +94,22 @@ def offending(folder: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 RULES = [
-    pytest.param("autotune/models", RUNNER + LAUNCHERS, id="models-know-no-runner-or-launcher"),
-    pytest.param("autotune/report", RUNNER_LOOP + LAUNCHERS,
-                 id="report-knows-no-runner-loop-or-launcher"),
-    pytest.param(RUNNER_SCHEMAS[0], RUNNER_LOOP + LAUNCHERS + SEARCH, id="records-is-a-leaf"),
-    pytest.param(RUNNER_SCHEMAS[1], RUNNER_LOOP + SEARCH, id="outcome-is-a-leaf"),
-    pytest.param("autotune/config", MODELS, id="config-knows-no-models"),
-    pytest.param("trainer", RUNNER + SEARCH, id="trainer-knows-no-runner-or-search"),
+    pytest.param("autotune/config", MODELS + TRIAL + WORKLOADS + LAUNCHERS + SEARCH + RUNNER,
+                 id="config-knows-nothing-above-it"),
+    pytest.param("autotune/feasibility.py", SEARCH + RUNNER + LAUNCHERS,
+                 id="feasibility-knows-no-search"),
+    pytest.param("autotune/models", RUNNER + LAUNCHERS + WORKLOADS + SEARCH,
+                 id="models-know-no-runner-launcher-workload-or-search"),
+    pytest.param("autotune/trial", RUNNER + LAUNCHERS + WORKLOADS + SEARCH + REPORT,
+                 id="trial-knows-no-runner-launcher-or-workload"),
+    pytest.param("autotune/storage", RUNNER + LAUNCHERS + WORKLOADS + SEARCH + REPORT,
+                 id="storage-knows-no-runner-launcher-or-workload"),
+    pytest.param("autotune/workloads", RUNNER + LAUNCHERS + SEARCH,
+                 id="workloads-know-no-launcher-or-runner"),
+    pytest.param("autotune/launchers", RUNNER + SEARCH, id="launchers-know-no-runner"),
+    pytest.param("autotune/report", RUNNER + LAUNCHERS, id="report-knows-no-runner"),
+    pytest.param("trainer", RUNNER + SEARCH + LAUNCHERS + ("autotune.storage",),
+                 id="trainer-knows-no-runner-search-launcher-or-storage"),
 ]
 
 
@@ -135,5 +139,80 @@ def test_a_forbidden_import_is_caught() -> None:
     """The rule can fail: a report module importing the loop is named with its line."""
     found = parse_imports("import os\nfrom autotune.runner.study import run_study\n",
                           "autotune.report.x")
-    bad = {(i.module, i.line) for i in found if any(i.target.startswith(f) for f in RUNNER_LOOP)}
+    bad = {(i.module, i.line) for i in found if any(i.target.startswith(f) for f in RUNNER)}
     assert bad == {("autotune.report.x", 2)}
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every module of ``autotune/`` and ``trainer/`` -> the modules of the tree it imports.
+    ``from pkg import submodule`` imports the submodule, not the package's own code."""
+    paths = {module_name(p): p for top in ("autotune", "trainer")
+             for p in sorted((REPO / top).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        found = imports_of(path)
+        submodule_lines = {(i.line, i.target.rpartition(".")[0]) for i in found
+                           if i.target in paths}
+        graph[name] = {i.target for i in found if i.target in paths and i.target != name
+                       and not (i.target + ".__init__" not in paths
+                                and (i.line, i.target) in submodule_lines)}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (strongly connected components of two or more
+    modules, Tarjan 1972), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle() -> None:
+    graph = module_graph()
+    found = circles(graph)
+    assert not found, "modules that import each other (directly or round a loop):\n  " + \
+        "\n  ".join(" <-> ".join(c) + ": " + "; ".join(
+            f"{a} -> {', '.join(sorted(graph[a] & set(c)))}" for a in c) for c in found)
+
+
+def test_a_circle_is_caught() -> None:
+    """The circle check can fail: a loop of three and a pair are found, a chain is not."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d"}, "f": {"a"}}
+    assert circles(graph) == [["a", "b", "c"], ["d", "e"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_from_a_package_import_a_submodule_is_no_import_of_the_package() -> None:
+    """``from autotune.workloads import megatron`` in workloads/foreign.py imports
+    workloads/megatron.py, not workloads/__init__.py (which imports foreign lazily)."""
+    graph = module_graph()
+    assert "autotune.workloads.megatron" in graph["autotune.workloads.foreign"]
+    assert "autotune.workloads" not in graph["autotune.workloads.foreign"]

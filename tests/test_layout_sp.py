@@ -10,12 +10,11 @@ from autotune.config.model import MODEL_PRESETS, ModelConfig
 from autotune.config.study import SearchConfig
 from autotune.errors import SpecError
 from autotune.feasibility import check_layout
-from autotune.layout import Layout
+from autotune.layout import Layout, needs_no_less_memory
 from autotune.models.cost import estimate_step
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.models.memory import estimate_memory, layer_activation_bytes
-from autotune.search._base import needs_no_less_memory
-from autotune.space import enumerate_layouts
+from autotune.planning.space import enumerate_layouts
 
 
 def _lay(**kw) -> Layout:

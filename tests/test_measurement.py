@@ -1,12 +1,17 @@
 """The order-statistic bounds of the median step time hold whatever the distribution of a
-step (autotune/measurement.py): checked by simulation on skewed step times."""
+step (autotune/trial/measurement.py): checked by simulation on skewed step times."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from autotune.measurement import hopeless, median_interval, median_lower_bound, relative_precision
+from autotune.trial.measurement import (
+    hopeless,
+    median_interval,
+    median_lower_bound,
+    relative_precision,
+)
 
 
 @pytest.mark.parametrize("n", [6, 9, 12, 20])

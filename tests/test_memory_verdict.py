@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.candidates import rank_candidates
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import MODEL_PRESETS
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
@@ -14,6 +13,7 @@ from autotune.errors import SpecError
 from autotune.feasibility import Constraints, MemoryBudget, check_layout
 from autotune.layout import Layout
 from autotune.models.memory_uncertainty import Verdict
+from autotune.planning.candidates import rank_candidates
 from autotune.search import Observation, make_strategy, untried
 from autotune.spec import parse_study
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from autotune.config.study import SearchConfig
 from autotune.errors import SpecError
 from autotune.feasibility import Constraints
-from autotune.plan import plan_study, render_plan
-from autotune.space import enumerate_layouts
+from autotune.planning.plan import plan_study, render_plan
+from autotune.planning.space import enumerate_layouts
 from autotune.spec import load_study, parse_study
 
 REPO = Path(__file__).resolve().parents[1]

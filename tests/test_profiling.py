@@ -1,6 +1,6 @@
 """``autotune profile``: which shapes it measures, how it runs them, what it writes.
 
-The fast tests drive :func:`autotune.profiling.run_profile` with a launcher that answers
+The fast tests drive :func:`autotune.profiling.layers.run_profile` with a launcher that answers
 from a known linear step-time model (so the fitted layer times can be checked exactly,
 and one shape can be made to run out of memory); the slow test runs the real trainer.
 """
@@ -17,7 +17,7 @@ from autotune.cli import main
 from autotune.landscape import shipped_landscape
 from autotune.launchers.base import Launcher
 from autotune.models.profile import LayerProfile, load_profile
-from autotune.profiling import (
+from autotune.profiling.layers import (
     ProfileCell,
     compare_rows,
     profile_cells,
@@ -92,8 +92,8 @@ def test_cells_are_the_feasible_shapes_best_predicted_first(study: Path) -> None
     spec = load_study(study)
     cells, skipped = profile_cells(spec)
     assert len(cells) == len(set(cells)) and not skipped
-    from autotune.candidates import rank_candidates
     from autotune.feasibility import Constraints
+    from autotune.planning.candidates import rank_candidates
 
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
                                            spec.trial)

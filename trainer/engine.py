@@ -32,7 +32,7 @@ from autotune.trial import RunConfig
 from trainer.distributed import DeviceInfo
 from trainer.model import GPT, LossFn
 from trainer.pipeline import build_pipeline_module
-from trainer.tensor_parallel import TPContext
+from trainer.tp_context import TPContext
 
 __all__ = ["TrainEngine", "LEARNING_RATE"]
 

@@ -9,6 +9,7 @@ How a figure is obtained (``docs/trainer.md`` has the full table):
   (``step_time_s``) and the interquartile range (``step_time_iqr_s``), never the best.
 * ``tokens_per_s = global_batch * seq_len / step_time_s``.
 * ``model_tflops_per_device = model_flops_per_step / (step_time_s * world_size) / 1e12``
+  (:func:`autotune.models.flops.tflops_per_device`)
   with :func:`autotune.models.flops.model_flops_per_step` (Narayanan et al. 2021, eq. 3,
   without the recompute forward; PaLM's model FLOPs).
 * ``hardware_tflops_per_device``: the same with
@@ -16,13 +17,13 @@ How a figure is obtained (``docs/trainer.md`` has the full table):
 * ``mfu = model_tflops_per_device * 1e12 / peak`` with the dense peak of the device for
   the trial's dtype (:func:`autotune.hardware.peak_flops_for_device_name`); ``None`` when
   the peak is unknown (CPUs).
-* How many steps (:class:`autotune.measurement.StopRule`): exactly ``measure_steps``; or, with
+* How many steps (:class:`autotune.trial.measurement.StopRule`): exactly ``measure_steps``; or, with
   ``run.measure_precision``, at least ``measure_steps`` and until the distribution-free
-  confidence interval of the median (:func:`autotune.measurement.relative_precision`) is
+  confidence interval of the median (:func:`autotune.trial.measurement.relative_precision`) is
   that narrow, at most ``run.step_cap``; and, with ``run.early_stop_tolerance`` and a best
   throughput to compare with, stopped as soon as the median's lower confidence bound
   shows the layout cannot come within the tolerance of the best
-  (:func:`autotune.measurement.hopeless`). The achieved precision is in the result.
+  (:func:`autotune.trial.measurement.hopeless`). The achieved precision is in the result.
 * Memory: the accelerator's peak allocated (and reserved) bytes since the trial started;
   on CPU the peak resident set of the process. The result holds the max over ranks.
 
@@ -46,8 +47,14 @@ import numpy as np
 
 from autotune.config.model import ModelConfig
 from autotune.hardware import peak_flops_for_device_name
-from autotune.measurement import StopRule  # one rule for the trainer and users' programs
-from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
+from autotune.models.flops import (
+    hardware_flops_per_step,
+    model_flops_per_step,
+    tflops_per_device,
+)
+from autotune.trial.measurement import (  # one stop rule: the trainer's and users' programs
+    StopRule,
+)
 
 __all__ = ["StepClock", "StopRule", "summarize_step_times", "FlopsRates", "flops_rates"]
 
@@ -94,13 +101,13 @@ def flops_rates(model: ModelConfig, *, global_batch: int, step_time_s: float, wo
     """Throughput figures of a step of ``step_time_s`` seconds (formulas in the docstring)."""
     model_flops = model_flops_per_step(model, global_batch)
     hw_flops = hardware_flops_per_step(model, global_batch, recompute=recompute)
-    model_tflops = model_flops / (step_time_s * world_size) / 1e12
+    model_tflops = tflops_per_device(model_flops, step_time_s, world_size)
     peak = peak_flops_for_device_name(device_name, dtype)
     return FlopsRates(
         tokens_per_s=global_batch * model.seq_len / step_time_s,
         model_flops_per_step=model_flops,
         model_tflops_per_device=model_tflops,
-        hardware_tflops_per_device=hw_flops / (step_time_s * world_size) / 1e12,
+        hardware_tflops_per_device=tflops_per_device(hw_flops, step_time_s, world_size),
         mfu=None if peak is None else model_tflops * 1e12 / peak,
         peak_flops=peak,
     )

@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from autotune.config.model import ModelConfig
 from trainer.model import Block, Embedding, Head, LossFn
-from trainer.tensor_parallel import TPContext
+from trainer.tp_context import TPContext
 
 __all__ = ["build_pipeline_module"]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.atomic import write_json_atomic
-from autotune.measurement import relative_precision
 from autotune.trial import PHASES, TrialResult, TrialSpec
+from autotune.trial.measurement import relative_precision
 from trainer.distributed import LaunchEnv
 from trainer.energy import total_j
 from trainer.timeline import Timeline

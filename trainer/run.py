@@ -4,7 +4,7 @@ Each rank's status comes from :func:`result_status_of_exception`: ``ok``, ``oom`
 memory) or ``error``; the result file gets the worst over ranks (an ``oom`` on *any* rank
 makes the trial ``oom`` unless another failed otherwise). That file is the trainer's
 verdict only: the runner turns it and what the launcher saw into the trial's outcome
-(:func:`autotune.runner.outcome.classify`). Ranks agree on the status through an
+(:func:`autotune.trial.classify.classify`). Ranks agree on the status through an
 all-reduce (MAX of a status code) in a dedicated gloo group whose timeout is longer than
 the process-group timeout, so that a rank that failed early still meets the ranks that
 are stuck in a step collective until ``run.collective_timeout_s`` expires. Each failing

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from trainer.tensor_parallel import TPContext
+    from trainer.tp_context import TPContext
 
 __all__ = ["scatter_to_sequence", "reduce_scatter_to_sequence", "gather_from_sequence",
            "gathered_linear", "sum_grad_over_tp"]

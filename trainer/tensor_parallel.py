@@ -21,7 +21,6 @@ the same model and their losses can be compared.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.sequence_parallel import gathered_linear, reduce_scatter_to_sequence, sum_grad_over_tp
+from trainer.tp_context import TPContext
 
 __all__ = ["TPContext", "ColumnParallelLinear", "RowParallelLinear",
            "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "copy_to_tp",
@@ -36,32 +36,6 @@ __all__ = ["TPContext", "ColumnParallelLinear", "RowParallelLinear",
 
 INIT_STD = 0.02
 """GPT-2 initialisation (Radford et al. 2019)."""
-
-
-@dataclass
-class TPContext:
-    """This rank's place in its tensor-parallel group.
-
-    ``group`` may be bound after the layers are built: DeepSpeed's ``PipelineModule``
-    creates the groups inside its constructor, after the layer specs are fixed.
-    """
-
-    rank: int = 0
-    size: int = 1
-    group: Any = None
-    sequence_parallel: bool = False
-    """Between the TP regions the activations are split along the sequence
-    (:mod:`trainer.sequence_parallel`); only with ``size > 1``."""
-
-    @property
-    def sp(self) -> bool:
-        """Whether sequence parallelism is in effect (``size > 1``)."""
-        return self.sequence_parallel and self.size > 1
-
-    def shard(self, n: int) -> tuple[int, int]:
-        """[start, stop) of this rank's share of ``n`` (``n`` divisible by ``size``)."""
-        per = n // self.size
-        return self.rank * per, (self.rank + 1) * per
 
 
 def _all_reduce(x: torch.Tensor, ctx: TPContext, op: Any = None) -> torch.Tensor:

@@ -122,7 +122,7 @@ class StudyProgress:
     best_params: dict[str, Any] = field(default_factory=dict)
     exists: bool = False
     search_stop: dict[str, Any] | None = None
-    """The study's recorded early stop (:func:`autotune.runner.records.search_stop_record`)."""
+    """The study's recorded early stop (:func:`autotune.storage.records.search_stop_record`)."""
 
     def done(self, n_trials: int, min_improvement: float | None) -> bool:
         """Whether the study is done: the runner's rule,
@@ -136,7 +136,7 @@ def study_progress(url: str, study: str) -> StudyProgress:
     """Counts and the best trial of one study, from the shared database."""
     import optuna
 
-    from autotune.results import study_status
+    from autotune.report.results import study_status
     from autotune.storage.claims import claim_counts, repair_stale
     from autotune.storage.db import Storage
 

@@ -11,7 +11,7 @@ allowed, read from the validators the dataclass calls with their bounds
 (:mod:`autotune.config._allowed`), else from the field's type, and the meaning (the
 docstring under the field). A key with neither a field nor an entry of :data:`EXTRA_KEYS`
 or :data:`FILE_KEYS` is an error, so a new field cannot go undocumented:
-``tests/test_study_files_doc.py`` fails until the file is regenerated.
+``tests/config/test_docgen.py`` fails until the file is regenerated.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.config import run_defaults as run
 from autotune.config._fields import (
     check_choice,
     check_float,
@@ -18,6 +19,7 @@ from autotune.config._fields import (
     check_list,
 )
 from autotune.config.cluster import MAX_DEVICES_PER_NODE, MAX_NODES
+from autotune.config.run_defaults import MAX_STEPS
 from autotune.errors import SpecError
 from autotune.layout import RECOMPUTE_CHOICES, ZERO_STAGES
 from autotune.objective import OBJECTIVES
@@ -41,10 +43,6 @@ MAX_RUN_TIMEOUT_S = 366 * 86_400
 """Longest ``search.timeout_s``: a year."""
 MAX_TRIAL_TIMEOUT_S = 30 * 86_400
 """Longest ``trial.timeout_s`` and ``trial.collective_timeout_s``: 30 days."""
-MAX_STEPS = 100_000
-"""Most warm-up or measured steps of one trial."""
-DEFAULT_MAX_MEASURE_STEPS = 12
-"""``trial.max_measure_steps`` when unset (and ``measure_steps`` is smaller)."""
 MAX_CONFIRM = 16
 """Most layouts in a confirmation round (each round measures every one of them)."""
 MAX_CONFIRM_ROUNDS = 100
@@ -250,11 +248,11 @@ class SearchConfig:
 class TrialConfig:
     """How each measured trial runs."""
 
-    warmup_steps: int = 1
+    warmup_steps: int = run.WARMUP_STEPS
     """Untimed optimizer steps."""
-    measure_steps: int = 3
+    measure_steps: int = run.MEASURE_STEPS
     """Timed optimizer steps (median reported); with ``measure_precision``, the fewest."""
-    measure_precision: float | None = 0.05
+    measure_precision: float | None = run.MEASURE_PRECISION
     """Measure each layout until its median step time is known to this relative precision
     (half-width of the distribution-free 95% interval of the median, from order statistics:
     at least 6 timed steps) or ``max_measure_steps`` is reached; the precision reached is
@@ -291,9 +289,9 @@ class TrialConfig:
     weighs their predicted throughput by the probability. A layout wrongly excluded can
     never be found, while one that runs out of memory costs one short trial and rules out
     its hungrier siblings. 0 never excludes on the prediction alone."""
-    collective_timeout_s: int = 300
+    collective_timeout_s: int = run.COLLECTIVE_TIMEOUT_S
     """Process-group timeout inside the trial (a dead rank cannot block the others)."""
-    device: str = "auto"
+    device: str = run.DEVICE
     """Trainer device: ``auto``, ``cpu``, ``cuda``, ``xpu``."""
 
     def __post_init__(self) -> None:
@@ -323,7 +321,7 @@ class TrialConfig:
                             "allowed: a probability >= 0 and < 0.5 (0.025 = 2.5%)")
         check_int("trial.collective_timeout_s", self.collective_timeout_s,
                   maximum=MAX_TRIAL_TIMEOUT_S)
-        check_choice("trial.device", self.device, ("auto", "cpu", "cuda", "xpu"))
+        check_choice("trial.device", self.device, run.DEVICES)
 
     @classmethod
     def from_dict(cls, data: Any) -> TrialConfig:

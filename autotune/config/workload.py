@@ -25,7 +25,6 @@ from typing import Any
 
 from autotune.config._fields import check_choice, check_float, check_int, check_keys, check_text
 from autotune.config.launcher import _str_map
-from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
 
 __all__ = ["WorkloadConfig", "WORKLOAD_KINDS", "OUTER_CHOICES", "PLACEHOLDERS",
@@ -202,8 +201,6 @@ class WorkloadConfig:
                                 f"are read from the directory autotune runs in: {os.getcwd()})")
 
     def _check_megatron(self) -> None:
-        from autotune.workloads.megatron import conflicting_flag
-
         if self.argv:
             raise SpecError("workload.argv", list(self.argv),
                             "allowed only with workload.kind 'command'; a "
@@ -218,33 +215,6 @@ class WorkloadConfig:
         if self.python is not None and not _found(self.python):
             raise SpecError("workload.python", self.python,
                             "command not found: not on PATH and no such file")
-        clash = conflicting_flag(self.args)
-        if clash is not None:
-            index, flag, owned = clash
-            if owned == "--bf16":  # the precision: a flag only at bf16, none at fp32
-                raise SpecError(f"workload.args[{index}]", self.args[index],
-                                f"{flag} conflicts with training.dtype: autotune gives the "
-                                "trials their precision (--bf16 with training.dtype bf16, "
-                                "no precision flag with fp32); set training.dtype instead")
-            raise SpecError(f"workload.args[{index}]", self.args[index],
-                            f"{flag} conflicts with {owned}, which autotune sets for every "
-                            "trial (from the layout, training.dtype or the trial settings); "
-                            "remove it")
-
-    def check_model(self, model: ModelConfig) -> None:
-        """A ``megatron-deepspeed`` model flag must agree with the study's ``model`` (the
-        score is computed from it)."""
-        if self.kind != "megatron-deepspeed":
-            return
-        from autotune.workloads.megatron import model_mismatch
-
-        mismatch = model_mismatch(self.args, model)
-        if mismatch is not None:
-            index, given, study = mismatch
-            raise SpecError(f"workload.args[{index}]", given,
-                            f"disagrees with the study's {study}: the score's FLOPs are the "
-                            "study model's; make them equal (or leave the flag out: autotune "
-                            "adds it)")
 
     @property
     def foreign(self) -> bool:

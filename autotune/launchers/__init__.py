@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.launchers.base import Launcher, LaunchReport
-from autotune.trial import TrialPaths
+from autotune.launchers.base import Launcher
 
 if TYPE_CHECKING:
     from autotune.config.cluster import ClusterConfig
@@ -14,7 +13,7 @@ if TYPE_CHECKING:
     from autotune.config.study import TrainingConfig
     from autotune.config.workload import WorkloadConfig
 
-__all__ = ["Launcher", "LaunchReport", "TrialPaths", "make_launcher", "make_launchers"]
+__all__ = ["Launcher", "make_launcher", "make_launchers"]
 
 
 def make_launcher(launcher: LauncherConfig, model: ModelConfig, cluster: ClusterConfig,

@@ -27,10 +27,10 @@ Contract, checked for every backend by one test class (``LauncherContract`` in
 3. :meth:`Launcher.cancel` (from another thread or a signal handler) makes ``run`` kill
    the trial and return promptly with ``interrupted`` set.
 4. The result is whatever the trainer wrote atomically to ``paths.result`` (or ``None``):
-   outcomes are decided from that file and the report by :func:`autotune.runner.outcome.classify`,
-   never by reading logs. ``stderr_tail`` is only for humans. A foreign workload writes the
-   result file from what its program reported (``finish``), and its outcome is decided by
-   :func:`autotune.runner.foreign.foreign_outcome`.
+   outcomes are decided from that file and the report (:class:`~autotune.trial.report.LaunchReport`)
+   by :func:`autotune.trial.classify.classify`, never by reading logs. ``stderr_tail`` is
+   only for humans. A foreign workload writes the result file from what its program
+   reported (``finish``), classified by the same function.
 5. A trial whose workload watch reports no progress is killed like a timed-out one, and
    reported ``no_progress``. One whose watch says it measured enough
    (:mod:`autotune.workloads.adaptive`) is stopped the same way (:meth:`_kill`: SIGTERM,
@@ -59,69 +59,18 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 from autotune.atomic import write_json_atomic
 from autotune.layout import Layout
-from autotune.trial import TrialPaths, TrialResult, TrialSpec
+from autotune.trial import LaunchReport, TrialPaths, TrialSpec
 from autotune.workloads.base import BuiltinWorkload, Workload
 
-__all__ = ["Launcher", "LaunchReport", "tail"]
+__all__ = ["Launcher", "tail"]
 
 _POLL_S = 0.2
-
-
-@dataclass
-class LaunchReport:
-    """What a launcher observed. Classified into an outcome in one place."""
-
-    result: TrialResult | None
-    """The trainer's result file, ``None`` if it wrote none (crash, kill)."""
-    returncode: int | None
-    timed_out: bool = False
-    interrupted: bool = False
-    """Stopped by :meth:`Launcher.cancel` (Ctrl-C, SIGTERM before walltime)."""
-    scheduler_state: str | None = None
-    """E.g. SLURM step state ``COMPLETED``, ``OUT_OF_MEMORY``, ``NODE_FAIL``."""
-    stderr_tail: str = ""
-    hosts: list[str] = field(default_factory=list)
-    elapsed_s: float = 0.0
-    result_error: str | None = None
-    """Why a result file present could not be read."""
-    workload: str = "builtin"
-    """The workload kind that ran (:mod:`autotune.workloads`)."""
-    no_progress: bool = False
-    """Killed because its workload watch saw no new step in time."""
-    no_progress_reason: str = ""
-    readback: dict[str, Any] | None = None
-    """A foreign workload's summary of what it read back (source, steps, garbage lines)."""
-    log_text: str = ""
-    """A foreign program's output (the end of stdout and stderr), where an out-of-memory
-    signature is looked for; not stored."""
-    error_line: str | None = None
-    """A foreign program's own last error line (:func:`autotune.workloads.error_line.
-    program_error_line`): the cause its failure is stored with."""
-    measured_stop: dict[str, Any] | None = None
-    """Stopped by the launcher because the workload's watch said it measured enough
-    (:meth:`autotune.workloads.base.ProgressWatch.enough`: ``reason`` ``precision``,
-    ``hopeless`` or ``cap``, the steps and the precision then): a measurement, not a
-    failure."""
-    batch: dict[str, Any] | None = None
-    """In a batch: ``index``, ``size``, ``lead`` (the directory with the launch's logs),
-    ``rerun`` (true when it ran again alone after the launch ended without its result)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"returncode": self.returncode, "timed_out": self.timed_out,
-                "interrupted": self.interrupted, "scheduler_state": self.scheduler_state,
-                "hosts": self.hosts, "elapsed_s": self.elapsed_s,
-                "result_error": self.result_error,
-                "status": self.result.status if self.result else None,
-                "workload": self.workload, "no_progress": self.no_progress,
-                "no_progress_reason": self.no_progress_reason or None,
-                "readback": self.readback, "error_line": self.error_line,
-                "measured_stop": self.measured_stop, "batch": self.batch}
 
 
 def tail(path: Path, lines: int = 20, max_chars: int = 4000) -> str:

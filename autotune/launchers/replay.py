@@ -4,7 +4,7 @@ A :class:`ReplayLauncher` holds one :class:`~autotune.landscape.LandscapeGroup` 
 published landscape, or a finished campaign's ``measurements`` table via
 :func:`group_from_frame`) and, for a trial spec, writes the table's result for the spec's
 layout — ``ok`` with its model TFLOPS per device and step time, or ``oom`` — through the
-same result file and :class:`~autotune.launchers.base.LaunchReport` as a real launcher, so
+same result file and :class:`~autotune.trial.report.LaunchReport` as a real launcher, so
 the study runner, the outcome mapping and the storage are exercised unchanged. A layout
 the table does not hold cannot be replayed: :class:`~autotune.errors.LaunchError`, which
 names the layout and the group (a search over a landscape must propose its layouts only).
@@ -36,9 +36,9 @@ from autotune.errors import LaunchError, SpecError
 from autotune.landscape import LandscapeGroup, Measurement, load_landscape, merge_duplicates
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
-from autotune.measurement import median_interval
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.trial import PHASES, RunConfig, TrialPaths, TrialResult, TrialSpec
+from autotune.trial.measurement import median_interval
 
 if TYPE_CHECKING:
     from autotune.config._drift import DriftRule
@@ -186,7 +186,7 @@ class ReplayLauncher(Launcher):
 def fewest_timed_steps(run: RunConfig) -> int:
     """The fewest timed steps a trial takes: ``measure_steps``, or with a precision target
     the fewest at which the median's interval exists (6 at 95%:
-    :func:`autotune.measurement.median_interval`), at most ``max_measure_steps``. A
+    :func:`autotune.trial.measurement.median_interval`), at most ``max_measure_steps``. A
     replayed trial takes exactly these (its steps are all equal: precision 0 at once)."""
     steps = run.measure_steps
     if run.measure_precision is None:

@@ -25,7 +25,7 @@ that from ``squeue --steps`` by the unique step name. :meth:`_kill` cancels that
 ``scancel J.S`` (SLURM kills every rank on every node) and then the local srun group;
 :meth:`_finish` asks ``sacct`` for the step's final state (``COMPLETED``, ``FAILED``,
 ``OUT_OF_MEMORY``, ``TIMEOUT``, ``NODE_FAIL``, ``CANCELLED``) and its hosts, which
-:func:`autotune.runner.outcome.classify` maps to an outcome when the trainer wrote no result.
+:func:`autotune.trial.classify.classify` maps to an outcome when the trainer wrote no result.
 
 Side-by-side trials: when a trial needs fewer nodes than the allocation has,
 :func:`node_groups` splits the allocation into disjoint groups; the runner makes one
@@ -59,11 +59,11 @@ from autotune.config.launcher import SlurmOptions
 from autotune.energy import SACCT_FIELDS, parse_sacct_energy, sacct_energy_j_per_step
 from autotune.errors import LaunchError
 from autotune.hostlist import parse_hostlist
-from autotune.launchers.base import Launcher, LaunchReport
+from autotune.launchers.base import Launcher
 from autotune.launchers.launch_record import write_launch_record
 from autotune.launchers.local import trainer_env
 from autotune.sites import SiteProfile, load_site
-from autotune.trial import TrialPaths, TrialSpec
+from autotune.trial import LaunchReport, TrialPaths, TrialSpec
 from autotune.workloads.base import Placement
 
 if TYPE_CHECKING:

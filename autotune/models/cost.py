@@ -52,6 +52,7 @@ from autotune.models.flops import (
     hardware_flops_per_step,
     model_flops_per_step,
     recompute_forward_fraction,
+    tflops_per_device,
 )
 from autotune.models.memory import params_per_rank
 from autotune.models.profile import LayerProfile
@@ -172,8 +173,8 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
         dp_comm_s=dp,
         optimizer_s=opt,
         step_time_s=step,
-        model_tflops_per_device=model_flops / (step * world) / 1e12,
-        hardware_tflops_per_device=hw_flops / (step * world) / 1e12,
+        model_tflops_per_device=tflops_per_device(model_flops, step, world),
+        hardware_tflops_per_device=tflops_per_device(hw_flops, step, world),
         gemm_efficiency=gemm_efficiency(big, peak, spec),
         profiled=layer.measured,
     )

@@ -117,3 +117,23 @@ def hardware_flops_per_step(model: ModelConfig, global_batch: int, *,
     extra = (model.n_layer * layer_forward_flops(model, global_batch)
              * recompute_forward_fraction(model, recompute))
     return model_flops_per_step(model, global_batch) + extra
+
+
+def tflops_per_device(flops_per_step: float, step_time_s: float, world_size: int) -> float:
+    """TFLOPS per device of a step that does ``flops_per_step`` over ``world_size`` devices
+    in ``step_time_s``: ``flops_per_step / (step_time_s * world_size) / 1e12``.
+
+    The throughput of Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training
+    on GPU Clusters Using Megatron-LM"), section 5.1: the FLOPs of eq. 3 per iteration over
+    the iteration time and the GPU count, as Megatron-DeepSpeed's ``throughput_calculator``
+    (``megatron/utils.py``) prints it: ``flops_per_iteration / (elapsed_time_per_iter *
+    args.world_size * 10**12)``. With :func:`model_flops_per_step` it is the objective
+    (``model_tflops_per_device``), with :func:`hardware_flops_per_step` the hardware figure.
+    The one place it is computed: the trainer, the read-back of a user's program, the cost
+    model and the landscapes call it.
+
+    >>> tflops_per_device(6e12, 0.5, 4)
+    3.0
+    """
+    return flops_per_step / (step_time_s * world_size) / 1e12
+

@@ -5,7 +5,7 @@ In 1F1B with ``m`` micro-batches over ``p`` stages the critical path of a step h
 2.2.1), so the slope of step time over that count is one layer's time for one
 micro-batch; embeddings, logits, the optimizer and per-step overheads fall elsewhere
 (:func:`_series_time`). Samples come from ``autotune profile``'s trainer runs
-(:mod:`autotune.profiling`) or from a published table (:func:`landscape_samples`).
+(:mod:`autotune.profiling.layers`) or from a published table (:func:`landscape_samples`).
 
 Where the samples also carry their measured peak memory (``autotune profile``'s runs, with
 ``pp = dp = 1`` and ZeRO 0), the slope of the peak over the layer count is one layer's

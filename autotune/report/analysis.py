@@ -16,20 +16,18 @@ from optuna.trial import TrialState
 
 from autotune.hardware import GiB, get_device
 from autotune.layout import Layout
+from autotune.trial.outcome import Outcome
 
 __all__ = ["OUTCOME_LABELS", "Importance", "best_layouts", "tp_pp_grid", "bubble_fraction",
            "microbatch_frame", "outcome_counts", "failures", "tuning_cost",
            "device_memory_gib", "param_importance"]
 
 OUTCOME_LABELS: dict[str, str] = {
-    "complete": "complete", "stopped": "stopped early (hopeless)", "oom": "out of memory",
-    "infeasible": "infeasible",
-    "error": "failed", "timeout": "timed out", "interrupted": "interrupted",
-    "node_failure": "node failed", "killed": "killed (runner died)",
+    **{o.value: o.label for o in Outcome},
     "fail": "failed (runner died)", "running": "running", "skipped": "skipped",
 }
-"""Readable names of the outcome kinds (:mod:`autotune.runner.outcome`) and of trials
-without one."""
+"""Readable names of the outcomes (:attr:`autotune.trial.outcome.Outcome.label`) and of
+trials without one."""
 
 _LAYOUT_COLS = ["tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage", "recompute"]
 

@@ -25,8 +25,10 @@ from autotune.report.export import megatron_deepspeed_args
 from autotune.report.files import ReportPaths, write_text_atomic
 from autotune.report.frames import measurements_frame, trials_frame, write_exports
 from autotune.report.render import Code, Image, Report, Section, Table, Text, render
-from autotune.results import confirmation_line, selected_trial
-from autotune.runner.records import (
+from autotune.report.results import confirmation_line, selected_trial
+from autotune.report.timings import breakdown_line, time_breakdown
+from autotune.storage.db import Storage
+from autotune.storage.records import (
     StudyAttr,
     TrialAttr,
     learned_from_line,
@@ -35,8 +37,6 @@ from autotune.runner.records import (
     study_fingerprint,
     trial_layout_key,
 )
-from autotune.storage.db import Storage
-from autotune.timings import breakdown_line, time_breakdown
 from autotune.trial import PHASES
 
 __all__ = ["study_report"]

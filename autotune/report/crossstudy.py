@@ -25,12 +25,17 @@ from autotune.report.files import ReportPaths, write_text_atomic
 from autotune.report.frames import measurements_frame, write_exports
 from autotune.report.render import Image, Report, Section, Table, Text, render
 from autotune.storage.db import Storage
+from autotune.trial.outcome import Outcome
 
 __all__ = ["campaign_report", "per_study", "scaling_frame"]
 
 
 def _device_hours(m: pd.DataFrame) -> pd.Series:
     return m["elapsed_s"].fillna(0.0) * m["world_size"] / 3600.0
+
+
+_FAILED = [o.value for o in Outcome if o.observed == "error"]
+"""Outcomes of a layout that ran and failed (error, timeout)."""
 
 
 def per_study(meas: pd.DataFrame) -> pd.DataFrame:
@@ -45,7 +50,7 @@ def per_study(meas: pd.DataFrame) -> pd.DataFrame:
             "nodes": int(first["nodes"]), "world_size": int(first["world_size"]),
             "global_batch": int(first["global_batch"]), "executions": len(g),
             "complete": len(done), "oom": int((g["outcome"] == "oom").sum()),
-            "failed": int(g["outcome"].isin(["error", "timeout"]).sum()),
+            "failed": int(g["outcome"].isin(_FAILED).sum()),
             "best_layout": best["layout_key"] if best is not None else None,
             "best_tflops_per_device": float(best["model_tflops_per_device"])
             if best is not None else None,

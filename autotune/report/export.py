@@ -27,7 +27,7 @@ from autotune.config.model import ModelConfig
 from autotune.dsconfig import deepspeed_config
 from autotune.errors import UsageError
 from autotune.layout import Layout
-from autotune.runner.records import TrialAttr, study_fingerprint, study_workload
+from autotune.storage.records import TrialAttr, study_fingerprint, study_workload
 from autotune.workloads import megatron
 
 __all__ = ["emit_best", "megatron_deepspeed_args", "best_json", "command_line", "launch_line",
@@ -159,7 +159,7 @@ def best_json(study: optuna.Study, layout: Layout, trial: FrozenTrial) -> dict[s
     keys = (TrialAttr.MODEL_TFLOPS, TrialAttr.HARDWARE_TFLOPS, TrialAttr.MFU,
             TrialAttr.STEP_TIME_S, TrialAttr.TOKENS_PER_S, TrialAttr.PEAK_MEMORY_GIB,
             TrialAttr.DEVICE_NAME)
-    from autotune.results import confirmation_of
+    from autotune.report.results import confirmation_of
 
     return {"study": study.study_name, "trial": trial.number, "layout": layout.to_dict(),
             "world_size": layout.world_size, "global_batch": layout.global_batch,

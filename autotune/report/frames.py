@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine
 from autotune.errors import UsageError
 from autotune.layout import Layout
 from autotune.report.files import atomic_path
-from autotune.runner.records import TrialAttr, study_fingerprint
+from autotune.storage.records import TrialAttr, study_fingerprint
 from autotune.storage.schema import Measurement
 
 __all__ = ["TRIAL_COLUMNS", "MEASUREMENT_COLUMNS", "trials_frame", "measurements_frame",

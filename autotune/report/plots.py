@@ -17,6 +17,7 @@ import pandas as pd
 
 from autotune.report.analysis import OUTCOME_LABELS
 from autotune.report.files import atomic_path
+from autotune.trial.outcome import Outcome
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -24,14 +25,11 @@ if TYPE_CHECKING:
 __all__ = ["OUTCOME_COLORS", "tp_pp_heatmap", "microbatch_effect", "memory_vs_capacity",
            "outcomes_map", "tuning_cost", "importance", "scaling"]
 
-OUTCOME_COLORS = {"complete": "#2e7d32", "stopped": "#9ccc65", "oom": "#c62828",
-                  "infeasible": "#9e9e9e",
-                  "error": "#ef6c00", "timeout": "#6a1b9a", "interrupted": "#1565c0",
-                  "node_failure": "#283593", "killed": "#4a148c",
+OUTCOME_COLORS = {**{o.value: o.colour for o in Outcome},
                   "fail": "#795548", "running": "#90caf9", "skipped": "#e0e0e0"}
-_SHORT = {"stopped": "stopped", "oom": "OOM", "infeasible": "infeas.", "error": "failed",
-          "timeout": "timeout", "interrupted": "interr.", "fail": "failed",
-          "node_failure": "node lost", "killed": "killed"}
+"""Colours of the outcomes (:attr:`autotune.trial.outcome.Outcome.colour`) and of trials
+without one."""
+_SHORT = {**{o.value: o.short for o in Outcome}, "fail": "failed"}
 _DPI = 100
 
 
@@ -161,7 +159,7 @@ def outcomes_map(trials: pd.DataFrame, path: Path) -> None:
     for (row, mb), kind in latest.items():
         y, x = rows.index(row), cols.index(mb)
         ax.add_patch(_rect(x, y, OUTCOME_COLORS.get(kind, "black")))
-        ax.text(x, y, _SHORT.get(kind, "ok" if kind == "complete" else kind), ha="center",
+        ax.text(x, y, _SHORT.get(kind, kind), ha="center",
                 va="center", fontsize=7, color="white" if kind != "infeasible" else "black")
         seen.add(kind)
     ax.set_xlim(-0.5, len(cols) - 0.5)

@@ -8,16 +8,17 @@ module                    owns
 ``optuna_io.py``          reading the Optuna study: open (fingerprint), history for the
                           strategy, a layout's trial parameters
 ``budget.py``             the one rule that says a study is done
-``outcome.py``            what a trial did → its outcome and Optuna state (the one place)
-``records.py``            every key stored on trials and studies, its writers and readers;
-                          the ``measurements`` row
+``learning.py``           the calibration warm start from earlier studies' measurements,
+                          refit after each trial; the calibrated constraints and candidates
+``recovered.py``          a cut-short execution's finished result, recorded by its retry
 ``stop_early.py``         the study stops when trials fail alike on different layouts
                           (the program is broken); a resumed one asks first
 ``lifecycle.py``          lease renewals while a trial runs; SIGINT/SIGTERM
 ``progress.py``           progress lines, the trial table and the stop messages
 ========================  ==============================================================
 
-Nothing is imported here, on purpose: readers of what the runner stored
-(:mod:`autotune.report`, :mod:`autotune.results`) import :mod:`autotune.runner.records`
-without loading the loop or a launcher.
+What a trial is and how its outcome is decided live below the runner
+(:mod:`autotune.trial`); the keys it stores and the ``measurements`` row live in
+:mod:`autotune.storage.records`, so that readers of a study (the report, ``status``) read
+storage, never the runner. Nothing is imported here, on purpose.
 """

@@ -3,7 +3,7 @@
 The one statement of the rule. The runner stops on it (:mod:`autotune.runner.study`), and
 whoever asks from outside whether running the study again would do anything (``autotune
 campaign check``, ``campaign submit``: :mod:`autotune.campaign.jobs`) reads the same
-functions on the counts :func:`autotune.results.study_status` gives.
+functions on the counts :func:`autotune.report.results.study_status` gives.
 
 >>> study_done(claimed=3, running=0, waiting=0, search_stop=None, n_trials=3,
 ...            min_improvement=None)
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.runner.records import search_stop_threshold
+from autotune.storage.records import search_stop_threshold
 
 __all__ = ["budget_reached", "within_budget", "search_stop_holds", "study_done"]
 

@@ -3,13 +3,13 @@
 Run by :func:`autotune.runner.study.run_study` once the study is done (budget claimed, or
 a search stop), with every trial recorded. The candidates are the best measured layout and
 those whose interval overlaps its interval, ``search.confirm`` at most
-(:func:`autotune.paired.overlapping`). Each round measures every candidate once, in
+(:func:`autotune.trial.paired.overlapping`). Each round measures every candidate once, in
 alternating order (A B C, then C B A: a drift linear in time then favours no slot), with
 the study's trial settings and no early stop. With the built-in trainer and a launcher
 that batches, the rounds of a step go into one launch (A B C C B A ... in one process:
 start-up paid once); otherwise (a user's program, the replay launcher) each run is its own
 launch, in the same interleaved order. After each step the paired verdict is taken
-(:func:`autotune.paired.paired_decision`); the first step has the fewest rounds that give
+(:func:`autotune.trial.paired.paired_decision`); the first step has the fewest rounds that give
 an interval (6 at 95%), each later one 2 more, until the verdict is distinguishable, can
 no longer become so, or ``search.confirm_max_rounds`` is reached.
 
@@ -20,7 +20,7 @@ study's lock and a lease, as a layout's claim); the others end their run, saying
 confirms. A runner killed inside it leaves its stored rounds and a lease that runs out; the
 next run of the study goes on from those rounds. Ctrl-C releases the lease at once.
 
-The verdict is stored on the study (:data:`~autotune.runner.records.StudyAttr.
+The verdict is stored on the study (:data:`~autotune.storage.records.StudyAttr.
 CONFIRMATION`) and each run in ``confirmation_runs``; no run is an Optuna trial, so none
 counts against the budget and none is left RUNNING.
 """
@@ -37,19 +37,7 @@ from optuna.trial import TrialState
 
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
-from autotune.paired import (
-    ConfirmCandidate,
-    PairedDecision,
-    cost_line,
-    decision_line,
-    min_rounds,
-    overlapping,
-    paired_decision,
-    settled,
-)
 from autotune.runner.lifecycle import StopSignals, heartbeat
-from autotune.runner.outcome import classify
-from autotune.runner.records import StudyAttr, TrialAttr, set_user_attrs, trial_layout
 from autotune.spec import StudySpec
 from autotune.storage.claims import claim_counts, repair_stale
 from autotune.storage.confirmations import (
@@ -64,7 +52,19 @@ from autotune.storage.confirmations import (
     stored_runs,
 )
 from autotune.storage.db import Storage
+from autotune.storage.records import StudyAttr, TrialAttr, set_user_attrs, trial_layout
 from autotune.trial import TrialPaths, TrialSpec
+from autotune.trial.classify import classify
+from autotune.trial.paired import (
+    ConfirmCandidate,
+    PairedDecision,
+    cost_line,
+    decision_line,
+    min_rounds,
+    overlapping,
+    paired_decision,
+    settled,
+)
 
 __all__ = ["confirm_best", "confirmation_record", "candidates_of", "DEFAULT_PRECISION",
            "ROUNDS_PER_STEP"]
@@ -265,7 +265,7 @@ def _measure(spec: StudySpec, launcher: Launcher, confirmation_id: int,
     wall = sum(r.elapsed_s for r in reports)
     runs = []
     for (n, slot, key), report, path in zip(order, reports, paths, strict=True):
-        outcome = classify(report)
+        outcome = classify(report, launcher.workload.oom_signatures)
         res = report.result
         runs.append({"round": n, "slot": slot, "layout_key": key,
                      "trial_number": by_key[key].trial_number, "outcome": outcome.kind,

@@ -27,7 +27,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.candidates import Candidate, rank_candidates, rank_layouts
 from autotune.feasibility import Constraints
 from autotune.launchers.replay import fewest_timed_steps
 from autotune.layout import Layout
@@ -38,11 +37,13 @@ from autotune.models.calibration import (
     MeasuredRow,
     calibrate,
 )
+from autotune.planning.candidates import Candidate, rank_candidates, rank_layouts
+from autotune.report.timings import STARTUP_PHASES
 from autotune.search import TrialSeconds
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
-from autotune.timings import STARTUP_PHASES
 from autotune.trial import RunConfig
+from autotune.trial.outcome import Outcome
 
 __all__ = ["MAX_EARLIER_ROWS", "DEFAULT_MEMORY_LOG_SD", "workload_of", "key_of",
            "earlier_rows", "own_rows", "memory_log_sd", "StudyLearning", "plan_calibration",
@@ -62,7 +63,7 @@ model's stated error from (a replayed table has no memory rule)."""
 _COLUMNS = ("study_name", "outcome", "tp", "pp", "dp", "micro_batch", "grad_accum",
             "zero_stage", "recompute", "sequence_parallel", "predicted_memory_bytes",
             "peak_memory_bytes", "predicted_tflops_per_device", "model_tflops_per_device")
-_OUTCOMES = ("complete", "oom")
+_OUTCOMES = (Outcome.COMPLETE.value, Outcome.OOM.value)
 _SAMPLE = 256  # layouts whose stated error the prior sd is the median of
 
 
@@ -85,7 +86,7 @@ def _measured(row: dict[str, Any]) -> MeasuredRow:
                     grad_accum=row["grad_accum"], zero_stage=row["zero_stage"],
                     recompute=row["recompute"],
                     sequence_parallel=bool(row["sequence_parallel"]))
-    return MeasuredRow(row["study_name"], layout, row["outcome"] == "oom",
+    return MeasuredRow(row["study_name"], layout, row["outcome"] == Outcome.OOM,
                        row["predicted_memory_bytes"], row["peak_memory_bytes"],
                        row["predicted_tflops_per_device"], row["model_tflops_per_device"])
 

@@ -4,8 +4,8 @@ parameters a layout's trial is created with.
 The loop (:mod:`autotune.runner.study`) decides; this module knows how a study is opened
 and read. Trials are created and finished in autotune's own transactions
 (:mod:`autotune.storage.claims`: a claim with its trial, a record with its measurement);
-what the attributes are called and hold is :mod:`autotune.runner.records`'s; which Optuna
-state an outcome is told as is :mod:`autotune.runner.outcome`'s.
+what the attributes are called and hold is :mod:`autotune.storage.records`'s; which Optuna
+state an outcome is told as is :mod:`autotune.trial.outcome`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from autotune.config.launcher import LauncherConfig
 from autotune.errors import UsageError
 from autotune.hardware import GiB
 from autotune.layout import Layout
-from autotune.runner.records import (
+from autotune.search import Observation, dominated_by_oom
+from autotune.spec import StudySpec
+from autotune.storage.db import Storage
+from autotune.storage.records import (
     StudyAttr,
     set_user_attrs,
     study_attrs,
@@ -30,17 +33,11 @@ from autotune.runner.records import (
     trial_outcome,
     workload_record,
 )
-from autotune.search import Observation, dominated_by_oom
-from autotune.spec import StudySpec
-from autotune.storage.db import Storage
+from autotune.trial.outcome import OUTCOME_KINDS, Outcome
 
 __all__ = ["open_study", "fingerprint_of", "history", "layout_params", "NoSampling",
            "set_search_stop"]
 
-# What each outcome tells a strategy; interrupted, infeasible and skipped trials say
-# nothing about their layout's throughput.
-_OBSERVED = {"complete": "ok", "stopped": "ok", "oom": "oom", "error": "error",
-             "timeout": "error"}
 
 
 def fingerprint_of(spec: StudySpec) -> dict[str, Any]:
@@ -133,7 +130,7 @@ def history(study: optuna.Study, claimed: dict[str, int]) -> list[Observation]:
     seen: set[str] = set()
     for t in trials:
         obs = _observed(t)
-        if obs is None and trial_outcome(t) == "infeasible":
+        if obs is None and trial_outcome(t) == Outcome.INFEASIBLE:
             layout = trial_layout(t)
             if (layout is not None and layout.key() not in seen
                     and dominated_by_oom(layout, ooms) is not None):
@@ -150,7 +147,10 @@ def history(study: optuna.Study, claimed: dict[str, int]) -> list[Observation]:
 
 def _observed(trial: FrozenTrial) -> Observation | None:
     """The observation a judged trial is (``None``: it says nothing about throughput)."""
-    status = _OBSERVED.get(trial_outcome(trial) or "")
+    # What the outcome tells a strategy (Outcome.observed); interrupted, infeasible and
+    # skipped trials say nothing about their layout's throughput.
+    kind = trial_outcome(trial)
+    status = Outcome(kind).observed if kind in OUTCOME_KINDS else None
     layout = trial_layout(trial) if status is not None else None
     if status is None or layout is None:
         return None
@@ -195,6 +195,6 @@ def layout_params(layout: Layout, spec: StudySpec) -> dict[str, tuple[Any, BaseD
 
 
 def set_search_stop(study: optuna.Study, record: dict[str, Any] | None) -> None:
-    """Record why the search stopped early (a :func:`~autotune.runner.records.
+    """Record why the search stopped early (a :func:`~autotune.storage.records.
     search_stop_record`), or clear it (``None``) when it no longer holds."""
     study.set_user_attr(StudyAttr.SEARCH_STOP, record)

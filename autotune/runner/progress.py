@@ -17,15 +17,15 @@ from typing import TextIO
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.layout import Layout
-from autotune.runner.outcome import Outcome
-from autotune.runner.records import (
+from autotune.report.tables import format_table
+from autotune.storage.records import (
     SKIPPED,
     TrialAttr,
     trial_layout_key,
     trial_outcome,
     trial_reason,
 )
-from autotune.tables import format_table
+from autotune.trial.outcome import Outcome, Verdict
 
 __all__ = ["Progress", "format_duration", "trials_table", "stop_message", "best_line"]
 
@@ -88,14 +88,14 @@ class Progress:
         self._print(f"[{self.done + 1}/{self.total}] trial #{number} {layout.key()}: "
                     f"running on {layout.world_size} device(s){pred}; {self._clock()}")
 
-    def trial_finished(self, number: int, layout: Layout, outcome: Outcome,
+    def trial_finished(self, number: int, layout: Layout, outcome: Verdict,
                        best: FrozenTrial | None) -> None:
         self.done += 1
         self._finished_here += 1
         took = format_duration(time.monotonic() - self._trial_started)
-        if outcome.kind == "complete":
+        if outcome.kind is Outcome.COMPLETE:
             what = f"{outcome.value:.4g} TFLOPS/device"
-        elif outcome.kind == "stopped":
+        elif outcome.kind is Outcome.STOPPED:
             what = f"STOPPED early at {outcome.value:.4g} TFLOPS/device (hopeless)"
         else:
             first = outcome.reason.strip().splitlines()[0] if outcome.reason else ""
@@ -114,7 +114,7 @@ def stop_message(stopped_by: str, *, n_trials: int, reason: str | None = None) -
 
 def best_line(best: FrozenTrial) -> str:
     """The best trial in one line: layout, value, trial number."""
-    from autotune.runner.records import trial_energy_line
+    from autotune.storage.records import trial_energy_line
 
     return (f"best layout: {trial_layout_key(best)}  "
             f"{best.value:.4g} model TFLOPS/device (trial #{best.number}); "
@@ -132,7 +132,7 @@ def trials_table(trials: Sequence[FrozenTrial]) -> str | None:
     measured.sort(key=lambda t: (t.value is None, -(t.value or 0.0), t.number))
     rows = [[t.number, trial_layout_key(t), trial_outcome(t), t.value,
              t.user_attrs.get(TrialAttr.STEP_TIME_S), t.user_attrs.get(TrialAttr.PEAK_MEMORY_GIB),
-             _first_line(trial_reason(t), 60) if trial_outcome(t) != "complete" else ""]
+             _first_line(trial_reason(t), 60) if trial_outcome(t) != Outcome.COMPLETE else ""]
             for t in measured]
     if not rows:
         return None

@@ -30,10 +30,10 @@ from typing import Any
 import optuna
 from sqlalchemy import update
 
-from autotune.runner.outcome import Outcome
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
 from autotune.storage.schema import LayoutClaim
+from autotune.trial.outcome import Outcome, Verdict
 from autotune.workloads.error_line import program_error_line, signature
 
 __all__ = ["BROKEN_PROGRAM_ATTR", "Failure", "BrokenProgram", "RepeatedErrorRule",
@@ -42,7 +42,8 @@ __all__ = ["BROKEN_PROGRAM_ATTR", "Failure", "BrokenProgram", "RepeatedErrorRule
 BROKEN_PROGRAM_ATTR = "broken_program"
 """The study's user attribute of the last stop (:meth:`BrokenProgram.record`)."""
 
-_UNJUDGED = ("interrupted", "killed", "node_failure", "infeasible")
+_UNJUDGED = tuple(o.value for o in Outcome if not o.measured)
+"""Outcomes that say nothing about the program (it was refused, cancelled or lost)."""
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,10 @@ class Failure:
     trial_dir: str | None
 
 
-def failure_of(outcome: Outcome, *, number: int, layout: str,
+def failure_of(outcome: Verdict, *, number: int, layout: str,
                trial_dir: str | None) -> Failure | None:
     """The failure an ``error`` outcome counts as (``None`` for any other outcome)."""
-    if outcome.kind != "error":
+    if outcome.kind is not Outcome.ERROR:
         return None
     reason = outcome.reason or ""
     line = program_error_line(reason) or next(
@@ -122,14 +123,14 @@ def study_file_digest(spec: StudySpec) -> str:
 
 def _last_signature(trials: Sequence[optuna.trial.FrozenTrial]) -> str | None:
     """The failure signature of the study's last judged trial (``None``: not an error)."""
-    from autotune.runner.records import TrialAttr
+    from autotune.storage.records import TrialAttr
 
     judged = [t for t in trials if t.user_attrs.get(TrialAttr.OUTCOME) not in
               (None, "skipped", *_UNJUDGED)]
     if not judged:
         return None
     last = max(judged, key=lambda t: t.number)
-    outcome = Outcome(str(last.user_attrs[TrialAttr.OUTCOME]),
+    outcome = Verdict(Outcome(str(last.user_attrs[TrialAttr.OUTCOME])),
                       reason=str(last.user_attrs.get(TrialAttr.REASON) or ""))
     found = failure_of(outcome, number=last.number, layout="", trial_dir=None)
     return found.signature if found else None

@@ -62,12 +62,11 @@ from typing import Any, TypeVar
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.candidates import Candidate
 from autotune.errors import AutotuneError, UsageError
 from autotune.feasibility import Constraints, Reason
-from autotune.launchers.base import Launcher, LaunchReport
+from autotune.launchers.base import Launcher
 from autotune.layout import Layout
-from autotune.results import best_trial
+from autotune.planning.candidates import Candidate
 from autotune.runner import stop_early
 from autotune.runner.budget import budget_reached
 from autotune.runner.confirm import confirm_best
@@ -81,21 +80,7 @@ from autotune.runner.learning import (
 )
 from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
 from autotune.runner.optuna_io import history, layout_params, open_study, set_search_stop
-from autotune.runner.outcome import Outcome, classify, infeasible
 from autotune.runner.progress import Progress
-from autotune.runner.records import (
-    StudyAttr,
-    TrialAttr,
-    TrialFacts,
-    learned_from_line,
-    learned_from_record,
-    measurement_row,
-    search_stop_of,
-    search_stop_record,
-    set_user_attrs,
-    user_attrs,
-    verdict_attrs,
-)
 from autotune.runner.recovered import finished_result
 from autotune.search import (
     Observation,
@@ -116,7 +101,23 @@ from autotune.storage.claims import (
     store_verdict,
 )
 from autotune.storage.db import Storage
-from autotune.trial import TrialPaths, TrialResult, TrialSpec
+from autotune.storage.records import (
+    StudyAttr,
+    TrialAttr,
+    TrialFacts,
+    best_trial,
+    learned_from_line,
+    learned_from_record,
+    measurement_row,
+    search_stop_of,
+    search_stop_record,
+    set_user_attrs,
+    user_attrs,
+    verdict_attrs,
+)
+from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
+from autotune.trial.classify import classify
+from autotune.trial.outcome import Outcome, Verdict, infeasible
 
 T = TypeVar("T")
 
@@ -442,7 +443,7 @@ class _Worker:
 
     def _claim(self, layout: Layout, *, retry_only: bool = False) -> Claimed | Refused:
         cand = self.by_key.get(layout.key())
-        facts = self._facts(layout, trial_id=0, number=0, outcome=Outcome("killed"),
+        facts = self._facts(layout, trial_id=0, number=0, outcome=Verdict(Outcome.KILLED),
                             t0=_utcnow(), elapsed_s=0.0, result=None, hosts=[],
                             paths=None, cand=cand)
         row = self._row(facts)
@@ -494,7 +495,7 @@ class _Worker:
         set_user_attrs(self.study, {StudyAttr.LEARNED_FROM: learned_from_record(
             self.learning.calibration, enabled=self.learning.enabled)})
 
-    def _measure(self, batch: list[tuple[Claimed, Layout]]) -> list[Outcome]:
+    def _measure(self, batch: list[tuple[Claimed, Layout]]) -> list[Verdict]:
         """Measure the claimed layouts in one launch; record each on its own, in one
         transaction, while every member's lease is still renewed."""
         spec = self.spec
@@ -512,7 +513,7 @@ class _Worker:
             self.progress.trial_started(claimed.number, layout,
                                         cand.predicted_tflops if cand else None)
         t0 = _utcnow()
-        outcomes: list[Outcome] = []
+        outcomes: list[Verdict] = []
         with ExitStack() as beats:
             for claimed, _ in batch:
                 beats.enter_context(heartbeat(self.storage, claimed.trial_id))
@@ -521,7 +522,7 @@ class _Worker:
             finished = _utcnow()
             for (claimed, layout), report, cand, trial_paths in zip(batch, reports, cands,
                                                                    paths, strict=True):
-                outcome = classify(report)
+                outcome = classify(report, self.launcher.workload.oom_signatures)
                 facts = self._facts(layout, trial_id=claimed.trial_id, number=claimed.number,
                                     outcome=outcome, t0=t0, finished=finished,
                                     elapsed_s=report.elapsed_s, result=report.result,
@@ -556,10 +557,10 @@ class _Worker:
             batch=report.batch))
         return True
 
-    def _record(self, claimed: Claimed, layout: Layout, outcome: Outcome,
+    def _record(self, claimed: Claimed, layout: Layout, outcome: Verdict,
                 facts: TrialFacts) -> None:
-        constraint = {CONSTRAINT_ATTR: 1.0} if outcome.infeasible else (
-            {CONSTRAINT_ATTR: 0.0} if outcome.state == TrialState.COMPLETE else {})
+        constraint = ({} if outcome.kind.constraint is None
+                      else {CONSTRAINT_ATTR: outcome.kind.constraint})
         recorded = self._retrying(lambda: record_execution(
             self.storage, trial_id=claimed.trial_id, state=outcome.state,
             value=outcome.value if outcome.state == TrialState.COMPLETE else None,
@@ -577,7 +578,7 @@ class _Worker:
             or self.broken
         self.progress.trial_finished(claimed.number, layout, outcome, best_trial(self.study))
 
-    def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Outcome,
+    def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Verdict,
                t0: datetime, elapsed_s: float, result: TrialResult | None, hosts: list[str],
                paths: TrialPaths | None, cand: Candidate | None,
                finished: datetime | None = None,

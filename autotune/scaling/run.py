@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.runner.records import StudyAttr
 from autotune.scaling.sizes import ScalingRequest, size_spec
 from autotune.spec import StudySpec
+from autotune.storage.records import StudyAttr
 
 __all__ = ["SCALING_ATTR", "scaling_record", "run_scaling", "ScalingRun"]
 
@@ -104,9 +104,9 @@ def _run_size(spec: StudySpec, request: ScalingRequest, size: int, at: StudySpec
 
     from autotune.launchers import make_launchers
     from autotune.runner.progress import Progress, best_line
-    from autotune.runner.records import learned_from_line, learned_from_of
     from autotune.runner.study import run_study
     from autotune.storage import open_storage
+    from autotune.storage.records import learned_from_line, learned_from_of
 
     if storage_url:
         at = at.with_storage_url(storage_url)

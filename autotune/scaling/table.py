@@ -26,10 +26,10 @@ from typing import Any
 
 from autotune.energy import energy_text
 from autotune.models.flops import model_flops_per_step
+from autotune.report.tables import format_table
 from autotune.scaling.sizes import ScalingRequest, scaling_efficiency, size_spec
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
-from autotune.tables import format_table
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
            "format_scaling", "scaling_csv", "CSV_COLUMNS", "Z_95"]
@@ -86,8 +86,8 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
     """The best trial of each size's study that exists and has completed one."""
     import optuna
 
-    from autotune.results import list_studies, selected_trial
-    from autotune.runner.records import trial_energy, trial_layout_key, trial_tokens_per_s
+    from autotune.report.results import list_studies, selected_trial
+    from autotune.storage.records import trial_energy, trial_layout_key, trial_tokens_per_s
 
     have = set(list_studies(storage))
     rows = []
@@ -135,7 +135,7 @@ def _calibration(storage: Storage | None, spec: StudySpec, at: StudySpec,
 def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingRequest,
                    measured: Sequence[ScalingRow] = ()) -> list[ScalingRow]:
     """The model's best layout and throughput at every size (module docstring)."""
-    from autotune.plan import plan_study
+    from autotune.planning.plan import plan_study
 
     done = sorted(r.size for r in measured)
     out = []

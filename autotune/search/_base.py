@@ -32,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from autotune.layout import Layout
+from autotune.layout import Layout, needs_no_less_memory
 
 __all__ = ["Observation", "Stop", "Strategy", "Predictor", "FitProbability",
            "OBSERVATION_STATUSES", "dominated_by_oom", "untried", "plan_order"]
@@ -87,26 +87,6 @@ def plan_order(layouts: Iterable[Layout]) -> list[Layout]:
     ['tp1-pp1-dp2-mb1-ga1-z0-full', 'tp1-pp1-dp2-mb1-ga1-z0-none', 'tp2-pp1-dp1-mb1-ga2-z0-none']
     """
     return sorted(layouts)
-
-
-# Memory order of activation recomputation: "none" keeps every activation (more memory).
-# Selective recompute keeps everything but the attention core (Korthikanti et al. 2022).
-_RECOMPUTE_MEMORY = {"full": 0, "selective": 1, "none": 2}
-
-
-def needs_no_less_memory(layout: Layout, than: Layout) -> bool:
-    """Whether ``layout`` needs at least the memory of ``than`` per device.
-
-    Same tp and pp (so the same model shard and dp), a micro-batch at least as large,
-    recomputation no stronger and a ZeRO stage no higher (each ZeRO stage only removes
-    state: Rajbhandari et al. 2020, fig. 1). Gradient accumulation does not change the
-    peak: the micro-batches in flight are bounded by pp under 1F1B.
-    """
-    return (layout.tp == than.tp and layout.pp == than.pp
-            and layout.micro_batch >= than.micro_batch
-            and _RECOMPUTE_MEMORY[layout.recompute] >= _RECOMPUTE_MEMORY[than.recompute]
-            and layout.sequence_parallel <= than.sequence_parallel  # SP only removes memory
-            and layout.zero_stage <= than.zero_stage)
 
 
 def dominated_by_oom(layout: Layout, history: Iterable[Observation]) -> Layout | None:

@@ -38,7 +38,9 @@ from optuna.trial import TrialState
 from sqlalchemy import func, select, update
 
 from autotune.storage import _optuna_rdb as rdb
+from autotune.storage.records import RUNNING, TrialAttr
 from autotune.storage.schema import LayoutClaim, Measurement
+from autotune.trial.outcome import Outcome
 
 if TYPE_CHECKING:
     from autotune.storage.db import Storage
@@ -120,7 +122,7 @@ def claim_layout(storage: Storage, *, study_name: str, key: str, n_trials: int,
         attempt = 1 if row is None else row.attempts + 1
         attrs = dict(user_attrs)
         if row is not None:
-            attrs["retry_of"] = _number_of(s, row.trial_id)
+            attrs[TrialAttr.RETRY_OF] = _number_of(s, row.trial_id)
         trial_id, number = rdb.create_trial(s, study_id, state=TrialState.RUNNING,
                                             params=params, user_attrs=attrs)
         if row is None:
@@ -131,7 +133,7 @@ def claim_layout(storage: Storage, *, study_name: str, key: str, n_trials: int,
             row.trial_id, row.worker, row.lease_until = trial_id, worker, lease
             row.attempts, row.retry = attempt, 0
         s.add(Measurement(**{**measurement, "trial_id": trial_id, "trial_number": number,
-                             "outcome": "running"}))
+                             "outcome": RUNNING}))
         if before_commit is not None:
             s.flush()
             before_commit()
@@ -229,12 +231,13 @@ def repair_stale(storage: Storage, study_name: str) -> int:
                     and not _dead_here(row.worker)):
                 continue  # renewed meanwhile
             if not rdb.finish_trial(s, trial_id, state=TrialState.FAIL, value=None,
-                                    user_attrs={"outcome": "killed",
-                                                "reason": KILLED_REASON}):
+                                    user_attrs={TrialAttr.OUTCOME: Outcome.KILLED.value,
+                                                TrialAttr.REASON: KILLED_REASON}):
                 continue
             s.execute(update(Measurement).where(Measurement.trial_id == trial_id,
-                                                Measurement.outcome == "running")
-                      .values(outcome="killed", reason=KILLED_REASON, finished_at=now))
+                                                Measurement.outcome == RUNNING)
+                      .values(outcome=Outcome.KILLED.value, reason=KILLED_REASON,
+                              finished_at=now))
             if row is not None:
                 row.lease_until = None
                 row.retry = 1 if row.attempts < MAX_ATTEMPTS else 0

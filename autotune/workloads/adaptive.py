@@ -1,17 +1,17 @@
 """Adaptive measurement of a user's program: stop it once its median step is known.
 
 The built-in trainer decides itself when it has timed enough steps
-(:class:`autotune.measurement.StopRule`). A user's program cannot: it runs the steps it was
+(:class:`autotune.trial.measurement.StopRule`). A user's program cannot: it runs the steps it was
 given. So autotune starts it with the step cap (``{train_iters}`` and Megatron's
 ``--train-iters`` are warm-up + ``trial.max_measure_steps``), follows the steps as they
 stream in (the metrics file, or the log lines of :mod:`autotune.workloads.readback`, the
 source :func:`~autotune.workloads.readback.read_back` reads afterwards), drops the warm-up
-steps, and asks the *same* :class:`~autotune.measurement.StopRule` after each new step.
+steps, and asks the *same* :class:`~autotune.trial.measurement.StopRule` after each new step.
 When it says stop, the launcher stops the program (the local launcher: SIGTERM to its whole
 process tree, SIGKILL after a grace; SLURM: ``scancel`` of the step) and the trial is an
 ``ok`` measurement of the steps it printed, recorded with why it was stopped
 (``measured_stop`` in ``report.json``, ``measurement_stop`` in ``result.json``, the trial's
-``reason``), never an error or a timeout (:func:`autotune.runner.foreign.foreign_outcome`).
+``reason``), never an error or a timeout (:func:`autotune.trial.classify.classify`).
 
 Why a stop is one of three:
 
@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from autotune.measurement import StopRule, relative_precision
+from autotune.trial.measurement import StopRule, relative_precision
 from autotune.workloads.base import ProgressWatch
 from autotune.workloads.readback import StepRecord
 

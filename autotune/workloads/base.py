@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from autotune.errors import SpecError
-from autotune.trial import TrialSpec, read_result
+from autotune.trial import LaunchReport, TrialPaths, TrialSpec, read_result
 
 if TYPE_CHECKING:
-    from autotune.launchers.base import LaunchReport
-    from autotune.trial import TrialPaths
+    from autotune.trial.outcome import OomSignature
 
 __all__ = ["Placement", "Workload", "BuiltinWorkload", "ProgressWatch"]
 
@@ -111,6 +110,10 @@ class Workload(ABC):
     batchable: bool = False
     """Whether one launch can run several trials (:attr:`TrialPaths.batch` in
     :meth:`argv`): autotune's trainer can, a user's program cannot."""
+    oom_signatures: ClassVar[tuple[OomSignature, ...]] = ()
+    """The out-of-memory texts its output may hold, for the classifier
+    (:func:`autotune.trial.classify.classify`); none for autotune's trainer, whose result
+    file says ``oom`` itself."""
 
     def prepare(self, spec: TrialSpec, paths: TrialPaths) -> None:  # noqa: B027 (a hook)
         """Write what the trial reads before it starts (nothing by default)."""

@@ -13,7 +13,8 @@ Per trial, :class:`ForeignWorkload`
 * watches the metrics file and the logs for new steps (:meth:`watch`): none for
   ``workload.no_progress_s`` and the launcher kills the trial;
 * once it ended, reads its steps back and scores them (:mod:`autotune.workloads.readback`),
-  has the outcome decided (:func:`autotune.runner.foreign.foreign_outcome`) and writes the
+  has the outcome decided (:func:`autotune.trial.classify.classify`, with the signatures
+  of :mod:`autotune.workloads.oom_signatures`) and writes the
   trial's ``result.json`` (status ``ok``, ``oom`` or ``error``) atomically (:meth:`finish`).
 
 A trial runs ``train_iters`` = warm-up + the step cap (``trial.max_measure_steps`` with
@@ -26,26 +27,25 @@ known that precisely (:mod:`autotune.workloads.adaptive`, the built-in trainer's
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.atomic import write_json_atomic
 from autotune.config.cluster import ClusterConfig
 from autotune.config.workload import WorkloadConfig
 from autotune.dsconfig import batch_config
 from autotune.errors import SpecError
-from autotune.measurement import StopRule, relative_precision
 from autotune.metrics_writer import ENV_VAR
-from autotune.result_numbers import check_result_numbers
-from autotune.trial import TrialResult, TrialSpec
+from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
+from autotune.trial.classify import classify
+from autotune.trial.measurement import StopRule, relative_precision
+from autotune.trial.numbers import check_result_numbers
+from autotune.trial.outcome import Outcome
 from autotune.workloads import megatron
 from autotune.workloads.adaptive import MeasuringWatch
 from autotune.workloads.base import Placement, ProgressWatch, Workload, log_paths
 from autotune.workloads.error_line import program_error_line
+from autotune.workloads.oom_signatures import OOM_SIGNATURES
 from autotune.workloads.readback import StepCounter, measure, read_back
-
-if TYPE_CHECKING:
-    from autotune.launchers.base import LaunchReport
-    from autotune.trial import TrialPaths
 
 __all__ = ["ForeignWorkload", "CommandWorkload", "MegatronWorkload", "fill",
            "placeholder_values", "warmup_steps", "train_iters", "steps_of", "stop_rule",
@@ -74,7 +74,7 @@ def train_iters(spec: TrialSpec) -> int:
 
 def stop_rule(spec: TrialSpec) -> StopRule:
     """When a foreign trial has measured enough: the built-in trainer's rule, from the same
-    ``run`` settings (:meth:`autotune.measurement.StopRule.of`)."""
+    ``run`` settings (:meth:`autotune.trial.measurement.StopRule.of`)."""
     return StopRule.of(spec.run, spec.model, spec.layout, spec.layout.world_size,
                        best_tflops=spec.run.best_model_tflops_per_device)
 
@@ -117,6 +117,8 @@ def trial_ds_config(spec: TrialSpec, extra: dict[str, Any]) -> dict[str, Any]:
 class ForeignWorkload(Workload):
     """What ``command`` and ``megatron-deepspeed`` share (module docstring)."""
 
+    oom_signatures = OOM_SIGNATURES
+
     def __init__(self, config: WorkloadConfig, cluster: ClusterConfig) -> None:
         self.config = config
         self.per_device = config.outer == "per-device"
@@ -150,8 +152,6 @@ class ForeignWorkload(Workload):
     # -- after the run ------------------------------------------------------------------
 
     def finish(self, spec: TrialSpec, paths: TrialPaths, report: LaunchReport) -> None:
-        from autotune.runner.foreign import foreign_outcome
-
         logs = log_paths(paths)
         rb = read_back(paths.metrics, logs, drop=warmup_steps(spec))
         expected = train_iters(spec)
@@ -174,14 +174,14 @@ class ForeignWorkload(Workload):
         except SpecError as err:  # a degenerate number read back: the trial's error
             measured, report.result_error = None, f"invalid read-back: {err}"
         report.result = measured
-        outcome = foreign_outcome(report)
-        status = {"complete": "ok", "oom": "oom"}.get(outcome.kind, "error")
+        verdict = classify(report, self.oom_signatures)
+        status = {Outcome.COMPLETE: "ok", Outcome.OOM: "oom"}.get(verdict.kind, "error")
         result = measured or TrialResult(
             status=status, losses=[r.loss for r in rb.records if r.loss is not None],
             world_size=spec.layout.world_size, device=self.device_name,
             layout=spec.layout.to_dict(), extra={"readback": report.readback})
         result.status = status
-        result.error = None if status == "ok" else outcome.reason
+        result.error = None if status == "ok" else verdict.reason
         if report.measured_stop is not None:
             result.extra["measurement_stop"] = report.measured_stop
         result.elapsed_s = report.elapsed_s

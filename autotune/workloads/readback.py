@@ -31,7 +31,11 @@ import numpy as np
 
 from autotune.errors import SpecError
 from autotune.layout import Layout
-from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
+from autotune.models.flops import (
+    hardware_flops_per_step,
+    model_flops_per_step,
+    tflops_per_device,
+)
 from autotune.trial import TrialResult
 
 __all__ = ["StepRecord", "Readback", "ADAPTERS", "read_metrics_file", "parse_log_line",
@@ -299,7 +303,7 @@ def measure(rb: Readback, *, model: Any, layout: Layout, dtype: str, device: str
     median step time, model and hardware TFLOPS per device with autotune's FLOPs functions,
     the program's own TFLOPS as extras. A steady step time that is not a finite number > 0
     raises :class:`~autotune.errors.SpecError` naming the step; the caller checks the
-    result's numbers (:func:`autotune.result_numbers.check_result_numbers`)."""
+    result's numbers (:func:`autotune.trial.numbers.check_result_numbers`)."""
     steady = rb.steady
     if not steady:
         return None
@@ -314,7 +318,7 @@ def measure(rb: Readback, *, model: Any, layout: Layout, dtype: str, device: str
     world = layout.world_size
     flops = model_flops_per_step(model, layout.global_batch)
     hw = hardware_flops_per_step(model, layout.global_batch, recompute=layout.recompute)
-    model_tflops = flops / (median_s * world) / 1e12
+    model_tflops = tflops_per_device(flops, median_s, world)
     peaks = [r.peak_memory_bytes for r in rb.records if r.peak_memory_bytes is not None]
     peak_mem = max(peaks) if peaks else rb.log_peak_memory_bytes
     program: dict[str, list[float]] = {}
@@ -339,7 +343,7 @@ def measure(rb: Readback, *, model: Any, layout: Layout, dtype: str, device: str
         extra["program_tokens_per_s"] = float(np.median(tokens))
     return TrialResult(
         status="ok", model_tflops_per_device=model_tflops,
-        hardware_tflops_per_device=hw / (median_s * world) / 1e12,
+        hardware_tflops_per_device=tflops_per_device(hw, median_s, world),
         mfu=None if peak_flops is None else model_tflops * 1e12 / peak_flops,
         step_time_s=median_s, step_times_s=times, step_time_iqr_s=q3 - q1,
         tokens_per_s=layout.global_batch * model.seq_len / median_s,

@@ -52,7 +52,8 @@ def test_a_cpu_trial_without_counters_says_not_measured(tmp_path: Path) -> None:
                       "vocab_size": 64},
             "layout": {"tp": 1, "pp": 1, "dp": 1, "micro_batch": 2, "grad_accum": 1,
                        "zero_stage": 0, "recompute": "none"},
-            "run": {"warmup_steps": 1, "measure_steps": 2, "dtype": "fp32", "device": "cpu"}}
+            "run": {"warmup_steps": 1, "measure_steps": 2, "measure_precision": None,
+                    "dtype": "fp32", "device": "cpu"}}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "AUTOTUNE_ENERGY_ROOT": str(tmp_path / "no-sysfs")}
@@ -102,7 +103,8 @@ def test_two_ranks_on_one_host_count_its_rapl_packages_once(tmp_path: Path) -> N
                       "vocab_size": 64},
             "layout": {"tp": 1, "pp": 1, "dp": 2, "micro_batch": 1, "grad_accum": 2,
                        "zero_stage": 0, "recompute": "none"},
-            "run": {"warmup_steps": 1, "measure_steps": 3, "dtype": "fp32", "device": "cpu"}}
+            "run": {"warmup_steps": 1, "measure_steps": 3, "measure_precision": None,
+                    "dtype": "fp32", "device": "cpu"}}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     watts = 1000.0
     rapl = _Rapl(tmp_path / "sysfs", watts)

@@ -71,8 +71,8 @@ def test_the_pareto_front_of_time_and_energy() -> None:
 def test_status_and_best_name_the_objective_s_best() -> None:
     import optuna
 
-    from autotune.results import best_trial, selected_trial
-    from autotune.runner.records import StudyAttr
+    from autotune.report.results import selected_trial
+    from autotune.storage.records import StudyAttr, best_trial
 
     study = optuna.create_study(direction="maximize")
     for value, jpt in ((10.0, 2.0), (9.8, 1.5), (5.0, 1.0)):

@@ -172,8 +172,7 @@ def test_sacct_energy_as_slurm_prints_it() -> None:
 def test_the_slurm_launcher_fills_in_sacct_energy_only_where_devices_measured_none(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune.launchers import slurm
-    from autotune.launchers.base import LaunchReport
-    from autotune.trial import TrialResult
+    from autotune.trial import LaunchReport, TrialResult
 
     asked: list[list[str]] = []
 

@@ -17,8 +17,8 @@ import pytest
 
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
-from autotune.runner.outcome import classify
 from autotune.trial import TrialPaths, TrialSpec
+from autotune.trial.classify import classify
 from tests.helpers import no_processes_mentioning, tiny_spec
 
 

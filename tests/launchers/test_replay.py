@@ -12,8 +12,8 @@ from autotune.landscape import LandscapeGroup, Measurement
 from autotune.launchers.base import Launcher
 from autotune.launchers.replay import ReplayLauncher, group_from_frame
 from autotune.layout import Layout
-from autotune.runner.outcome import classify
 from autotune.trial import RunConfig, TrialPaths, TrialSpec
+from autotune.trial.classify import classify
 from tests.helpers import TINY, tiny_spec
 from tests.launchers.contract import LauncherContract
 from tests.search.conftest import synthetic_group

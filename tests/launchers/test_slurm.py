@@ -14,9 +14,9 @@ from autotune.config.launcher import SlurmOptions
 from autotune.errors import LaunchError
 from autotune.launchers.slurm import SlurmLauncher, allocation_job_id, step_name
 from autotune.layout import Layout
-from autotune.runner.outcome import classify
 from autotune.sites import load_site
 from autotune.trial import TrialPaths
+from autotune.trial.classify import classify
 from tests.helpers import processes_mentioning, tiny_spec
 from tests.launchers.contract import LauncherContract
 

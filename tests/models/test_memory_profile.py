@@ -24,7 +24,7 @@ from autotune.models import memory as mem
 from autotune.models.links import tp_link
 from autotune.models.memory_uncertainty import estimate_uncertainty
 from autotune.models.profile import LayerMemory, LayerProfile, LayerShape, ProfileEntry
-from autotune.plan import plan_study, render_plan
+from autotune.planning.plan import plan_study, render_plan
 from autotune.spec import parse_study
 
 M = ModelConfig(n_layer=9, hidden=1024, n_head=16, seq_len=1024, vocab_size=51200)

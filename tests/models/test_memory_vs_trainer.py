@@ -41,7 +41,8 @@ LAYOUTS = {
 
 def _spec(layout: Layout) -> dict:
     return {"model": MODEL.to_dict(), "layout": layout.to_dict(),
-            "run": {"warmup_steps": 1, "measure_steps": 1, "dtype": "fp32", "seed": 1,
+            "run": {"warmup_steps": 1, "measure_steps": 1, "measure_precision": None,
+                    "dtype": "fp32", "seed": 1,
                     "device": "cpu"}}
 
 

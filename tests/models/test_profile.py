@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autotune.candidates import Candidate, rank_candidates
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
@@ -38,6 +37,7 @@ from autotune.models.profile_fit import (
     landscape_samples,
     layer_slots,
 )
+from autotune.planning.candidates import Candidate, rank_candidates
 from autotune.spec import StudySpec, parse_study
 
 M = ModelConfig(n_layer=9, hidden=1024, n_head=16, seq_len=1024, vocab_size=51200)

@@ -1,7 +1,7 @@
 """A finished study with every outcome, stored the way the runner stores one.
 
 Trials go in through Optuna's ``add_trial`` and rows through ``Storage.add_measurement``,
-with user attributes and rows built by the runner's own :mod:`autotune.runner.records` from
+with user attributes and rows built by the runner's own :mod:`autotune.storage.records` from
 realistic results (an H100 node pair, a 1.3B GPT): complete, out-of-memory, infeasible
 (never launched, no row), failed and timed-out trials. Seconds instead of GPU hours.
 """
@@ -19,11 +19,11 @@ from autotune.config.study import StorageConfig
 from autotune.hardware import GiB
 from autotune.layout import Layout
 from autotune.runner.optuna_io import open_study
-from autotune.runner.outcome import Outcome
-from autotune.runner.records import TrialFacts, measurement_row, user_attrs
 from autotune.spec import StudySpec, parse_study
 from autotune.storage import Storage, open_storage
+from autotune.storage.records import TrialFacts, measurement_row, user_attrs
 from autotune.trial import TrialResult
+from autotune.trial.outcome import Verdict
 
 WORLD, GLOBAL_BATCH = 8, 32
 
@@ -121,7 +121,7 @@ def build(db: Path, name: str = "synthetic", *, nodes: int = 2,
                 distributions=_distributions(), user_attrs=attrs,
                 system_attrs={"constraints:feasible": 1.0}))
             continue
-        outcome = Outcome(kind, value=tflops, reason=REASONS.get(kind, ""))
+        outcome = Verdict(kind, value=tflops, reason=REASONS.get(kind, ""))
         result = _result(lay, kind, tflops, pred_gib)
         elapsed = {"complete": 140.0 + 7 * i, "oom": 75.0, "error": 38.0, "timeout": 900.0}[kind]
         started = t0 + timedelta(minutes=20 * i)

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from autotune.dashboard import serve
 from autotune.errors import StorageError
+from autotune.report.dashboard import serve
 from tests.report import synthetic
 
 

@@ -22,11 +22,11 @@ from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.models.memory_uncertainty import Verdict
 from autotune.runner.learning import plan_calibration
-from autotune.runner.records import StudyAttr, TrialAttr, learned_from_line
 from autotune.runner.study import run_study
 from autotune.search import Observation, Strategy
 from autotune.spec import StudySpec, parse_study
 from autotune.storage import open_storage
+from autotune.storage.records import StudyAttr, TrialAttr, learned_from_line
 from autotune.trial import TrialPaths, TrialResult, TrialSpec
 
 

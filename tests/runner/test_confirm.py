@@ -15,14 +15,7 @@ from optuna.trial import TrialState
 
 from autotune.cli import main
 from autotune.launchers import make_launcher
-from autotune.paired import (
-    ConfirmCandidate,
-    min_rounds,
-    overlapping,
-    paired_decision,
-    settled,
-)
-from autotune.results import format_statuses, selected_trial, study_status
+from autotune.report.results import format_statuses, selected_trial, study_status
 from autotune.runner.confirm import candidates_of
 from autotune.runner.study import run_study
 from autotune.spec import StudySpec, load_study
@@ -36,6 +29,13 @@ from autotune.storage.confirmations import (
     unfinished_line,
 )
 from autotune.storage.db import Storage, open_storage
+from autotune.trial.paired import (
+    ConfirmCandidate,
+    min_rounds,
+    overlapping,
+    paired_decision,
+    settled,
+)
 from tests.helpers import write_study
 
 HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"

@@ -24,13 +24,12 @@ from optuna.trial import TrialState
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from autotune.launchers.base import LaunchReport
 from autotune.launchers.local import LocalLauncher
 from autotune.layout import Layout
 from autotune.runner.study import run_study
 from autotune.spec import load_study
 from autotune.storage import open_storage
-from autotune.trial import TrialPaths, TrialSpec
+from autotune.trial import LaunchReport, TrialPaths, TrialSpec
 from tests.helpers import processes_mentioning, write_study
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-READERS = ["autotune.results", "autotune.report.build", "autotune.report.crossstudy",
+READERS = ["autotune.report.results", "autotune.report.build", "autotune.report.crossstudy",
            "autotune.report.export", "autotune.campaign.jobs"]
 
 

@@ -11,12 +11,12 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from autotune.launchers.base import Launcher, LaunchReport
-from autotune.runner.outcome import classify
+from autotune.launchers.base import Launcher
 from autotune.runner.study import run_study
 from autotune.spec import load_study
 from autotune.storage import open_storage
-from autotune.trial import TrialPaths, TrialResult, TrialSpec
+from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
+from autotune.trial.classify import classify
 from tests.helpers import write_study
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.runner.outcome import Outcome
 from autotune.runner.stop_early import RepeatedErrorRule, failure_of
 from autotune.spec import load_study
+from autotune.trial.outcome import Verdict
 from tests.helpers import REPO, run_cli, write_study
 
 PROGRAMS = REPO / "tests" / "workloads" / "programs"
@@ -19,7 +19,7 @@ TYPO = "unrecognized arguments: --micro-bach 1"
 
 
 def _fail(rule: RepeatedErrorRule, number: int, layout: str, reason: str) -> object:
-    outcome = Outcome("error", reason=reason)
+    outcome = Verdict("error", reason=reason)
     return rule.observe("error", failure_of(outcome, number=number, layout=layout,
                                             trial_dir=f"runs/t{number}"))
 

@@ -11,9 +11,8 @@ from optuna.trial import TrialState
 
 from autotune.config.study import TrialConfig
 from autotune.errors import SpecError
-from autotune.launchers.base import LaunchReport
-from autotune.runner.outcome import classify
-from autotune.trial import RunConfig, TrialResult
+from autotune.trial import LaunchReport, RunConfig, TrialResult
+from autotune.trial.classify import classify
 from tests.helpers import run_cli, write_study
 
 
@@ -45,7 +44,7 @@ def test_bad_measurement_settings_name_the_field(trial: dict, field: str) -> Non
 
 
 def test_the_step_cap() -> None:
-    assert RunConfig(measure_steps=3).step_cap == 3
+    assert RunConfig(measure_steps=3, measure_precision=None).step_cap == 3
     assert RunConfig(measure_steps=3, measure_precision=0.05).step_cap == 12
     assert RunConfig(measure_steps=3, measure_precision=0.05, max_measure_steps=7).step_cap == 7
 

@@ -18,11 +18,11 @@ import pytest
 from autotune.landscape import LandscapeGroup
 from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
-from autotune.runner.records import SKIPPED, trial_layout, trial_outcome
 from autotune.runner.study import run_study
 from autotune.search import make_strategy, plan_order
 from autotune.spec import parse_study
 from autotune.storage import open_storage
+from autotune.storage.records import SKIPPED, trial_layout, trial_outcome
 from tests.search.conftest import synthetic_group
 
 

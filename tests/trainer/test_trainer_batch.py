@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from trainer_launch import launch, spec
 
-from autotune.timings import STARTUP_PHASES
+from autotune.report.timings import STARTUP_PHASES
 from autotune.trial import PHASES
 
 pytestmark = pytest.mark.slow
 
-RUN = {"measure_steps": 6}
+RUN = {"measure_steps": 6, "measure_precision": None}
 FIRST, SECOND, THIRD = spec(1, 1, 2, **RUN), spec(2, 1, 1, zero=1, **RUN), spec(1, 2, 1, **RUN)
 
 

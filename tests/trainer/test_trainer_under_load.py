@@ -27,7 +27,7 @@ from trainer_launch import REPO, spec
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 LAUNCHES = 20
-RUN = {"warmup_steps": 0, "measure_steps": 1}
+RUN = {"warmup_steps": 0, "measure_steps": 1, "measure_precision": None}
 TWO_LAYERS = {"n_layer": 2, "hidden": 32, "n_head": 4, "seq_len": 16, "vocab_size": 64}
 SPECS = {"pp2": spec(1, 2, 1, model=TWO_LAYERS, **RUN),
          "tp2": spec(2, 1, 1, model=TWO_LAYERS, **RUN)}

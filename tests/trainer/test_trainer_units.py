@@ -12,7 +12,8 @@ from trainer.data import MemmapTokens, SyntheticTokens, micro_batches
 from trainer.measure import flops_rates, summarize_step_times
 from trainer.model import GPT, LossFn
 from trainer.run import result_status_of_exception
-from trainer.tensor_parallel import TPContext, vocab_parallel_cross_entropy
+from trainer.tensor_parallel import vocab_parallel_cross_entropy
+from trainer.tp_context import TPContext
 
 TINY = ModelConfig(n_layer=2, hidden=32, n_head=4, seq_len=16, vocab_size=64)
 

@@ -23,7 +23,8 @@ def spec(tp: int = 1, pp: int = 1, dp: int = 1, *, zero: int = 0, recompute: str
     return {"model": dict(model or TINY_MODEL),
             "layout": {"tp": tp, "pp": pp, "dp": dp, "micro_batch": micro, "grad_accum": 2,
                        "zero_stage": zero, "recompute": recompute},
-            "run": {"warmup_steps": 1, "measure_steps": 2, "dtype": "fp32", "seed": 7,
+            "run": {"warmup_steps": 1, "measure_steps": 2, "measure_precision": None,
+                    "dtype": "fp32", "seed": 7,
                     "device": "cpu", **run}}
 
 

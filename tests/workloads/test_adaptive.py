@@ -1,6 +1,6 @@
 """Adaptive measurement of a user's program (issue #24): autotune follows the steps as they
 stream in and stops the program once the median is known to the study's precision, by the
-built-in trainer's own rule (:class:`autotune.measurement.StopRule`).
+built-in trainer's own rule (:class:`autotune.trial.measurement.StopRule`).
 
 A stand-in program (``programs/timed_steps.py``) reports step times it is given, so each
 case is exact: a stop once the precision is reached, none before ``measure_steps`` however
@@ -19,15 +19,16 @@ import pytest
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.config.workload import WorkloadConfig
-from autotune.launchers.base import LaunchReport
 from autotune.launchers.local import LocalLauncher
 from autotune.layout import Layout
-from autotune.measurement import relative_precision
-from autotune.runner.foreign import foreign_outcome
-from autotune.runner.outcome import classify
 from autotune.trial import RunConfig, TrialPaths, TrialResult, TrialSpec
+from autotune.trial.classify import classify
+from autotune.trial.measurement import relative_precision
+from autotune.trial.outcome import Verdict
+from autotune.trial.report import LaunchReport
 from autotune.workloads import adaptive
 from autotune.workloads.foreign import CommandWorkload, train_iters
+from autotune.workloads.oom_signatures import OOM_SIGNATURES
 from tests.helpers import REPO, no_processes_mentioning
 from tests.workloads.conftest import PROGRAMS
 
@@ -113,10 +114,17 @@ def test_a_program_that_ignores_the_cap_is_stopped_there(
 
 def test_a_fixed_step_count_without_precision_is_not_watched(tmp_path: Path) -> None:
     spec = TrialSpec(model=MODEL, layout=LAYOUT, run=RunConfig(warmup_steps=2,
-                                                               measure_steps=3))
+                                                               measure_steps=3,
+                                                               measure_precision=None))
     assert train_iters(spec) == 5
     report, result, _ = _run(tmp_path, STEADY, precision=None, measure_steps=3)
     assert report.measured_stop is None and len(result["step_times_s"]) == 3
+
+
+def foreign_outcome(report: LaunchReport) -> Verdict:
+    """The verdict of a user's program, decided afresh (the report keeps the first)."""
+    report.verdict = None
+    return classify(report, OOM_SIGNATURES)
 
 
 def test_a_slurm_stop_is_a_measurement_not_a_cancellation() -> None:

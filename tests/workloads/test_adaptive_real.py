@@ -16,8 +16,8 @@ from autotune.config.model import ModelConfig
 from autotune.config.workload import WorkloadConfig
 from autotune.launchers.local import LocalLauncher
 from autotune.layout import Layout
-from autotune.runner.outcome import classify
 from autotune.trial import RunConfig, TrialPaths, TrialSpec
+from autotune.trial.classify import classify
 from autotune.workloads.foreign import CommandWorkload
 from tests.helpers import REPO, no_processes_mentioning
 

@@ -15,11 +15,10 @@ from hypothesis import strategies as st
 
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
-from autotune.launchers.base import LaunchReport
 from autotune.layout import Layout
-from autotune.result_numbers import check_result_numbers
-from autotune.runner.outcome import classify
-from autotune.trial import TrialResult, read_result
+from autotune.trial import LaunchReport, TrialResult, read_result
+from autotune.trial.classify import classify
+from autotune.trial.numbers import check_result_numbers
 from autotune.workloads.readback import measure, parse_log_line, read_back
 
 MODEL = ModelConfig(n_layer=2, hidden=64, n_head=4, seq_len=64, vocab_size=256, ffn_hidden=256)

@@ -13,15 +13,15 @@ import pytest
 
 from autotune.config.model import ModelConfig
 from autotune.config.workload import WorkloadConfig
-from autotune.launchers.base import LaunchReport
 from autotune.launchers.local import LocalLauncher
 from autotune.launchers.slurm import SlurmLauncher
 from autotune.layout import Layout
 from autotune.models.flops import model_flops_per_step
-from autotune.runner.foreign import OOM_SIGNATURES, find_oom_signature, foreign_outcome
-from autotune.runner.outcome import classify
-from autotune.trial import RunConfig, TrialPaths, TrialSpec
+from autotune.trial import LaunchReport, RunConfig, TrialPaths, TrialSpec
+from autotune.trial.classify import classify
+from autotune.trial.outcome import find_oom_signature
 from autotune.workloads.base import ProgressWatch
+from autotune.workloads.oom_signatures import OOM_SIGNATURES
 from autotune.workloads.readback import (
     StepCounter,
     StepRecord,
@@ -155,11 +155,11 @@ def _report(**kw: object) -> LaunchReport:
 @pytest.mark.parametrize("sig", OOM_SIGNATURES, ids=lambda s: s.text)
 def test_every_oom_signature_is_classified_oom(sig: object) -> None:
     text = f"Traceback (most recent call last):\n  ...\nSomeError: ... {sig.text} ...\n"  # type: ignore[attr-defined]
-    assert find_oom_signature(text) is not None
-    outcome = classify(_report(log_text=text))
+    assert find_oom_signature(text, OOM_SIGNATURES) is not None
+    outcome = classify(_report(log_text=text), OOM_SIGNATURES)
     assert outcome.kind == "oom" and outcome.infeasible
     # ... also when the program then hung and was killed for it (a consequence).
-    assert foreign_outcome(_report(log_text=text, no_progress=True)).kind == "oom"
+    assert classify(_report(log_text=text, no_progress=True), OOM_SIGNATURES).kind == "oom"
 
 
 def test_foreign_outcomes_without_oom() -> None:
@@ -193,7 +193,8 @@ def test_no_progress_watch(tmp_path: Path) -> None:
 
 
 def _spec(layout: Layout = LAYOUT) -> TrialSpec:
-    return TrialSpec(model=MODEL, layout=layout, run=RunConfig(device="cpu", warmup_steps=1,
+    return TrialSpec(model=MODEL, layout=layout, run=RunConfig(device="cpu", measure_precision=None,
+                                                               warmup_steps=1,
                                                                measure_steps=3))
 
 

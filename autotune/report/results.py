@@ -17,7 +17,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UsageError
 from autotune.layout import Layout
-from autotune.runner.records import (
+from autotune.report.tables import format_table
+from autotune.report.timings import TimeBreakdown, breakdown_line, time_breakdown
+from autotune.storage.db import Storage
+from autotune.storage.records import (
     TrialAttr,
     learned_from_line,
     learned_from_of,
@@ -28,11 +31,9 @@ from autotune.runner.records import (
     trial_layout_key,
     trial_outcome,
 )
-from autotune.storage.db import Storage
-from autotune.tables import format_table
-from autotune.timings import TimeBreakdown, breakdown_line, time_breakdown
+from autotune.trial.outcome import Outcome
 
-__all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "selected_trial",
+__all__ = ["StudyStatus", "load_existing_study", "study_status", "selected_trial",
            "best_layout", "list_studies", "format_statuses", "confirmation_of",
            "confirmation_line"]
 
@@ -49,16 +50,16 @@ class StudyStatus:
     search_stop: str | None = None
     """Why the search strategy stopped before the budget, if it last did (issue #5)."""
     search_stop_record: dict[str, Any] | None = None
-    """The same as recorded (:func:`autotune.runner.records.search_stop_record`): what
+    """The same as recorded (:func:`autotune.storage.records.search_stop_record`): what
     :func:`autotune.runner.budget.study_done` decides on."""
     learned_from: str | None = None
     """What the study's calibration learned from (earlier studies and their measurements,
-    the corrections): :func:`autotune.runner.records.learned_from_line`."""
+    the corrections): :func:`autotune.storage.records.learned_from_line`."""
     confirmation: str | None = None
     """The confirmation round's verdict and cost (:func:`confirmation_line`)."""
     time: TimeBreakdown = field(default_factory=lambda: time_breakdown([]))
     """Where the trials' wall time went, by phase (start-up, build, warm-up, measured
-    steps, teardown): :mod:`autotune.timings`."""
+    steps, teardown): :mod:`autotune.report.timings`."""
 
     retries: int = 0
     """Layouts whose execution was cut short (killed, interrupted), waiting to be re-run
@@ -87,16 +88,11 @@ def load_existing_study(storage: Storage, name: str) -> optuna.Study:
                          f"(studies there: {known})") from None
 
 
-def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return max(done, key=lambda t: t.value or 0.0) if done else None
-
-
 def selected_trial(study: optuna.Study) -> FrozenTrial | None:
     """The best completed trial under the study's ``search.objective``
     (:func:`autotune.objective.select_best`; throughput for studies run before it)."""
     from autotune.objective import select_best
-    from autotune.runner.records import StudyAttr, TrialAttr, trial_energy
+    from autotune.storage.records import StudyAttr, TrialAttr, trial_energy
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     selection = study.user_attrs.get(StudyAttr.SELECTION)
@@ -110,7 +106,7 @@ def selected_trial(study: optuna.Study) -> FrozenTrial | None:
 def confirmation_of(study: optuna.Study) -> dict[str, Any] | None:
     """The confirmation round's record (:mod:`autotune.runner.confirm`), if the study has
     one, with ``stale`` set when trials completed after it."""
-    from autotune.runner.records import StudyAttr
+    from autotune.storage.records import StudyAttr
 
     record = study.user_attrs.get(StudyAttr.CONFIRMATION)
     if not isinstance(record, dict):
@@ -121,7 +117,7 @@ def confirmation_of(study: optuna.Study) -> dict[str, Any] | None:
 
 def confirmation_line(study: optuna.Study) -> str | None:
     """``status``, ``best`` and the report's words for it (``None``: no round ran)."""
-    from autotune.paired import cost_line, decision_line
+    from autotune.trial.paired import cost_line, decision_line
 
     record = confirmation_of(study)
     if record is None:
@@ -181,11 +177,12 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
     rows = []
     for st in statuses:
         best, out = st.best, st.by_outcome
-        rows.append([st.name, out.get("complete", 0), out.get("stopped", 0), out.get("oom", 0),
-                     out.get("infeasible", 0),
-                     sum(out.get(k, 0) for k in ("error", "timeout", "fail")),
-                     out.get("interrupted", 0) + out.get("killed", 0)
-                     + out.get("node_failure", 0), len(st.running),
+        rows.append([st.name, out.get(Outcome.COMPLETE, 0), out.get(Outcome.STOPPED, 0),
+                     out.get(Outcome.OOM, 0), out.get(Outcome.INFEASIBLE, 0),
+                     # failed: ran and failed (Outcome.observed "error"), or its runner died
+                     out.get("fail", 0) + sum(out.get(o, 0) for o in Outcome
+                                              if o.observed == "error"),
+                     sum(out.get(o, 0) for o in Outcome if o.retry), len(st.running),
                      st.waiting,
                      trial_layout_key(best) if best else None,
                      best.value if best else None])
@@ -200,7 +197,7 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
               if st.confirmation]
     lines += [f"{st.name}: time: {breakdown_line(st.time)}" for st in statuses
               if st.time.trials]
-    from autotune.runner.records import trial_energy_line
+    from autotune.storage.records import trial_energy_line
 
     lines += [f"{st.name}: best: {trial_energy_line(st.best)}" for st in statuses
               if st.best is not None]

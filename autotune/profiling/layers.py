@@ -33,7 +33,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from autotune.candidates import rank_candidates
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
@@ -51,11 +50,12 @@ from autotune.models.memory import (
 from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
 from autotune.models.profile_blend import analytic_layer
 from autotune.models.profile_fit import LayerSample, fit_layer_profile, median_standard_error
-from autotune.runner.outcome import classify
+from autotune.planning.candidates import rank_candidates
+from autotune.report.tables import format_table
 from autotune.runner.progress import format_duration
 from autotune.spec import StudySpec
-from autotune.tables import format_table
 from autotune.trial import TrialPaths, TrialSpec
+from autotune.trial.classify import classify
 
 __all__ = ["ProfileCell", "ProfileRun", "Comparison", "check_profilable", "profile_cells",
            "profile_specs", "run_profile", "compare_rows", "render_comparison",
@@ -182,7 +182,7 @@ def run_profile(spec: StudySpec, launcher: Launcher, cells: Sequence[ProfileCell
                 out.failed[cell] = "interrupted"
                 log(f"{what}: interrupted")
                 break
-            outcome = classify(report)
+            outcome = classify(report, launcher.workload.oom_signatures)
             res = report.result
             if outcome.kind != "complete" or res is None or not res.step_time_s:
                 first = outcome.reason.strip().splitlines()[0][:160] if outcome.reason else ""

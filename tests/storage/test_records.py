@@ -10,8 +10,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.layout import Layout
-from autotune.runner.outcome import Outcome
-from autotune.runner.records import (
+from autotune.storage.records import (
     RESULT_ATTRS,
     SKIPPED,
     TrialAttr,
@@ -28,12 +27,13 @@ from autotune.runner.records import (
     verdict_attrs,
 )
 from autotune.trial import TrialResult
+from autotune.trial.outcome import Verdict
 
 LAYOUT = Layout(tp=2, pp=1, dp=2, micro_batch=2, grad_accum=2, zero_stage=1)
 AUTOTUNE = Path(__file__).resolve().parents[2] / "autotune"
 
 
-def _facts(outcome: Outcome, result: TrialResult | None) -> TrialFacts:
+def _facts(outcome: Verdict, result: TrialResult | None) -> TrialFacts:
     t0 = datetime(2025, 1, 1)
     return TrialFacts(study_name="s", trial_number=3, trial_id=4, layout=LAYOUT,
                       outcome=outcome, result=result, launcher="local", worker="h:1",
@@ -49,7 +49,7 @@ def _frozen(attrs: dict, state: TrialState = TrialState.COMPLETE) -> optuna.tria
 def test_a_measured_trial_reads_back_its_layout_outcome_and_result() -> None:
     result = TrialResult(status="ok", model_tflops_per_device=150.0, step_time_s=0.5,
                          peak_memory_bytes=3 * 2**30, device="cuda", versions={"torch": "2"})
-    attrs = user_attrs(_facts(Outcome("complete", value=150.0), result))
+    attrs = user_attrs(_facts(Verdict("complete", value=150.0), result))
     trial = _frozen(attrs)
     assert trial_layout(trial) == LAYOUT and trial_layout_key(trial) == LAYOUT.key()
     assert trial_outcome(trial) == "complete" and trial_reason(trial) == ""
@@ -79,11 +79,27 @@ def test_a_search_stop_reads_as_one_line() -> None:
 
 def test_no_attribute_key_is_spelled_out_elsewhere_in_autotune() -> None:
     """Like SQL columns in storage/schema.py: keys of trial and study attributes live in
-    runner/records.py; everywhere else names them by its constants."""
-    bare = re.compile(r"""(user_attrs\.get\(|user_attrs\[|set_user_attr\()\s*["']""")
+    storage/records.py; everywhere else (storage/claims.py included) names them by its
+    constants: no ``user_attrs.get("...")``, ``attrs["..."] =``, ``user_attrs={"...": ``,
+    and no trial attribute key as a dict literal's key."""
+    keys = {v for v in vars(TrialAttr).values() if isinstance(v, str) and not v.startswith("_")
+            and v.islower()} - {"autotune.storage.records"}
+    bare = re.compile(r"""(user_attrs\.get\(|user_attrs\[|set_user_attr\(|attrs\[|"""
+                      r"""user_attrs=\{)\s*["']""")
+    literal_key = re.compile(r"""[{,]\s*["']([a-z_]+)["']\s*:""")
     offenders = [f"{path.relative_to(AUTOTUNE)}:{n}"
                  for path in sorted(AUTOTUNE.rglob("*.py"))
                  if path.name != "records.py"
                  for n, line in enumerate(path.read_text().splitlines(), start=1)
-                 if bare.search(line)]
+                 if bare.search(line) or (
+                     "user_attrs" in line and any(k in keys for k in literal_key.findall(line)))]
     assert offenders == []
+
+
+def test_the_key_check_can_fail() -> None:
+    """The pattern of the test above catches what storage/claims.py used to write."""
+    bare = re.compile(r"""(user_attrs\.get\(|user_attrs\[|set_user_attr\(|attrs\[|"""
+                      r"""user_attrs=\{)\s*["']""")
+    assert bare.search('rdb.finish_trial(s, tid, user_attrs={"outcome": "killed"})')
+    assert bare.search('attrs["retry_of"] = 3')
+    assert not bare.search("attrs[TrialAttr.RETRY_OF] = 3")

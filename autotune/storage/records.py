@@ -9,7 +9,7 @@ table, the dashboard and the reports agree. Changing a key here changes what old
 can be read with, so keys are added, not renamed.
 
 This module imports nothing of the loop (no launcher, no Optuna study handling), so that
-readers (:mod:`autotune.report`, :mod:`autotune.results`) can use it.
+readers (:mod:`autotune.report`, :mod:`autotune.report.results`) can use it.
 """
 
 from __future__ import annotations
@@ -18,15 +18,20 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.hardware import GiB
 from autotune.layout import Layout
 from autotune.models.calibration import BUILTIN_WORKLOAD, Calibration, LogCorrection
-from autotune.runner.outcome import Outcome
 from autotune.trial import TrialResult
+from autotune.trial.outcome import Verdict
 
-__all__ = ["TrialAttr", "StudyAttr", "SKIPPED", "FAILED_TRIAL_SYSTEM_ATTR", "RESULT_ATTRS",
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+__all__ = ["TrialAttr", "StudyAttr", "RUNNING", "best_trial", "SKIPPED",
+           "FAILED_TRIAL_SYSTEM_ATTR", "RESULT_ATTRS",
            "TrialFacts", "measurement_row", "user_attrs", "verdict_attrs", "retry_attrs",
            "study_attrs", "set_user_attrs", "trial_layout", "trial_layout_key",
            "trial_outcome", "trial_reason", "is_retry", "study_fingerprint",
@@ -44,7 +49,7 @@ class TrialAttr:
     LAYOUT_DICT = "layout_dict"
     """The layout as :meth:`autotune.layout.Layout.to_dict` (what readers rebuild it from)."""
     OUTCOME = "outcome"
-    """An outcome kind (:data:`autotune.runner.outcome.OUTCOME_KINDS`) or :data:`SKIPPED`;
+    """An outcome kind (:data:`autotune.trial.outcome.OUTCOME_KINDS`) or :data:`SKIPPED`;
     absent on a trial whose runner died before judging it."""
     REASON = "reason"
     """Why it is not ``complete``: the error text, the infeasibility reasons, ..."""
@@ -98,6 +103,9 @@ RESULT_ATTRS: tuple[str, ...] = (
 """Trial attributes copied from the :class:`~autotune.trial.TrialResult` field of the same
 name."""
 
+RUNNING = "running"
+"""The ``outcome`` of an execution's ``measurements`` row from its claim until its record
+(:func:`autotune.storage.claims.claim_layout`)."""
 SKIPPED = "skipped"
 """The :attr:`TrialAttr.OUTCOME` of a proposal that was not launched and says nothing about
 its layout (another trial owns it, or the budget was reached)."""
@@ -159,7 +167,7 @@ class TrialFacts:
     trial_number: int
     trial_id: int
     layout: Layout
-    outcome: Outcome
+    outcome: Verdict
     result: TrialResult | None
     launcher: str
     worker: str
@@ -173,7 +181,7 @@ class TrialFacts:
     calibrated_tflops_per_device: float | None = None
     calibrated_memory_bytes: float | None = None
     batch: dict[str, Any] | None = None
-    """Where the trial sat in its launch (:attr:`autotune.launchers.base.LaunchReport.batch`)."""
+    """Where the trial sat in its launch (:attr:`autotune.trial.report.LaunchReport.batch`)."""
 
 
 def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch: int,
@@ -193,7 +201,7 @@ def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch
         "n_params": float(model.n_params()), "device_type": cluster.device,
         "nodes": cluster.nodes, "devices_per_node": cluster.devices_per_node, "dtype": dtype,
         "workload": workload,
-        "outcome": facts.outcome.kind, "status": res.status if res else None,
+        "outcome": facts.outcome.kind.value, "status": res.status if res else None,
         "reason": facts.outcome.reason or None,
         "model_tflops_per_device": res.model_tflops_per_device if res else None,
         "hardware_tflops_per_device": res.hardware_tflops_per_device if res else None,
@@ -230,7 +238,7 @@ def user_attrs(facts: TrialFacts) -> dict[str, Any]:
         TrialAttr.WORLD_SIZE: facts.layout.world_size,
         TrialAttr.DP: facts.layout.dp,
         TrialAttr.GRAD_ACCUM: facts.layout.grad_accum,
-        TrialAttr.OUTCOME: facts.outcome.kind,
+        TrialAttr.OUTCOME: facts.outcome.kind.value,
         TrialAttr.WORKER: facts.worker,
         TrialAttr.LAUNCHER: facts.launcher,
         TrialAttr.ELAPSED_S: round(facts.elapsed_s, 2),
@@ -293,6 +301,16 @@ def set_user_attrs(target: _SetsAttrs, attrs: Mapping[str, Any]) -> None:
 
 
 # -- trials: readers ------------------------------------------------------------------------
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The completed trial of highest value (throughput), ``None`` before any: what the
+    runner compares each new trial with (the study's objective may name another best:
+    :func:`autotune.report.results.selected_trial`)."""
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return max(done, key=lambda t: t.value or 0.0) if done else None
+
 
 def trial_layout(trial: _HasAttrs) -> Layout | None:
     """The layout a judged trial ran or was refused (``None``: not judged yet)."""

@@ -1,7 +1,7 @@
 """The feasible layouts of a study, ranked by the cost model: what the search draws from.
 
 :func:`rank_candidates` is the one place that combines the space
-(:mod:`autotune.space`), the feasibility check (:mod:`autotune.feasibility`), the memory
+(:mod:`autotune.planning.space`), the feasibility check (:mod:`autotune.feasibility`), the memory
 model and the cost model; the planner shows its output and the study runner searches it.
 
 A candidate's worth is its *expected* throughput, the predicted TFLOPS times the
@@ -34,7 +34,7 @@ from autotune.models.cost import estimate_step
 from autotune.models.memory import estimate_memory
 from autotune.models.memory_uncertainty import Verdict
 from autotune.models.profile import LayerProfile
-from autotune.space import enumerate_layouts
+from autotune.planning.space import enumerate_layouts
 
 __all__ = ["Candidate", "rank_candidates", "rank_layouts", "partition_space"]
 

@@ -1,5 +1,6 @@
-"""``autotune profile`` end to end: a study's layer shapes measured (:mod:`autotune.profiling`)
-or a measured table fitted (:mod:`autotune.models.profile_fit`), into one profile file.
+"""``autotune profile`` end to end: a study's layer shapes measured
+(:mod:`autotune.profiling.layers`) or a measured table fitted
+(:mod:`autotune.models.profile_fit`), into one profile file.
 
 The file is checked before any run (a file that cannot be extended or written must neither
 cost runs nor be replaced), extended rather than replaced (new entries win), and rewritten
@@ -21,7 +22,7 @@ from autotune.landscape import load_landscape
 from autotune.launchers import make_launcher
 from autotune.models.profile import LayerProfile, load_profile
 from autotune.models.profile_fit import fit_layer_profile, landscape_samples
-from autotune.profiling import (
+from autotune.profiling.layers import (
     DEFAULT_ACCUMS,
     DEFAULT_LAYERS,
     ProfileRun,

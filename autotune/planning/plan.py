@@ -3,7 +3,7 @@ others are out. No trial runs; it answers in well under a second even for 175B o
 devices (the space is a few thousand layouts; each check and estimate is arithmetic).
 
 :func:`plan_study` builds a :class:`PlanResult` from the ranking of
-:mod:`autotune.candidates` (the same order the search draws from: expected throughput,
+:mod:`autotune.planning.candidates` (the same order the search draws from: expected throughput,
 the predicted one times the probability of fitting) and the excluded layouts grouped by the
 first reason code of :mod:`autotune.feasibility`; each feasible row carries its memory
 verdict (*fits* or *uncertain*) and probability of fitting, and the header counts the
@@ -29,7 +29,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.candidates import Candidate, partition_space, rank_layouts
 from autotune.errors import SpecError
 from autotune.feasibility import REASON_CODES, Constraints
 from autotune.hardware import GiB
@@ -38,6 +37,7 @@ from autotune.models.calibration import Calibration
 from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
 from autotune.models.memory_uncertainty import Verdict
+from autotune.planning.candidates import Candidate, partition_space, rank_layouts
 from autotune.spec import StudySpec
 
 __all__ = ["PlanRow", "Exclusion", "PlanResult", "plan_study", "render_plan", "FORMATS"]
@@ -100,7 +100,7 @@ class PlanResult:
     calibration: str | None = None
     """What the plan learned from the database, one line (``None``: not calibrated)."""
     calibration_record: dict[str, Any] | None = None
-    """The same as :func:`autotune.runner.records.learned_from_record` (JSON output)."""
+    """The same as :func:`autotune.storage.records.learned_from_record` (JSON output)."""
 
 
 def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | None = None,
@@ -126,7 +126,7 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
                  for i, c in enumerate(ranked[:top]))
     record, line = None, None
     if calibration is not None:
-        from autotune.runner.records import learned_from_line, learned_from_record  # optuna
+        from autotune.storage.records import learned_from_line, learned_from_record  # optuna
 
         record = learned_from_record(calibration, enabled=learn_enabled)
         line = learned_from_line(record)
@@ -242,7 +242,7 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
         return buf.getvalue().rstrip("\n")
     if fmt != "table":
         raise SpecError("--format", fmt, f"allowed: one of {', '.join(FORMATS)}")
-    from autotune.tables import format_table
+    from autotune.report.tables import format_table
 
     head = (f"study {result.study}: {result.model} on {result.world_size} x {result.device} "
             f"({result.dtype}), global batch {result.global_batch}, "

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autotune.errors import SpecError, short_repr
-from autotune.plan import plan_study
+from autotune.planning.plan import plan_study
 from autotune.spec import MAX_FILE_BYTES, parse_study, read_yaml
 from tests.helpers import REPO, write_study
 

@@ -20,7 +20,7 @@ from autotune.models.profile import (
     load_cluster_profile,
     load_profile,
 )
-from autotune.plan import plan_study
+from autotune.planning.plan import plan_study
 from autotune.spec import load_study
 from tests.helpers import TINY, write_study
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from autotune.errors import SpecError
 from autotune.spec import SECTIONS, load_study, parse_study
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VALID = [yaml.safe_load(p.read_text()) for p in sorted((REPO / "studies").glob("*.yaml"))]
 
 BAD_VALUES = st.one_of(

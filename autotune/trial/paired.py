@@ -10,7 +10,7 @@ the same conditions, so the per-round ratio of two of them cancels what they sha
 * :func:`paired_decision`: the winner (the highest median throughput relative to its
   round), the runner-up, and the distribution-free confidence interval of the median
   per-round ratio winner / runner-up. The interval is the order-statistic one of
-  :func:`autotune.measurement.median_interval` (Conover, *Practical Nonparametric
+  :func:`autotune.trial.measurement.median_interval` (Conover, *Practical Nonparametric
   Statistics*, 3rd ed., 1999, section 3.2); it excludes 1 exactly when the two-sided sign
   test of "median ratio = 1" rejects at ``1 - confidence`` (Conover 1999, section 3.4, the
   sign test as the test of a median). No assumption on the distribution of the ratios: a
@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.measurement import median_interval
+from autotune.trial.measurement import median_interval
 
 __all__ = ["ConfirmCandidate", "PairedDecision", "overlapping", "paired_decision",
            "min_rounds", "settled", "decision_line", "cost_line", "throughput_interval",
