@@ -75,6 +75,7 @@ from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
 from autotune.runner.optuna_io import history, layout_params, open_study, set_search_stop
 from autotune.runner.outcome import Outcome, classify, infeasible
 from autotune.runner.progress import Progress
+from autotune.runner.proposals import next_proposals
 from autotune.runner.records import (
     StudyAttr,
     TrialAttr,
@@ -400,27 +401,6 @@ class _Worker:
                 return claimed, Layout.from_key(key)
         return None
 
-    def _alternatives(self, first: Layout, observed: list[Observation]) -> list[Layout]:
-        """``first`` and the strategy's next proposals, up to :attr:`_spread` in all: what
-        it would propose if each earlier one were claimed by another worker (pending),
-        feasible ones only (an infeasible one is judged when it is proposed first)."""
-        out = [first]
-        seen = list(observed)
-        while len(out) < self._spread:
-            seen.append(Observation(out[-1], "pending"))
-            nxt = self.strategy.propose(self.plan, seen)
-            if nxt is None:
-                break
-            if (nxt.key() in self.by_key and not self.constraints.check(nxt, self.spec.model)
-                    and dominated_by_oom(nxt, observed) is None):
-                out.append(nxt)
-            else:
-                seen.append(Observation(nxt, "pending"))
-                if len(seen) > len(observed) + 2 * _MAX_SPREAD:
-                    break
-        self.strategy.stop = None  # decided on the first proposal alone (the caller's)
-        return out
-
     def _admit(self, layout: Layout, observed: list[Observation]) -> tuple[Claimed, Layout] \
             | str | None:
         """Check the proposal, then claim it (its trial is created with the claim).
@@ -450,7 +430,10 @@ class _Worker:
                                          worker=self.name)))
             self.summary.infeasible += 1
             return None
-        layouts = self._alternatives(layout, observed) if self._spread > 1 else [layout]
+        layouts = next_proposals(
+            self.strategy, self.plan, observed, layout, self._spread,
+            admissible=lambda lay: lay.key() in self.by_key and not self.constraints.check(
+                lay, self.spec.model) and dominated_by_oom(lay, observed) is None)
         got = self._claim_first(layouts)
         if got is Refused.BUDGET:
             return "budget"
