@@ -60,17 +60,25 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start", default="exec", help="exec, fork or exec,fork (both)")
     p.add_argument("--timeout", type=float, default=900, help="per row, seconds")
     p.add_argument("--json", default=None, help="also write the figures to this file")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="cProfile every worker into DIR/ROW-N.prof (exec: python -m "
+                        "cProfile; fork: cProfile around the run) and print the top "
+                        "functions of the first worker of each row")
     return p.parse_args(argv)
 
 
 class _ConnectionPoll:
-    """Peak connections to one PostgreSQL database, polled in a thread."""
+    """Peak connections to one PostgreSQL database, polled in a thread, and the CPU seconds
+    its server processes used (``/proc/PID/stat`` of each backend, last seen before it
+    exits; a server on this machine only): on a loaded machine CPU seconds compare runs
+    that wall time cannot."""
 
     def __init__(self, admin_url: str, database: str) -> None:
         from sqlalchemy import create_engine
 
         self.engine = create_engine(admin_url, pool_size=1, max_overflow=0)
         self.database, self.peak = database, 0
+        self._ticks: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -79,10 +87,17 @@ class _ConnectionPoll:
 
         with self.engine.connect() as conn:
             while not self._stop.wait(0.1):
-                n = conn.execute(text("select count(*) from pg_stat_activity where datname = "
-                                      ":d"), {"d": self.database}).scalar()
-                self.peak = max(self.peak, int(n or 0))
+                pids = [int(p) for p in conn.execute(text(
+                    "select pid from pg_stat_activity where datname = :d"),
+                    {"d": self.database}).scalars()]
+                self.peak = max(self.peak, len(pids))
                 conn.commit()
+                for pid in pids:
+                    self._ticks[pid] = max(self._ticks.get(pid, 0), _cpu_ticks(pid))
+
+    @property
+    def server_cpu_s(self) -> float:
+        return sum(self._ticks.values()) / os.sysconf("SC_CLK_TCK")
 
     def __enter__(self) -> _ConnectionPoll:
         self._thread.start()
@@ -92,6 +107,23 @@ class _ConnectionPoll:
         self._stop.set()
         self._thread.join(5)
         self.engine.dispose()
+
+
+def _cpu_ticks(pid: int) -> int:
+    """User + system clock ticks of a process so far (0 if gone or not on this machine)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime (proc(5) fields 14, 15)
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
 
 
 STARTUP_IMPORTS = ("autotune.cli", "autotune.runner.study", "autotune.launchers.replay",
@@ -119,31 +151,45 @@ def measure_startup(repeat: int = 3) -> dict[str, float]:
             "startup_cpu_s": round(statistics.median(cpus), 2)}
 
 
-def _fork_worker(study: str) -> None:
+def _fork_worker(study: str, profile: str | None) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     sys.stdout = open(os.devnull, "w")
     from autotune.cli import main
 
-    os._exit(main(["run", study, "--quiet"]))
+    if profile is None:
+        os._exit(main(["run", study, "--quiet"]))
+    import cProfile
+
+    prof = cProfile.Profile()
+    code = prof.runcall(main, ["run", study, "--quiet"])
+    prof.dump_stats(profile)
+    os._exit(code)
 
 
-def _run_workers(study: Path, n: int, start: str, timeout: float) -> tuple[float, list[int],
-                                                                         list[str]]:
+def _run_workers(study: Path, n: int, start: str, timeout: float,
+                 profile: str | None = None) -> tuple[float, list[int], list[str], float]:
+    """Wall time, exit codes, last error lines and CPU seconds (user + system, all of
+    them together) of ``n`` workers; with ``profile`` (a
+    path prefix), worker ``i`` writes its cProfile stats to ``{profile}-{i}.prof``."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     t0 = time.monotonic()
+    cpu0 = _children_cpu_s()
     if start == "fork":
         fork = multiprocessing.get_context("fork")
-        procs = [fork.Process(target=_fork_worker, args=(str(study),)) for _ in range(n)]
+        procs = [fork.Process(target=_fork_worker, args=(
+            str(study), f"{profile}-{i}.prof" if profile else None)) for i in range(n)]
         for p in procs:
             p.start()
         for p in procs:
             p.join(timeout)
         return time.monotonic() - t0, [p.exitcode if p.exitcode is not None else -1
-                                       for p in procs], []
-    popen = [subprocess.Popen([sys.executable, "-m", "autotune", "run", str(study), "--quiet"],
+                                       for p in procs], [], _children_cpu_s() - cpu0
+    popen = [subprocess.Popen([sys.executable, *(["-m", "cProfile", "-o", f"{profile}-{i}.prof"]
+                                                  if profile else []),
+                               "-m", "autotune", "run", str(study), "--quiet"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-             for _ in range(n)]
+             for i in range(n)]
     codes, errors = [], []
     for w in popen:
         try:
@@ -155,7 +201,7 @@ def _run_workers(study: Path, n: int, start: str, timeout: float) -> tuple[float
         if w.returncode != 0:
             errors.append((err or b"").decode(errors="replace").strip().splitlines()[-1:][0]
                           if err else f"exit {w.returncode}")
-    return time.monotonic() - t0, codes, errors
+    return time.monotonic() - t0, codes, errors, _children_cpu_s() - cpu0
 
 
 def _study_counts(url: str, name: str) -> dict[str, Any]:
@@ -176,12 +222,14 @@ def run_row(backend: str, workers: int, args: argparse.Namespace) -> dict[str, A
     with tempfile.TemporaryDirectory(prefix="many-workers-") as tmp:
         directory = Path(tmp)
         row: dict[str, Any] = {"backend": backend, "workers": workers}
+        profile = _profile_prefix(args, backend, workers)
         if backend == "sqlite":
             url = f"sqlite:///{directory / 'study.db'}"
             study = write_replay_study(directory, name="many", url=url,
                                        n_trials=args.n_trials, heartbeat_s=5, grace_s=60,
                                        nodes=NODES)
-            wall, codes, errors = _run_workers(study, workers, args.start, args.timeout)
+            wall, codes, errors, cpu = _run_workers(study, workers, args.start, args.timeout,
+                                               profile)
             row["peak_connections"] = None
         else:
             from sqlalchemy import create_engine, text
@@ -197,18 +245,41 @@ def run_row(backend: str, workers: int, args: argparse.Namespace) -> dict[str, A
                                            n_trials=args.n_trials, heartbeat_s=5, grace_s=60,
                                            nodes=NODES)
                 with _ConnectionPoll(args.pg_url, str(make_url(url).database)) as poll:
-                    wall, codes, errors = _run_workers(study, workers, args.start,
-                                                       args.timeout)
+                    wall, codes, errors, cpu = _run_workers(study, workers, args.start,
+                                                       args.timeout, profile)
                 row.update(_study_counts(url, "many"))
                 row["peak_connections"] = poll.peak
+                row["server_cpu_s"] = round(poll.server_cpu_s, 1)
         if backend == "sqlite":
             row.update(_study_counts(url, "many"))
         row["wall_s"] = round(wall, 1)
+        row["worker_cpu_s"] = round(cpu, 1)
+        row["load_average"] = round(os.getloadavg()[0], 1)
         row["failed_workers"] = sum(c != 0 for c in codes)
         row["errors"] = sorted(set(errors))[:5]
         peak = row.get("peak_connections")
         row["connections_per_worker"] = round(peak / workers, 2) if peak else None
         return row
+
+
+def _profile_prefix(args: argparse.Namespace, backend: str, workers: int) -> str | None:
+    if args.profile is None:
+        return None
+    Path(args.profile).mkdir(parents=True, exist_ok=True)
+    return str(Path(args.profile) / f"{backend}{workers}-{args.start}")
+
+
+def _print_profile(prefix: str, top: int = 25) -> None:
+    """The first worker's most expensive functions (cumulative), for where the loop goes."""
+    import pstats
+
+    path = Path(f"{prefix}-0.prof")
+    if not path.exists():
+        print(f"(no profile at {path})")
+        return
+    stats = pstats.Stats(str(path))
+    print(f"profile of worker 0: {path} ({stats.total_tt:.1f} s CPU)")  # type: ignore[attr-defined]
+    stats.sort_stats("cumulative").print_stats(top)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
                                                  / cores / row["wall_s"]), 2)
             rows.append(row)
             _print_row(row)
-    header = ["backend", "workers", "start", "wall_s", "startup_share", "failed_workers",
+            prefix = _profile_prefix(args, backend, int(n))
+            if prefix is not None:
+                _print_profile(prefix)
+    header = ["backend", "workers", "start", "wall_s", "worker_cpu_s", "server_cpu_s",
+              "load_average", "startup_share", "failed_workers",
               "trials_per_layout", "stored_trials", "measured_layouts", "peak_connections",
               "connections_per_worker"]
     print("\n" + " | ".join(header))
@@ -253,7 +328,9 @@ def _print_row(r: dict[str, Any]) -> None:
           f"{r['wall_s']:>7.1f} s, "
           f"{r['failed_workers']} failed, {r['trials_per_layout']} trials/layout "
           f"({r['stored_trials']} stored, {r['measured_layouts']} measured), peak "
-          f"connections {r['peak_connections']} ({r['connections_per_worker']}/worker)"
+          f"connections {r['peak_connections']} ({r['connections_per_worker']}/worker); "
+          f"CPU {r['worker_cpu_s']} s workers, {r.get('server_cpu_s')} s server; load "
+          f"{r['load_average']}"
           + (f", start-up {r['startup_share']:.0%} of it" if "startup_share" in r else "")
           + (f"; errors: {r['errors']}" if r["errors"] else ""), flush=True)
 

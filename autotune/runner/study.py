@@ -81,6 +81,7 @@ from autotune.runner.learning import (
 from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
 from autotune.runner.optuna_io import history, layout_params, open_study, set_search_stop
 from autotune.runner.progress import Progress
+from autotune.runner.proposals import next_proposals
 from autotune.runner.recovered import finished_result
 from autotune.search import (
     Observation,
@@ -93,8 +94,9 @@ from autotune.spec import StudySpec
 from autotune.storage._optuna_rdb import CONSTRAINT_ATTR
 from autotune.storage.claims import (
     Claimed,
+    ClaimRequest,
     Refused,
-    claim_layout,
+    claim_first,
     record_execution,
     repair_stale,
     retry_keys,
@@ -126,6 +128,12 @@ __all__ = ["RunSummary", "run_study"]
 _MAX_IDLE_PROPOSALS = 200
 _LOST_RACE_BACKOFF_S = 0.1
 _SIBLING_POLL_S = 0.5
+_MAX_SPREAD = 8
+"""Proposals a worker racing others passes to one claim at most (:meth:`_Worker._admit`)."""
+_REPAIR_EVERY_S = 1.0
+"""How often a worker looks for dead runners' trials and retries while it proposes: each
+look is two queries, a dead runner's lease lasts ``storage.grace_period_s`` anyway, and
+a worker about to stop always looks first."""
 
 
 @dataclass
@@ -303,6 +311,12 @@ class _Worker:
         self.busy = busy or Busy()
         self._claims: dict[str, int] = {}
         self._last_claim_id = 0
+        self._spread = 1
+        """Proposals passed to the next claim: 1 alone, more after lost races."""
+        self._repaired_at: float | None = None
+        self._learned_record: dict[str, Any] | None = learned_from_record(
+            learning.calibration, enabled=learning.enabled)
+        """The study's ``learned_from`` as this worker last wrote it (:meth:`_recalibrate`)."""
         self.repeated_errors = stop_early.RepeatedErrorRule(spec.search.stop_on_repeated_error)
         self.broken: stop_early.BrokenProgram | None = None
 
@@ -374,25 +388,26 @@ class _Worker:
         return batch, None
 
     def _step(self) -> tuple[Claimed, Layout] | str | None:
-        """Repair, then claim a retry or the strategy's next layout: the claim and its
-        trial (measure it), a stop reason, or ``None`` (nothing claimed: propose again)."""
-        name = self.spec.name
-        self._retrying(lambda: repair_stale(self.storage, name))
-        for key in self._retrying(lambda: retry_keys(self.storage, name)):
-            if key not in self.by_key:
-                continue  # outside the space as it is now: not this worker's to re-run
-            claimed = self._claim(Layout.from_key(key), retry_only=True)
-            if isinstance(claimed, Claimed):
-                if self._record_recovered(claimed, Layout.from_key(key)):
-                    continue
-                return claimed, Layout.from_key(key)
+        """Repair (every :data:`_REPAIR_EVERY_S`, and before any stop), then claim a retry
+        or the strategy's next layout: the claim and its trial (measure it), a stop reason,
+        or ``None`` (nothing claimed: propose again)."""
+        looked = self._repair_due()
+        retry = self._take_retry() if looked else None
+        if retry is not None:
+            return retry
         claimed_keys = self._claimed_keys()
         if budget_reached(len(claimed_keys), self.n_trials):
+            if not looked:  # never stop before a dead runner's layout is retried
+                return self._take_retry() or "budget"
             return "budget"
         observed = history(self.study, claimed_keys)
         self._recalibrate(observed)
         proposal = self.strategy.propose(self.plan, observed)
         stop = self.strategy.stop
+        if proposal is None and not looked:  # never stop before a retry is taken
+            retry = self._take_retry()
+            if retry is not None:
+                return retry
         if proposal is None and stop is not None:
             self.summary.stop_reason = stop.reason
             set_search_stop(self.study, search_stop_record(
@@ -407,9 +422,38 @@ class _Worker:
             set_search_stop(self.study, None)
         return self._admit(proposal, observed)
 
+    def _repair_due(self) -> bool:
+        """Whether to look for dead runners' trials and retries now (:data:`_REPAIR_EVERY_S`)."""
+        now = time.monotonic()
+        if self._repaired_at is not None and now - self._repaired_at < _REPAIR_EVERY_S:
+            return False
+        self._repaired_at = now
+        return True
+
+    def _take_retry(self) -> tuple[Claimed, Layout] | None:
+        """Repair dead runners' trials, then claim a layout waiting for a retry, if any."""
+        name = self.spec.name
+        self._repaired_at = time.monotonic()
+        self._retrying(lambda: repair_stale(self.storage, name))
+        for key in self._retrying(lambda: retry_keys(self.storage, name)):
+            if key not in self.by_key:
+                continue  # outside the space as it is now: not this worker's to re-run
+            claimed = self._claim(Layout.from_key(key), retry_only=True)
+            if isinstance(claimed, Claimed):
+                if self._record_recovered(claimed, Layout.from_key(key)):
+                    continue
+                return claimed, Layout.from_key(key)
+        return None
+
     def _admit(self, layout: Layout, observed: list[Observation]) -> tuple[Claimed, Layout] \
             | str | None:
-        """Check the proposal, then claim it (its trial is created with the claim)."""
+        """Check the proposal, then claim it (its trial is created with the claim).
+
+        A worker that lost a race for its proposal passes its next ones too, up to
+        :data:`_MAX_SPREAD` (doubling after each lost race, halving after a claim of its
+        first choice): the claim takes the first one still free, instead of every worker
+        of a study reading it all again for each layout one of them won (issue 23). A
+        worker alone never loses and passes its proposal alone."""
         key = layout.key()
         if key not in self.by_key:
             # Strategies pick from self.plan; a layout outside it is no candidate of the
@@ -430,30 +474,47 @@ class _Worker:
                                          worker=self.name)))
             self.summary.infeasible += 1
             return None
-        claimed = self._claim(layout)
-        if claimed is Refused.BUDGET:
+        layouts = next_proposals(
+            self.strategy, self.plan, observed, layout, self._spread,
+            admissible=lambda lay: lay.key() in self.by_key and not self.constraints.check(
+                lay, self.spec.model) and dominated_by_oom(lay, observed) is None)
+        got = self._claim_first(layouts)
+        if got is Refused.BUDGET:
             return "budget"
-        if isinstance(claimed, Claimed):
-            return claimed, layout
-        # Another worker owns it (it is pending in the next history). Workers that lost the
-        # same race wait a little, each a different while, so that their next proposals
-        # see each other's claims instead of racing again for one layout.
+        if not isinstance(got, Refused):
+            index, claimed = got
+            if index == 0:
+                self._spread = max(1, self._spread // 2)
+            return claimed, layouts[index]
+        # Others own them all (pending in the next history). Workers that lost the same
+        # race wait a little, each a different while, so that their next proposals see
+        # each other's claims instead of racing again for one layout.
+        self._spread = min(_MAX_SPREAD, self._spread * 2)
         time.sleep(random.uniform(0.0, _LOST_RACE_BACKOFF_S))
         return None
 
     def _claim(self, layout: Layout, *, retry_only: bool = False) -> Claimed | Refused:
-        cand = self.by_key.get(layout.key())
-        facts = self._facts(layout, trial_id=0, number=0, outcome=Verdict(Outcome.KILLED),
-                            t0=_utcnow(), elapsed_s=0.0, result=None, hosts=[],
-                            paths=None, cand=cand)
-        row = self._row(facts)
-        attrs = {TrialAttr.LAYOUT: layout.key(), TrialAttr.LAYOUT_DICT: layout.to_dict(),
-                 TrialAttr.WORKER: self.name, TrialAttr.LAUNCHER: self.launcher.kind}
-        return self._retrying(lambda: claim_layout(
-            self.storage, study_name=self.spec.name, key=layout.key(),
-            n_trials=self.n_trials, worker=self.name,
-            params=layout_params(layout, self.spec), user_attrs=attrs, measurement=row,
-            retry_only=retry_only, before_commit=lambda: _test_kill_point("in-claim")))
+        got = self._claim_first([layout], retry_only=retry_only)
+        return got if isinstance(got, Refused) else got[1]
+
+    def _claim_first(self, layouts: list[Layout], *, retry_only: bool = False
+                     ) -> tuple[int, Claimed] | Refused:
+        """Claim the first free one of ``layouts`` (:func:`~autotune.storage.claims.
+        claim_first`), its trial created with the claim."""
+        requests = []
+        for layout in layouts:
+            cand = self.by_key.get(layout.key())
+            facts = self._facts(layout, trial_id=0, number=0, outcome=Verdict(Outcome.KILLED),
+                                t0=_utcnow(), elapsed_s=0.0, result=None, hosts=[],
+                                paths=None, cand=cand)
+            attrs = {TrialAttr.LAYOUT: layout.key(), TrialAttr.LAYOUT_DICT: layout.to_dict(),
+                     TrialAttr.WORKER: self.name, TrialAttr.LAUNCHER: self.launcher.kind}
+            requests.append(ClaimRequest(layout.key(), layout_params(layout, self.spec),
+                                         attrs, self._row(facts)))
+        return self._retrying(lambda: claim_first(
+            self.storage, study_name=self.spec.name, requests=requests,
+            n_trials=self.n_trials, worker=self.name, retry_only=retry_only,
+            before_commit=lambda: _test_kill_point("in-claim")))
 
     def _claimed_keys(self) -> dict[str, int]:
         """The study's claimed layouts, read incrementally (new claims only)."""
@@ -492,14 +553,17 @@ class _Worker:
             self._build_s = build_seconds(None, (
                 t.user_attrs.get(TrialAttr.TIMINGS_S) or {}
                 for t in self.study.get_trials(deepcopy=False)))
-        set_user_attrs(self.study, {StudyAttr.LEARNED_FROM: learned_from_record(
-            self.learning.calibration, enabled=self.learning.enabled)})
+        record = learned_from_record(self.learning.calibration, enabled=self.learning.enabled)
+        if final or record != self._learned_record:  # a write less per refit changing nothing
+            set_user_attrs(self.study, {StudyAttr.LEARNED_FROM: record})
+            self._learned_record = record
 
     def _measure(self, batch: list[tuple[Claimed, Layout]]) -> list[Verdict]:
         """Measure the claimed layouts in one launch; record each on its own, in one
         transaction, while every member's lease is still renewed."""
         spec = self.spec
-        best = best_trial(self.study)
+        # The early stop's bar; without an early stop nothing reads it (one query less).
+        best = best_trial(self.study) if spec.trial.early_stop_tolerance is not None else None
         run_cfg = spec.run_config(best.value if best is not None and best.value else None)
         specs, paths, cands = [], [], []
         _test_kill_point("after-claim")
@@ -573,10 +637,13 @@ class _Worker:
                                   "than storage.grace_period_s): its result is not recorded")
             return  # no value line either: the study holds no such value (issue 23)
         self.summary.measured += 1
+        if outcome.retry:
+            self._repaired_at = None  # its retry comes before anything new, as it always did
         self.broken = self.repeated_errors.observe(outcome.kind, stop_early.failure_of(
             outcome, number=claimed.number, layout=layout.key(), trial_dir=facts.trial_dir)) \
             or self.broken
-        self.progress.trial_finished(claimed.number, layout, outcome, best_trial(self.study))
+        self.progress.trial_finished(claimed.number, layout, outcome,
+                                     best_trial(self.study) if self.progress.enabled else None)
 
     def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Verdict,
                t0: datetime, elapsed_s: float, result: TrialResult | None, hosts: list[str],

@@ -8,7 +8,8 @@ junk trial. Here each step is one transaction:
 * :func:`claim_layout` locks the study, checks the layout's claim and the budget, and
   creates the Optuna trial (RUNNING, with its parameters), the claim with its lease and
   the execution's ``measurements`` row (outcome ``running``) together; a refused claim
-  stores nothing;
+  stores nothing; :func:`claim_first` does the same for the first free one of a few
+  layouts (a worker's next proposals, when other workers race it);
 * :func:`renew_lease` (the runner's heartbeat) moves the lease on;
 * :func:`record_execution` writes the values, attributes, constraint, state, the
   measurement row and the claim's end (lease cleared, ``retry`` if it was cut short);
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -45,9 +46,9 @@ from autotune.trial.outcome import Outcome
 if TYPE_CHECKING:
     from autotune.storage.db import Storage
 
-__all__ = ["MAX_ATTEMPTS", "Claimed", "Refused", "ClaimCounts", "claim_layout",
-           "renew_lease", "record_execution", "repair_stale", "claim_counts",
-           "retry_keys", "store_verdict", "KILLED_REASON"]
+__all__ = ["MAX_ATTEMPTS", "Claimed", "Refused", "ClaimCounts", "ClaimRequest",
+           "claim_layout", "claim_first", "renew_lease", "record_execution", "repair_stale",
+           "claim_counts", "retry_keys", "store_verdict", "KILLED_REASON"]
 
 MAX_ATTEMPTS = 3
 """Executions of one layout at most (the first and two retries), as Optuna's
@@ -87,6 +88,17 @@ class ClaimCounts:
     """Claims with a lease: being measured."""
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """One layout a worker would claim: what its trial and ``measurements`` row hold."""
+
+    key: str
+    params: Mapping[str, tuple[Any, BaseDistribution]]
+    user_attrs: Mapping[str, Any]
+    measurement: Mapping[str, Any]
+    """The execution's ``measurements`` row without its trial's id and number."""
+
+
 def claim_layout(storage: Storage, *, study_name: str, key: str, n_trials: int,
                  worker: str, params: Mapping[str, tuple[Any, BaseDistribution]],
                  user_attrs: Mapping[str, Any], measurement: Mapping[str, Any],
@@ -100,44 +112,81 @@ def claim_layout(storage: Storage, *, study_name: str, key: str, n_trials: int,
     ``measurement`` is the execution's ``measurements`` row without its trial's id and
     number (filled in here).
     """
+    got = claim_first(storage, study_name=study_name, n_trials=n_trials, worker=worker,
+                      requests=[ClaimRequest(key, params, user_attrs, measurement)],
+                      retry_only=retry_only, before_commit=before_commit)
+    return got if isinstance(got, Refused) else got[1]
+
+
+def claim_first(storage: Storage, *, study_name: str, requests: Sequence[ClaimRequest],
+                n_trials: int, worker: str, retry_only: bool = False,
+                before_commit: Callable[[], None] | None = None
+                ) -> tuple[int, Claimed] | Refused:
+    """Claim the first of ``requests`` that is free (as :func:`claim_layout` decides for
+    one), in one transaction: ``(its index, the claim)``, or why none was.
+
+    Many workers read the same history and their strategy proposes the same layout to
+    each: claiming one layout at a time, all but one lost the race and read everything
+    again, so a step's work grew with the workers (issue 23: 160 of 173 steps of a worker
+    among 16 lost). Under the study lock the claims are serialised, so a worker that
+    passes its next few proposals gets the first one nobody took meanwhile.
+    """
+    if not requests:
+        return Refused.TAKEN
     lease = _utcnow() + timedelta(seconds=storage.config.grace_period_s)
     with storage.session() as s:
         study_id = rdb.study_id_of(s, study_name)
         if study_id is None:
             return Refused.NO_STUDY
         rdb.lock_study(s, study_id)
-        row = s.scalars(select(LayoutClaim).where(
-            LayoutClaim.study_name == study_name, LayoutClaim.layout_key == key)
-            .with_for_update()).first()
-        if row is not None and not (row.retry and row.lease_until is None
-                                    and row.attempts < MAX_ATTEMPTS):
-            return Refused.TAKEN
-        if row is None:
-            if retry_only:
-                return Refused.TAKEN
-            count = s.scalar(select(func.count()).select_from(LayoutClaim).where(
-                LayoutClaim.study_name == study_name)) or 0
-            if count >= n_trials:
-                return Refused.BUDGET
-        attempt = 1 if row is None else row.attempts + 1
-        attrs = dict(user_attrs)
-        if row is not None:
-            attrs[TrialAttr.RETRY_OF] = _number_of(s, row.trial_id)
-        trial_id, number = rdb.create_trial(s, study_id, state=TrialState.RUNNING,
-                                            params=params, user_attrs=attrs)
-        if row is None:
-            s.add(LayoutClaim(study_name=study_name, layout_key=key, trial_id=trial_id,
-                              worker=worker, created_at=_utcnow(), lease_until=lease,
-                              attempts=1, retry=0))
-        else:
-            row.trial_id, row.worker, row.lease_until = trial_id, worker, lease
-            row.attempts, row.retry = attempt, 0
-        s.add(Measurement(**{**measurement, "trial_id": trial_id, "trial_number": number,
-                             "outcome": RUNNING}))
-        if before_commit is not None:
-            s.flush()
-            before_commit()
-        return Claimed(trial_id, number, attempt)
+        keys = [r.key for r in requests]
+        rows = {row.layout_key: row for row in s.scalars(select(LayoutClaim).where(
+            LayoutClaim.study_name == study_name, LayoutClaim.layout_key.in_(keys))
+            .with_for_update())}
+        count: int | None = None
+        refused = Refused.TAKEN
+        for index, req in enumerate(requests):
+            row = rows.get(req.key)
+            if row is not None and not (row.retry and row.lease_until is None
+                                        and row.attempts < MAX_ATTEMPTS):
+                continue
+            if row is None:
+                if retry_only:
+                    continue
+                if count is None:
+                    count = s.scalar(select(func.count()).select_from(LayoutClaim).where(
+                        LayoutClaim.study_name == study_name)) or 0
+                if count >= n_trials:
+                    refused = Refused.BUDGET  # a later request may still be a retry
+                    continue
+            return index, _create_claimed(s, study_id, study_name, req, row, worker, lease,
+                                          before_commit)
+        return refused
+
+
+def _create_claimed(s: Any, study_id: int, study_name: str, req: ClaimRequest,
+                    row: LayoutClaim | None, worker: str, lease: datetime,
+                    before_commit: Callable[[], None] | None) -> Claimed:
+    """The claim's trial, claim row and ``measurements`` row (``row``: a retry's claim)."""
+    attempt = 1 if row is None else row.attempts + 1
+    attrs = dict(req.user_attrs)
+    if row is not None:
+        attrs[TrialAttr.RETRY_OF] = _number_of(s, row.trial_id)
+    trial_id, number = rdb.create_trial(s, study_id, state=TrialState.RUNNING,
+                                        params=req.params, user_attrs=attrs)
+    if row is None:
+        s.add(LayoutClaim(study_name=study_name, layout_key=req.key, trial_id=trial_id,
+                          worker=worker, created_at=_utcnow(), lease_until=lease,
+                          attempts=1, retry=0))
+    else:
+        row.trial_id, row.worker, row.lease_until = trial_id, worker, lease
+        row.attempts, row.retry = attempt, 0
+    s.add(Measurement(**{**req.measurement, "trial_id": trial_id, "trial_number": number,
+                         "outcome": RUNNING}))
+    if before_commit is not None:
+        s.flush()
+        before_commit()
+    return Claimed(trial_id, number, attempt)
 
 
 def _number_of(s: Any, trial_id: int) -> int | None:

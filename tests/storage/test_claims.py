@@ -12,8 +12,10 @@ from sqlalchemy import create_engine, text
 from autotune.config.study import StorageConfig
 from autotune.storage.claims import (
     Claimed,
+    ClaimRequest,
     Refused,
     claim_counts,
+    claim_first,
     claim_layout,
     record_execution,
     repair_stale,
@@ -82,6 +84,33 @@ def test_a_claim_creates_its_trial_and_a_refused_one_stores_nothing(tmp_path: Pa
     with storage.session() as s:
         outcomes = sorted(r[0] for r in s.execute(text("select outcome from measurements")))
     assert outcomes == ["complete", "running"]
+    storage.close()
+
+
+def test_claim_first_takes_the_first_free_layout_of_a_worker_s_proposals(
+        tmp_path: Path) -> None:
+    """A worker racing others passes its next proposals: the first one nobody holds is
+    claimed, the budget still counts every claim, and nothing is stored for the rest."""
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    storage = Storage(StorageConfig(url=url, heartbeat_interval_s=1, grace_period_s=60))
+    optuna.create_study(study_name="s", storage=storage.optuna)
+    row = _row("s")
+
+    def first(*keys: str, n: int = 3) -> tuple[int, Claimed] | Refused:
+        return claim_first(storage, study_name="s", n_trials=n, worker="nohost:1",
+                           requests=[ClaimRequest(k, {}, {"layout": k}, row) for k in keys])
+
+    got = first("a")
+    assert not isinstance(got, Refused) and got[0] == 0
+    got = first("a", "b", "c")  # a is taken: b, the next proposal, is claimed
+    assert not isinstance(got, Refused) and got[0] == 1
+    assert first("a", "b") is Refused.TAKEN
+    assert first("a", "b", "c", "d", n=2) is Refused.BUDGET
+    got = first("b", "d")
+    assert not isinstance(got, Refused) and got[0] == 1 and got[1].number == 2
+    study = optuna.load_study(study_name="s", storage=url)
+    assert [t.user_attrs["layout"] for t in study.trials] == ["a", "b", "d"]
+    assert claim_counts(storage, "s").claimed == 3
     storage.close()
 
 
