@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import autotune.launchers.replay  # noqa: F401 (imported once here, not in each forked run)
-from autotune.runner.study import TEST_STOP_ENV
+from autotune.runner.worker import TEST_STOP_ENV
 from tests.faults.harness import (
     assert_clean,
     count,

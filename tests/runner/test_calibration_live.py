@@ -16,7 +16,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-import autotune.runner.study as study_module
+import autotune.runner.worker as worker_module
 from autotune.feasibility import Constraints
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
@@ -75,7 +75,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch,
          ) -> list[tuple[dict[Layout, float], list[Observation]]]:
     """What the strategy is shown at each proposal: every candidate's p_fit, the history."""
     seen: list[tuple[dict[Layout, float], list[Observation]]] = []
-    real = study_module.make_strategy
+    real = worker_module.make_strategy
 
     def make(name: str, **kwargs: Any) -> Strategy:
         strategy = real(name, **kwargs)
@@ -88,7 +88,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch,
         strategy.propose = spied  # type: ignore[method-assign]
         return strategy
 
-    monkeypatch.setattr(study_module, "make_strategy", make)
+    monkeypatch.setattr(worker_module, "make_strategy", make)
     return seen
 
 

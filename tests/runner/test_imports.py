@@ -12,7 +12,8 @@ READERS = ["autotune.report.results", "autotune.report.build", "autotune.report.
 def test_readers_load_no_loop_and_no_launcher() -> None:
     code = ("import sys\n" + "".join(f"import {m}\n" for m in READERS)
             + "print(' '.join(sorted(m for m in sys.modules if m.startswith(("
-              "'autotune.launchers', 'autotune.runner.study', 'autotune.runner.optuna_io', "
+              "'autotune.launchers', 'autotune.runner.study', 'autotune.runner.worker', "
+              "'autotune.runner.optuna_io', "
               "'autotune.runner.lifecycle')))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)

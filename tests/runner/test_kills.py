@@ -30,7 +30,7 @@ from sqlalchemy import create_engine, text
 
 import autotune.launchers.replay  # noqa: F401
 from autotune.cli import main
-from autotune.runner.study import TEST_KILL_ENV, _Worker
+from autotune.runner.worker import TEST_KILL_ENV, Worker
 from tests.replay_study import own_pg_database, write_replay_study
 
 pytestmark = pytest.mark.slow
@@ -50,13 +50,13 @@ def _runner(study: str, kill_at: str | None, ready: Any) -> None:
     if ready is not None:
         # Tell the parent when the loop starts (start-up takes 1-3 s on a loaded 2-core
         # machine, and most kill instants should fall inside the loop, not before it).
-        step = _Worker._step
+        step = Worker._step
 
-        def told(self: _Worker) -> Any:
+        def told(self: Worker) -> Any:
             ready.set()
             return step(self)
 
-        _Worker._step = told  # type: ignore[method-assign]
+        Worker._step = told  # type: ignore[method-assign]
     os._exit(main(["run", study, "--quiet"]))
 
 
