@@ -36,7 +36,9 @@ class BenchmarkError(ValueError):
 
 
 def point_key(zero_stage: int, micro_batch: int) -> str:
-    """>>> point_key(1, 4)
+    """The name of a point (CONTRACTS.md's benchmark JSON).
+
+    >>> point_key(1, 4)
     'z1-mb4'
     """
     return f"z{zero_stage}-mb{micro_batch}"
@@ -152,9 +154,9 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     launch overlap: the devices are held once).
 
     >>> union_seconds([(0, 10), (5, 12), (20, 21)])
-    13
+    13.0
     """
-    total, end = 0, float("-inf")
+    total, end = 0.0, float("-inf")
     for a, b in sorted(intervals):
         if b <= end:
             continue

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -199,21 +200,26 @@ def run_autotune(a: argparse.Namespace, rep_dir: Path, env: dict[str, str], name
 
 
 def report(a: argparse.Namespace, truth: dict[str, float],
-           reps: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+           reps: list[dict[str, dict[str, Any]]], *, show: bool = True) -> dict[str, Any]:
+    """CONTRACTS.md's JSON (plus ``ground_truth``, per tool ``relative`` and ``wall_s``) of
+    the repetitions so far; with ``show`` the tables on stdout as well."""
+    text = sys.stdout if show else io.StringIO()
     true_best = max(truth, key=lambda k: truth[k])
-    print(f"\nground truth (median samples/s, {a.truth_rounds} interleaved rounds):")
+    print(f"\nground truth (median samples/s, {a.truth_rounds} interleaved rounds):",
+          file=text)
     for key in sorted(truth, key=lambda k: -truth[k]):
-        print(f"  {key:8s} {truth[key]:9.2f}  {truth[key] / truth[true_best]:6.1%}")
+        print(f"  {key:8s} {truth[key]:9.2f}  {truth[key] / truth[true_best]:6.1%}", file=text)
     out: dict[str, Any] = {"ground_truth_best": true_best, "repetitions": len(reps),
                            "ground_truth": truth, "tools": {}}
     print(f"\n{'tool':10s} {'rep':>3s} {'launches':>8s} {'device_s':>9s} {'wall_s':>7s} "
-          f"{'best':8s} {'vs true best':>12s}")
+          f"{'best':8s} {'vs true best':>12s}", file=text)
     for tool in a.tools:
         rows = [rep[tool] for rep in reps]
         for i, row in enumerate(rows, 1):
             row["relative"] = relative_to_best(truth, row["best"])
             print(f"{tool:10s} {i:3d} {row['launches']:8d} {row['device_seconds']:9.0f} "
-                  f"{row['wall_s']:7.0f} {row['best'] or '-':8s} {row['relative']:12.1%}")
+                  f"{row['wall_s']:7.0f} {row['best'] or '-':8s} {row['relative']:12.1%}",
+                  file=text)
         within = sum(1 for r in rows if r["relative"] >= 1 - WITHIN)
         out["tools"][tool] = {
             "launches": sum(r["launches"] for r in rows),
@@ -223,7 +229,7 @@ def report(a: argparse.Namespace, truth: dict[str, float],
             "wall_s": round(sum(r["wall_s"] for r in rows), 1)}
         print(f"{tool:10s} total {out['tools'][tool]['launches']} launches, "
               f"{out['tools'][tool]['device_seconds']:.0f} device-s; best within 5 % of "
-              f"{true_best} in {within} of {len(rows)} repetitions")
+              f"{true_best} in {within} of {len(rows)} repetitions", file=text)
     return out
 
 
@@ -248,10 +254,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{results[tool]['launches']} launches, "
                     f"{results[tool]['device_seconds']:.0f} device-s")
             reps.append(results)
-        out = report(a, truth, reps)
-        if a.json:
-            a.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-            log(f"wrote {a.json}")
+            if a.json:  # after every repetition: a long run cut short keeps what it did
+                a.json.write_text(json.dumps(report(a, truth, reps, show=False), indent=1)
+                                  + "\n", encoding="utf-8")
+                log(f"wrote {a.json} ({rep} of {a.repetitions} repetitions)")
+        report(a, truth, reps)
     finally:
         if a.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -9,12 +9,14 @@ anything: the benchmark itself runs both tools (docs/vs-deepspeed-autotuner.md).
 
 from __future__ import annotations
 
+import doctest
 import json
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from benchmarks import _vs_deepspeed
 from benchmarks import vs_deepspeed_autotuner as bench
 from benchmarks._vs_deepspeed import (
     autotune_best_key,
@@ -125,3 +127,8 @@ def test_bad_input_exits_2_naming_the_flag(argv: list[str], needle: str,
         bench.parse_args([*argv, "--tools", "autotune"])
     assert exc.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_the_helpers_examples_hold() -> None:
+    # pytest leaves benchmarks/ out of its doctest collection (pyproject: --ignore)
+    assert doctest.testmod(_vs_deepspeed).failed == 0
