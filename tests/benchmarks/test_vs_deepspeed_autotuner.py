@@ -132,3 +132,17 @@ def test_bad_input_exits_2_naming_the_flag(argv: list[str], needle: str,
 def test_the_helpers_examples_hold() -> None:
     # pytest leaves benchmarks/ out of its doctest collection (pyproject: --ignore)
     assert doctest.testmod(_vs_deepspeed).failed == 0
+
+
+def test_the_shipped_study_is_the_benchmarks_default_space() -> None:
+    from autotune.space import enumerate_layouts
+    from autotune.spec import load_study
+
+    spec = load_study(bench.STUDY)
+    a = bench.parse_args(["--tools", "autotune"])
+    world = spec.cluster.nodes * spec.cluster.devices_per_node
+    assert world == a.ranks and spec.training.global_batch == a.global_batch
+    layouts = enumerate_layouts(spec.search, world, spec.training.global_batch)
+    assert sorted(f"z{x.zero_stage}-mb{x.micro_batch}" for x in layouts) == sorted(a.points)
+    # the same program for both tools: train.py, whose model the autotuner's copy imports
+    assert "examples/deepspeed_gpt/train.py" in spec.workload.argv
