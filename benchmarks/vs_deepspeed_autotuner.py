@@ -140,6 +140,7 @@ def ground_truth(a: argparse.Namespace, work: Path, env: dict[str, str]) -> dict
            "--points", ",".join(a.points), "--global-batch", str(a.global_batch),
            "--rounds", str(a.truth_rounds), "--steps", str(a.truth_steps)]
     proc = run_logged(cmd, env=env, cwd=work, log_path=work / "truth.log", what="ground truth")
+    (work / "truth.out").write_text(proc.stdout, encoding="utf-8")  # every round's steps
     truth = parse_truth(proc.stdout.splitlines(), global_batch=a.global_batch)
     missing = [p for p in a.points if p not in truth]
     if proc.returncode or missing:
