@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -67,6 +67,12 @@ def log(text: str) -> None:
     print(f"[vs-deepspeed {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
+def usage_error(text: str) -> NoReturn:
+    """Bad input: one line naming the flag, the value and what is allowed; exit 2."""
+    print(f"vs_deepspeed_autotuner.py: error: {text}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="ground-truth rounds over every point (default 10)")
     p.add_argument("--truth-steps", type=int, default=5,
                    help="steps per point and round (default 5)")
+    p.add_argument("--truth-from", type=Path, default=None, metavar="JSON",
+                   help="reuse the ground truth of an earlier run's --json OUT instead of "
+                   "measuring one (its points must cover this space)")
     p.add_argument("--n-trials", type=int, default=None,
                    help="autotune's trial budget (default: the study file's)")
     p.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
@@ -147,6 +156,21 @@ def ground_truth(a: argparse.Namespace, work: Path, env: dict[str, str]) -> dict
         raise SystemExit(f"ground truth failed (exit {proc.returncode}; points missing: "
                          f"{missing}): see {work / 'truth.log'}")
     return truth
+
+
+def earlier_truth(a: argparse.Namespace) -> dict[str, float]:
+    """``--truth-from``: the ``ground_truth`` of an earlier run's JSON, on these points."""
+    try:
+        truth = json.loads(a.truth_from.read_text(encoding="utf-8"))["ground_truth"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        usage_error(f"--truth-from: {a.truth_from} has no readable ground_truth ({err}; "
+                    "allowed: the --json OUT of an earlier run)")
+    missing = [p for p in a.points if p not in truth]
+    if missing:
+        usage_error(f"--truth-from: {a.truth_from} lacks the points {missing} (allowed: "
+                    "a run over a space that covers this one)")
+    log(f"ground truth from {a.truth_from}")
+    return {p: float(truth[p]) for p in a.points}
 
 
 def run_deepspeed(a: argparse.Namespace, rep_dir: Path, env: dict[str, str]
@@ -240,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = base_env(work, a.ranks)
     try:
-        truth = ground_truth(a, work, env)
+        truth = earlier_truth(a) if a.truth_from else ground_truth(a, work, env)
         log("ground truth: " + ", ".join(f"{k} {v:.1f}" for k, v in truth.items()))
         reps: list[dict[str, dict[str, Any]]] = []
         for rep in range(1, a.repetitions + 1):

@@ -146,3 +146,19 @@ def test_the_shipped_study_is_the_benchmarks_default_space() -> None:
     assert sorted(f"z{x.zero_stage}-mb{x.micro_batch}" for x in layouts) == sorted(a.points)
     # the same program for both tools: train.py, whose model the autotuner's copy imports
     assert "examples/deepspeed_gpt/train.py" in spec.workload.argv
+
+
+def test_truth_from_reuses_an_earlier_runs_ground_truth(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"ground_truth": {"z0-mb4": 145.0, "z0-mb8": 173.0,
+                                                    "z1-mb8": 120.0}}))
+    a = bench.parse_args(["--zero", "0", "--micro-batch", "4", "8", "--tools", "autotune",
+                          "--truth-from", str(earlier)])
+    assert bench.earlier_truth(a) == {"z0-mb4": 145.0, "z0-mb8": 173.0}
+    a = bench.parse_args(["--tools", "autotune", "--truth-from", str(earlier)])
+    with pytest.raises(SystemExit) as exc:
+        bench.earlier_truth(a)
+    assert exc.value.code == 2
+    assert "--truth-from" in capsys.readouterr().err
