@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["point_key", "space_points", "parse_truth", "autotuner_config",
+__all__ = ["point_key", "parse_point", "space_points", "parse_truth", "train_py_truth_line", "autotuner_config",
            "read_autotuner_best", "read_launches", "union_seconds", "autotune_cost",
            "autotune_best_key", "relative_to_best", "WITHIN"]
 
@@ -42,6 +42,16 @@ def point_key(zero_stage: int, micro_batch: int) -> str:
     'z1-mb4'
     """
     return f"z{zero_stage}-mb{micro_batch}"
+
+
+def parse_point(key: str) -> tuple[int, int]:
+    """The ZeRO stage and micro-batch of a point's name.
+
+    >>> parse_point("z2-mb8")
+    (2, 8)
+    """
+    zero, mb = key.split("-")
+    return int(zero.removeprefix("z")), int(mb.removeprefix("mb"))
 
 
 def space_points(zero_stages: Sequence[int], micro_batches: Sequence[int], *,
@@ -63,9 +73,11 @@ def space_points(zero_stages: Sequence[int], micro_batches: Sequence[int], *,
     return [point_key(z, mb) for z in zero_stages for mb in micro_batches]
 
 
-def parse_truth(lines: Iterable[str], *, global_batch: int) -> dict[str, float]:
+def parse_truth(lines: Iterable[str], *, global_batch: int, warmup_every_line: bool = False
+                ) -> dict[str, float]:
     """Median samples/s per point from ``_ground_truth_ranks.py``'s lines: per round the
-    median step time (the first step a point ever ran dropped as its warm-up), then the
+    median step time (the first step a point ever ran dropped as its warm-up; with
+    ``warmup_every_line``, the first of every line: one launch per line), then the
     median over the rounds of ``global_batch / step time``.
 
     >>> parse_truth(["truth z0-mb1 round 1 step_s 9.0 0.5 0.5",
@@ -78,11 +90,23 @@ def parse_truth(lines: Iterable[str], *, global_batch: int) -> dict[str, float]:
         if len(parts) < 6 or parts[0] != "truth" or parts[4] != "step_s":
             continue
         key, times = parts[1], [float(t) for t in parts[5:]]
-        if key not in per_round:
+        if warmup_every_line or key not in per_round:
             times = times[1:]  # the point's first step: warm-up
         if times:
             per_round[key].append(global_batch / statistics.median(times))
     return {key: statistics.median(v) for key, v in per_round.items()}
+
+
+def train_py_truth_line(key: str, round_: int, stdout: str) -> str:
+    """``train.py``'s step lines (``step 3/8 | time 0.412345 s | loss 5.53``) of one launch
+    as one ground-truth line.
+
+    >>> train_py_truth_line("z0-mb8", 2, "step 1/2 | time 0.5 s | loss 5\\nstep 2/2 | time 0.1 s")
+    'truth z0-mb8 round 2 step_s 0.5 0.1'
+    """
+    times = [part.split()[1] for line in stdout.splitlines() if line.startswith("step ")
+             for part in line.split("|") if part.strip().startswith("time ")]
+    return f"truth {key} round {round_} step_s " + " ".join(times)
 
 
 def autotuner_config(zero_stages: Sequence[int], micro_batches: Sequence[int], *,

@@ -49,12 +49,14 @@ from benchmarks._vs_deepspeed import (
     autotune_best_key,
     autotune_cost,
     autotuner_config,
+    parse_point,
     parse_truth,
     read_autotuner_best,
     read_autotuner_metrics,
     read_launches,
     relative_to_best,
     space_points,
+    train_py_truth_line,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,11 +87,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, nargs="+", default=[1, 2, 4, 8], metavar="MB")
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--repetitions", type=int, default=3)
+    p.add_argument("--repetitions", type=int, default=3,
+                   help="runs of each tool (default 3; 0: the ground truth only)")
     p.add_argument("--truth-rounds", type=int, default=10,
                    help="ground-truth rounds over every point (default 10)")
     p.add_argument("--truth-steps", type=int, default=5,
                    help="steps per point and round (default 5)")
+    p.add_argument("--truth-mode", choices=("one-launch", "launches"), default="one-launch",
+                   help="one-launch: every point's engine side by side in one launch; "
+                   "launches: round-robin launches of train.py, one per point and round "
+                   "(as the tools measure, at one launch's start-up per point and round)")
     p.add_argument("--truth-from", type=Path, default=None, metavar="JSON",
                    help="reuse the ground truth of an earlier run's --json OUT instead of "
                    "measuring one (its points must cover this space)")
@@ -100,7 +107,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="keep every run's folders here (default: a temp dir, removed)")
     p.add_argument("--json", type=Path, default=None, metavar="OUT")
     a = p.parse_args(argv)
-    for name in ("repetitions", "truth_rounds", "truth_steps", "ranks", "global_batch"):
+    if a.repetitions < 0:
+        p.error(f"--repetitions: {a.repetitions} is not allowed (allowed: an integer >= 0)")
+    for name in ("truth_rounds", "truth_steps", "ranks", "global_batch"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')}: {getattr(a, name)} is not allowed "
                     "(allowed: an integer >= 1)")
@@ -156,6 +165,34 @@ def ground_truth(a: argparse.Namespace, work: Path, env: dict[str, str]) -> dict
         raise SystemExit(f"ground truth failed (exit {proc.returncode}; points missing: "
                          f"{missing}): see {work / 'truth.log'}")
     return truth
+
+
+def launches_truth(a: argparse.Namespace, work: Path, env: dict[str, str]
+                   ) -> dict[str, float]:
+    """``--truth-mode launches``: ``--truth-rounds`` rounds, in each one launch of
+    ``train.py`` per point (a new order each round), ``--truth-steps`` + 1 steps (the
+    first of each launch dropped)."""
+    import random
+
+    order, lines = list(a.points), []
+    shuffle = random.Random(0)
+    for rnd in range(1, a.truth_rounds + 1):
+        shuffle.shuffle(order)
+        for key in order:
+            zero, mb = parse_point(key)
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                   str(a.ranks), "--master-port", str(free_port()), str(EXAMPLE / "train.py"),
+                   "--micro-batch-size", str(mb), "--grad-accum",
+                   str(a.global_batch // (mb * a.ranks)), "--zero-stage", str(zero),
+                   "--steps", str(a.truth_steps + 1)]
+            proc = run_logged(cmd, env=env, cwd=work, log_path=work / f"truth-{key}-{rnd}.log",
+                              what=f"ground truth round {rnd}/{a.truth_rounds} {key}")
+            if proc.returncode:
+                raise SystemExit(f"ground truth: {key} failed (exit {proc.returncode}): see "
+                                 f"{work / f'truth-{key}-{rnd}.log'}")
+            lines.append(train_py_truth_line(key, rnd, proc.stdout))
+    (work / "truth.out").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return parse_truth(lines, global_batch=a.global_batch, warmup_every_line=True)
 
 
 def earlier_truth(a: argparse.Namespace) -> dict[str, float]:
@@ -264,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = base_env(work, a.ranks)
     try:
-        truth = earlier_truth(a) if a.truth_from else ground_truth(a, work, env)
+        truth = (earlier_truth(a) if a.truth_from else
+                 launches_truth(a, work, env) if a.truth_mode == "launches" else
+                 ground_truth(a, work, env))
         log("ground truth: " + ", ".join(f"{k} {v:.1f}" for k, v in truth.items()))
         reps: list[dict[str, dict[str, Any]]] = []
         for rep in range(1, a.repetitions + 1):

@@ -28,6 +28,7 @@ from benchmarks._vs_deepspeed import (
     read_launches,
     relative_to_best,
     space_points,
+    train_py_truth_line,
     union_seconds,
 )
 
@@ -89,6 +90,15 @@ def test_ground_truth_drops_each_points_first_step_and_takes_medians() -> None:
     assert relative_to_best(truth, None) == 0.0
 
 
+def test_launch_mode_truth_drops_every_launchs_first_step() -> None:
+    out = "\n".join(f"step {i}/4 | time {t} s | loss 5.5" for i, t in
+                    enumerate((2.0, 0.1, 0.1, 0.2), 1))
+    lines = [train_py_truth_line("z0-mb8", r, out) for r in (1, 2)]
+    assert lines[0] == "truth z0-mb8 round 1 step_s 2.0 0.1 0.1 0.2"
+    assert parse_truth(lines, global_batch=16, warmup_every_line=True) == {
+        "z0-mb8": pytest.approx(160.0)}
+
+
 def test_autotune_cost_counts_a_shared_launch_once(tmp_path: Path) -> None:
     db = tmp_path / "study.db"
     with sqlite3.connect(db) as con:
@@ -119,7 +129,8 @@ def test_the_space_is_every_point_that_divides_the_global_batch() -> None:
 @pytest.mark.parametrize("argv, needle", [
     (["--micro-batch", "3"], "--micro-batch: 3 does not divide --global-batch 16"),
     (["--zero", "3"], "--zero: 3 is not allowed"),
-    (["--repetitions", "0"], "--repetitions: 0 is not allowed"),
+    (["--repetitions", "-1"], "--repetitions: -1 is not allowed"),
+    (["--truth-rounds", "0"], "--truth-rounds: 0 is not allowed"),
 ])
 def test_bad_input_exits_2_naming_the_flag(argv: list[str], needle: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
