@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["point_key", "parse_point", "space_points", "parse_truth", "train_py_truth_line",
-           "autotuner_config", "read_autotuner_best", "read_autotuner_metrics", "read_launches", "union_seconds", "autotune_cost",
+           "autotuner_config", "read_autotuner_best", "read_autotuner_metrics",
+           "read_launches", "union_seconds", "autotune_cost",
            "autotune_best_key", "relative_to_best", "WITHIN"]
 
 WITHIN = 0.05
