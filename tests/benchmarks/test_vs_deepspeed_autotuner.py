@@ -3,7 +3,8 @@
 ``data/ds_autotuner_z0/`` is a real results folder of DeepSpeed 0.19.8's Autotuner
 (``deepspeed --autotuning tune`` through ``benchmarks/_ds_autotuner_local.py`` on
 ``examples/deepspeed_gpt/train_ds_autotuner.py``, ZeRO 0 x micro-batch {1, 2}, 2 CPU
-ranks, global batch 4), with the wrapper's launch lines beside it. Nothing here launches
+ranks, global batch 4), with the wrapper's launch lines beside it; ``data/ds_autotuner_grid/``
+is the benchmark's own 12-point grid (its first full run, logs left out). Nothing here launches
 anything: the benchmark itself runs both tools (docs/vs-deepspeed-autotuner.md).
 """
 
@@ -173,3 +174,20 @@ def test_truth_from_reuses_an_earlier_runs_ground_truth(tmp_path: Path,
         bench.earlier_truth(a)
     assert exc.value.code == 2
     assert "--truth-from" in capsys.readouterr().err
+
+
+def test_reads_the_autotuners_folder_of_the_benchmarks_own_grid(tmp_path: Path) -> None:
+    # data/ds_autotuner_grid: repetition 1 of the full benchmark run (docs: "Figures"),
+    # its stdout/stderr logs left out; the config is the one autotuner_config writes
+    results = DATA / "ds_autotuner_grid"
+    shipped = json.loads((DATA / "ds_autotuner_grid_ds_config.json").read_text())
+    ours = autotuner_config([0, 1, 2], [1, 2, 4, 8], global_batch=16, ranks=2,
+                            results_dir=Path(shipped["autotuning"]["results_dir"]),
+                            exps_dir=Path(shipped["autotuning"]["exps_dir"]))
+    assert shipped == ours
+    measured = read_autotuner_metrics(results)
+    assert sorted(measured) == sorted(space_points([0, 1, 2], [1, 2, 4, 8], global_batch=16,
+                                                   ranks=2))
+    assert read_autotuner_best(results) == max(measured, key=lambda k: measured[k]) == "z1-mb8"
+    launches, _ = read_launches(DATA / "ds_autotuner_grid_launches.jsonl")
+    assert launches == 13  # 1 model-info profile run + the 12 points
