@@ -126,6 +126,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"no studies in {storage.masked_url}")
         return EXIT_OK
     from autotune.storage.claims import claim_counts, repair_stale
+    from autotune.storage.confirmations import unfinished_line
 
     statuses = []
     for n in names:
@@ -133,6 +134,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         repair_stale(storage, n)  # a dead runner's trial shows as killed, not running
         st = study_status(study)
         st.retries = claim_counts(storage, n).retries
+        if st.confirmation is None or "stale" in st.confirmation:
+            st.confirmation = unfinished_line(storage, n) or st.confirmation
         statuses.append(st)
     print(format_statuses(statuses))
     from autotune.scaling.command import status_lines
@@ -144,12 +147,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_best(args: argparse.Namespace) -> int:
     from autotune.report.export import emit_best
-    from autotune.results import best_layout, load_existing_study
+    from autotune.results import best_layout, confirmation_line, load_existing_study
 
     storage, name = _open(args.storage, args.study)
     study = load_existing_study(storage, name)
     layout, trial = best_layout(study)
     print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out)))
+    line = confirmation_line(study)
+    if line:  # on stderr: the emitted JSON, config or command line stays as it was
+        print(f"confirmation: {line}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -36,9 +36,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.config.model import ModelConfig
+    from autotune.layout import Layout
+    from autotune.trial import RunConfig
 
 __all__ = ["median_interval", "relative_precision", "median_lower_bound", "hopeless",
-           "max_step_time_s"]
+           "max_step_time_s", "StopRule"]
 
 
 def _binom_half_cdf(k: int, n: int) -> float:
@@ -106,3 +113,75 @@ def hopeless(times_s: Sequence[float], *, max_step_time_s: float, confidence: fl
     (the trial cannot come within the tolerance of the best: stop it)."""
     bound = median_lower_bound(times_s, confidence)
     return bound is not None and bound > max_step_time_s
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a trial's timed steps stop: exactly ``min_steps`` (``precision`` None); or at
+    least ``min_steps`` and until :func:`relative_precision` is at most ``precision``, at
+    most ``cap``; and, with ``max_step_time_s``, as soon as :func:`hopeless` says so. The
+    built-in trainer (:mod:`trainer.measure`) and a user's program measured by autotune
+    (:mod:`autotune.workloads.adaptive`) both stop by it.
+
+    >>> rule = StopRule(min_steps=3, cap=8, precision=0.05, confidence=0.95)
+    >>> rule.decide([0.30, 0.31, 0.29])       # no interval from 3 steps yet
+    (False, None)
+    >>> rule.decide([0.30, 0.31, 0.29, 0.30, 0.30, 0.31])
+    (True, None)
+    >>> StopRule(min_steps=3, cap=3, precision=None, confidence=0.95).decide([0.3] * 3)
+    (True, None)
+    >>> slow = StopRule(min_steps=3, cap=20, precision=0.01, confidence=0.95,
+    ...                 max_step_time_s=0.2)
+    >>> slow.decide([0.30, 0.31, 0.29, 0.33, 0.30])  # the bound says so; no interval yet
+    (False, None)
+    >>> slow.decide([0.30, 0.31, 0.29, 0.33, 0.30, 0.31])[1][:40]
+    'median step time >= 0.29 s (95% lower bo'
+    """
+
+    min_steps: int
+    cap: int
+    precision: float | None
+    confidence: float
+    max_step_time_s: float | None = None
+    """The early stop's bar (``None``: no early stop)."""
+
+    @classmethod
+    def of(cls, run: RunConfig, model: ModelConfig, layout: Layout, world_size: int, *,
+           best_tflops: float | None) -> StopRule:
+        """The rule of a trial spec's ``run`` (the trainer's and a foreign program's)."""
+        from autotune.models.flops import model_flops_per_step
+
+        bar = None
+        if run.early_stop_tolerance is not None and best_tflops:
+            bar = max_step_time_s(model_flops_per_step(model, layout.global_batch), world_size,
+                                  best_tflops, run.early_stop_tolerance)
+        return cls(min_steps=run.measure_steps, cap=run.step_cap,
+                   precision=run.measure_precision, confidence=run.confidence,
+                   max_step_time_s=bar)
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the decision depends on the step times (then ranks must share them)."""
+        return self.precision is not None or self.max_step_time_s is not None
+
+    def decide(self, times_s: list[float]) -> tuple[bool, str | None]:
+        """(stop now, why it is hopeless or ``None``) after the timed steps so far."""
+        n = len(times_s)
+        # A verdict waits for an interval of the median too (6 steps at 95%, one more than
+        # the bound needs), so that a stopped trial's measurement carries its precision.
+        if (self.max_step_time_s is not None and n < self.cap
+                and relative_precision(times_s, self.confidence) is not None
+                and hopeless(times_s, max_step_time_s=self.max_step_time_s,
+                             confidence=self.confidence)):
+            bound = median_lower_bound(times_s, self.confidence)
+            return True, (f"median step time >= {bound:.4g} s ({self.confidence:.0%} lower "
+                          f"bound after {n} steps); within the tolerance of the best "
+                          f"needs <= {self.max_step_time_s:.4g} s")
+        if n >= self.cap:
+            return True, None
+        if n < self.min_steps:
+            return False, None
+        if self.precision is None:
+            return True, None
+        achieved = relative_precision(times_s, self.confidence)
+        return achieved is not None and achieved <= self.precision, None

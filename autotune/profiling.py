@@ -40,7 +40,7 @@ from autotune.errors import SpecError
 from autotune.feasibility import Constraints
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout, Recompute
-from autotune.models.cost import analytic_layer, tp_link
+from autotune.models.links import tp_link
 from autotune.models.memory import (
     MeasuredActivation,
     layer_state_bytes,
@@ -49,6 +49,7 @@ from autotune.models.memory import (
     stored_layer_bytes,
 )
 from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
+from autotune.models.profile_blend import analytic_layer
 from autotune.models.profile_fit import LayerSample, fit_layer_profile, median_standard_error
 from autotune.runner.outcome import classify
 from autotune.runner.progress import format_duration

@@ -33,7 +33,8 @@ from autotune.tables import format_table
 from autotune.timings import TimeBreakdown, breakdown_line, time_breakdown
 
 __all__ = ["StudyStatus", "load_existing_study", "study_status", "best_trial", "selected_trial",
-           "best_layout", "list_studies", "format_statuses"]
+           "best_layout", "list_studies", "format_statuses", "confirmation_of",
+           "confirmation_line"]
 
 
 @dataclass
@@ -53,6 +54,8 @@ class StudyStatus:
     learned_from: str | None = None
     """What the study's calibration learned from (earlier studies and their measurements,
     the corrections): :func:`autotune.runner.records.learned_from_line`."""
+    confirmation: str | None = None
+    """The confirmation round's verdict and cost (:func:`confirmation_line`)."""
     time: TimeBreakdown = field(default_factory=lambda: time_breakdown([]))
     """Where the trials' wall time went, by phase (start-up, build, warm-up, measured
     steps, teardown): :mod:`autotune.timings`."""
@@ -96,8 +99,50 @@ def selected_trial(study: optuna.Study) -> FrozenTrial | None:
     from autotune.runner.records import StudyAttr, TrialAttr, trial_energy
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return select_best(done, study.user_attrs.get(StudyAttr.SELECTION),
+    selection = study.user_attrs.get(StudyAttr.SELECTION)
+    confirmed = _confirmed_winner(study, done, selection)
+    if confirmed is not None:
+        return confirmed
+    return select_best(done, selection,
                        joules_per_token=lambda t: trial_energy(t)[TrialAttr.JOULES_PER_TOKEN])
+
+
+def confirmation_of(study: optuna.Study) -> dict[str, Any] | None:
+    """The confirmation round's record (:mod:`autotune.runner.confirm`), if the study has
+    one, with ``stale`` set when trials completed after it."""
+    from autotune.runner.records import StudyAttr
+
+    record = study.user_attrs.get(StudyAttr.CONFIRMATION)
+    if not isinstance(record, dict):
+        return None
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    return {**record, "stale": done != record.get("complete_trials")}
+
+
+def confirmation_line(study: optuna.Study) -> str | None:
+    """``status``, ``best`` and the report's words for it (``None``: no round ran)."""
+    from autotune.paired import cost_line, decision_line
+
+    record = confirmation_of(study)
+    if record is None:
+        return None
+    line = f"{decision_line(record)}; {cost_line(record)}"
+    if record["stale"]:
+        line += " (stale: trials completed since; the next run confirms again)"
+    return line
+
+
+def _confirmed_winner(study: optuna.Study, done: list[FrozenTrial],
+                      selection: Any) -> FrozenTrial | None:
+    """The confirmation round's winner, while it holds: same completed trials, and the
+    throughput objective (the round compares throughput only)."""
+    objective = selection.get("objective") if isinstance(selection, dict) else None
+    record = confirmation_of(study)
+    if (record is None or record["stale"] or record.get("state") != "decided"
+            or objective not in (None, "throughput")):
+        return None
+    number = record.get("winner_trial")
+    return next((t for t in done if t.number == number), None)
 
 
 def best_layout(study: optuna.Study) -> tuple[Layout, FrozenTrial]:
@@ -126,6 +171,7 @@ def study_status(study: optuna.Study) -> StudyStatus:
         search_stop=search_stop_line(record),
         search_stop_record=record,
         learned_from=learned_from_line(learned_from_of(study)),
+        confirmation=confirmation_line(study),
         time=time_breakdown(t.user_attrs.get(TrialAttr.TIMINGS_S) or {} for t in trials),
     )
 
@@ -150,6 +196,8 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
               if st.search_stop]
     lines += [f"{st.name}: calibration: {st.learned_from}" for st in statuses
               if st.learned_from]
+    lines += [f"{st.name}: confirmation: {st.confirmation}" for st in statuses
+              if st.confirmation]
     lines += [f"{st.name}: time: {breakdown_line(st.time)}" for st in statuses
               if st.time.trials]
     from autotune.runner.records import trial_energy_line

@@ -45,6 +45,9 @@ def write_study(path: Path, *, name: str = "t", devices: int = 2, n_trials: int 
         "launcher": {"kind": "local", "run_dir": str(run_dir or path.parent / "runs")},
     }
     study.update(sections)
+    # The confirmation round (search.confirm, on by default) re-measures the top layouts:
+    # tests/runner/test_confirm.py covers it; the others keep their launches (CI's time).
+    study["search"] = {"confirm": 0, **study["search"]}
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
 

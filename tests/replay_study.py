@@ -52,7 +52,9 @@ def write_replay_study(directory: Path, *, name: str, url: str, n_trials: int,
                   "vocab_size": 51200, "attention": "explicit", "name": "replay-350m"},
         "cluster": {"nodes": nodes, "devices_per_node": 8, "device": "a100-80gb"},
         "training": {"global_batch": 32 * nodes, "dtype": "bf16"},
-        "search": {"strategy": strategy, "seed": seed, "n_trials": n_trials},
+        # confirm 0: these tests and benchmarks count the search's trials and launches
+        # (the confirmation round has its own: tests/runner/test_confirm.py)
+        "search": {"strategy": strategy, "seed": seed, "n_trials": n_trials, "confirm": 0},
         "storage": {"url": url, "heartbeat_interval_s": heartbeat_s, "grace_period_s": grace_s},
         "launcher": {"kind": "replay", "run_dir": str(directory / "runs"),
                      "replay": {"landscape": str(directory / "table.csv")}},

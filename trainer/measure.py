@@ -16,7 +16,7 @@ How a figure is obtained (``docs/trainer.md`` has the full table):
 * ``mfu = model_tflops_per_device * 1e12 / peak`` with the dense peak of the device for
   the trial's dtype (:func:`autotune.hardware.peak_flops_for_device_name`); ``None`` when
   the peak is unknown (CPUs).
-* How many steps (:class:`StopRule`): exactly ``measure_steps``; or, with
+* How many steps (:class:`autotune.measurement.StopRule`): exactly ``measure_steps``; or, with
   ``run.measure_precision``, at least ``measure_steps`` and until the distribution-free
   confidence interval of the median (:func:`autotune.measurement.relative_precision`) is
   that narrow, at most ``run.step_cap``; and, with ``run.early_stop_tolerance`` and a best
@@ -46,10 +46,8 @@ import numpy as np
 
 from autotune.config.model import ModelConfig
 from autotune.hardware import peak_flops_for_device_name
-from autotune.layout import Layout
-from autotune.measurement import hopeless, max_step_time_s, median_lower_bound, relative_precision
+from autotune.measurement import StopRule  # one rule for the trainer and users' programs
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
-from autotune.trial import RunConfig
 
 __all__ = ["StepClock", "StopRule", "summarize_step_times", "FlopsRates", "flops_rates"]
 
@@ -106,68 +104,3 @@ def flops_rates(model: ModelConfig, *, global_batch: int, step_time_s: float, wo
         mfu=None if peak is None else model_tflops * 1e12 / peak,
         peak_flops=peak,
     )
-
-
-@dataclass(frozen=True)
-class StopRule:
-    """When the timed loop stops (module docstring, "How many steps").
-
-    >>> rule = StopRule(min_steps=3, cap=8, precision=0.05, confidence=0.95)
-    >>> rule.decide([0.30, 0.31, 0.29])       # no interval from 3 steps yet
-    (False, None)
-    >>> rule.decide([0.30, 0.31, 0.29, 0.30, 0.30, 0.31])
-    (True, None)
-    >>> StopRule(min_steps=3, cap=3, precision=None, confidence=0.95).decide([0.3] * 3)
-    (True, None)
-    >>> slow = StopRule(min_steps=3, cap=20, precision=0.01, confidence=0.95,
-    ...                 max_step_time_s=0.2)
-    >>> slow.decide([0.30, 0.31, 0.29, 0.33, 0.30])  # the bound says so; no interval yet
-    (False, None)
-    >>> slow.decide([0.30, 0.31, 0.29, 0.33, 0.30, 0.31])[1][:40]
-    'median step time >= 0.29 s (95% lower bo'
-    """
-
-    min_steps: int
-    cap: int
-    precision: float | None
-    confidence: float
-    max_step_time_s: float | None = None
-    """The early stop's bar (``None``: no early stop)."""
-
-    @classmethod
-    def of(cls, run: RunConfig, model: ModelConfig, layout: Layout, world_size: int, *,
-           best_tflops: float | None) -> StopRule:
-        bar = None
-        if run.early_stop_tolerance is not None and best_tflops:
-            bar = max_step_time_s(model_flops_per_step(model, layout.global_batch), world_size,
-                                  best_tflops, run.early_stop_tolerance)
-        return cls(min_steps=run.measure_steps, cap=run.step_cap,
-                   precision=run.measure_precision, confidence=run.confidence,
-                   max_step_time_s=bar)
-
-    @property
-    def adaptive(self) -> bool:
-        """Whether the decision depends on the step times (then ranks must share them)."""
-        return self.precision is not None or self.max_step_time_s is not None
-
-    def decide(self, times_s: list[float]) -> tuple[bool, str | None]:
-        """(stop now, why it is hopeless or ``None``) after the timed steps so far."""
-        n = len(times_s)
-        # A verdict waits for an interval of the median too (6 steps at 95%, one more than
-        # the bound needs), so that a stopped trial's measurement carries its precision.
-        if (self.max_step_time_s is not None and n < self.cap
-                and relative_precision(times_s, self.confidence) is not None
-                and hopeless(times_s, max_step_time_s=self.max_step_time_s,
-                             confidence=self.confidence)):
-            bound = median_lower_bound(times_s, self.confidence)
-            return True, (f"median step time >= {bound:.4g} s ({self.confidence:.0%} lower "
-                          f"bound after {n} steps); within the tolerance of the best "
-                          f"needs <= {self.max_step_time_s:.4g} s")
-        if n >= self.cap:
-            return True, None
-        if n < self.min_steps:
-            return False, None
-        if self.precision is None:
-            return True, None
-        achieved = relative_precision(times_s, self.confidence)
-        return achieved is not None and achieved <= self.precision, None

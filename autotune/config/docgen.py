@@ -141,7 +141,8 @@ def _type_text(annotation: str) -> str:
     parts = [p.strip() for p in annotation.split("|")]
     words = {"int": "an integer", "float": "a number", "str": "a string",
              "bool": "`true` or `false`", "dict[str, str]": "a mapping of names to strings",
-             "tuple[int, ...]": "a list of integers", "tuple[str, ...]": "a list of strings"}
+             "tuple[int, ...]": "a list of integers", "tuple[str, ...]": "a list of strings",
+             "tuple[DriftRule, ...]": "a list of `{layout: KEY or '*', factors: [numbers > 0]}`"}
     out = [words.get(p, p) for p in parts if p != "None"]
     return ", or ".join(out) + (", or `null`" if "None" in parts else "")
 

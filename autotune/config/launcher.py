@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from autotune.config._drift import drift_rules
 from autotune.config._fields import check_choice, check_int, check_keys, check_text
 from autotune.errors import SpecError
+
+if TYPE_CHECKING:
+    from autotune.config._drift import DriftRule
 
 __all__ = ["LauncherConfig", "LocalOptions", "SlurmOptions", "ReplayOptions", "LAUNCHER_KINDS"]
 
@@ -90,10 +94,18 @@ class ReplayOptions:
     group: int | None = None
     """Which landscape group of the file (index as listed by ``autotune landscapes``);
     None: the group matching the study's model, world size and global batch."""
+    drift: tuple[DriftRule, ...] = ()
+    """Injected drift (tests and benchmarks of noisy machines: issue #24): each rule
+    multiplies the step time of ``layout`` (``*``: every layout) by ``factors[n]`` at the
+    launcher's n-th answer of the run (0-based, over all layouts; the last factor holds
+    after), and divides its TFLOPS and tokens per second by the same, as a neighbour's job
+    slowing the machine would. Rules that match multiply. Empty: the table as measured."""
 
     @classmethod
     def from_dict(cls, data: Any) -> ReplayOptions:
-        data = check_keys("launcher.replay", data, ("landscape", "group"))
+        data = dict(check_keys("launcher.replay", data, ("landscape", "group", "drift")))
+        if "drift" in data:
+            data["drift"] = drift_rules(data["drift"])
         if not data.get("landscape"):
             raise SpecError("launcher.replay.landscape", data.get("landscape"),
                             "required: path of a measured-landscape CSV")

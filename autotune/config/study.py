@@ -45,6 +45,9 @@ MAX_STEPS = 100_000
 """Most warm-up or measured steps of one trial."""
 DEFAULT_MAX_MEASURE_STEPS = 12
 """``trial.max_measure_steps`` when unset (and ``measure_steps`` is smaller)."""
+MAX_CONFIRM = 16
+"""Most layouts in a confirmation round (each round measures every one of them)."""
+MAX_CONFIRM_ROUNDS = 100
 MAX_HEARTBEAT_S = 86_400
 MAX_GRACE_S = 30 * 86_400
 
@@ -162,8 +165,26 @@ class SearchConfig:
     whole budget). A resumed study that still ends on that error asks for
     ``--retry-failed`` or a changed study file first (:mod:`autotune.runner.stop_early`).
     ``0``: never stop."""
+    confirm: int = 3
+    """The confirmation round (issue #24; docs/guide.md, "The confirmation round"):
+    before the study names its best, the best and the measured layouts whose intervals
+    (each trial's measured precision, else ``trial.measure_precision``) overlap its
+    interval, this many at most, are measured again side by side, interleaved, round after
+    round, until a paired comparison tells the best from the runner-up (a sign test at
+    95%) or ``confirm_max_rounds`` is reached. Its runs are no trials of the budget.
+    ``0`` or ``false``: off (the single pass names the best); else 2 to 16 layouts."""
+    confirm_max_rounds: int = 12
+    """The most paired rounds of the confirmation round (6 at least: fewer give no 95%
+    interval of the median ratio)."""
 
     def __post_init__(self) -> None:
+        if (isinstance(self.confirm, bool) or not isinstance(self.confirm, int)
+                or self.confirm == 1 or not 0 <= self.confirm <= MAX_CONFIRM):
+            raise SpecError("search.confirm", self.confirm,
+                            f"allowed: 0 or false (off), or an integer 2..{MAX_CONFIRM} (the "
+                            "best and its rivals: 1 would compare the best with nothing)")
+        check_int("search.confirm_max_rounds", self.confirm_max_rounds, minimum=6,
+                  maximum=MAX_CONFIRM_ROUNDS)
         if self.stop_on_repeated_error != 0:
             check_int("search.stop_on_repeated_error", self.stop_on_repeated_error,
                       minimum=2, maximum=MAX_N_TRIALS)
@@ -193,6 +214,8 @@ class SearchConfig:
     @classmethod
     def from_dict(cls, data: Any) -> SearchConfig:
         data = dict(check_keys("search", data, cls.__dataclass_fields__))
+        if data.get("confirm") is False:
+            data["confirm"] = 0  # "confirm: false" reads as off, like 0
         for axis, top in (("tp", MAX_DEGREE), ("pp", MAX_DEGREE),
                           ("micro_batch", MAX_GLOBAL_BATCH)):
             if axis in data:
@@ -235,8 +258,9 @@ class TrialConfig:
     """Measure each layout until its median step time is known to this relative precision
     (half-width of the distribution-free 95% interval of the median, from order statistics:
     at least 6 timed steps) or ``max_measure_steps`` is reached; the precision reached is
-    stored with the measurement. ``null``: exactly ``measure_steps`` steps. Built-in
-    trainer only (a user's program runs ``measure_steps``)."""
+    stored with the measurement. ``null``: exactly ``measure_steps`` steps. A user's
+    program (``workload.kind`` ``command`` or ``megatron-deepspeed``) is started with the
+    cap and stopped by autotune once its median is known (docs/own-command.md)."""
     max_measure_steps: int | None = None
     """The step cap with ``measure_precision`` (at least ``measure_steps``). ``null``: the
     larger of 12 and ``measure_steps``."""

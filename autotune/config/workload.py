@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config._fields import check_choice, check_float, check_keys, check_text
+from autotune.config._fields import check_choice, check_float, check_int, check_keys, check_text
 from autotune.config.launcher import _str_map
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
@@ -53,6 +53,7 @@ OWNED_DS_CONFIG_KEYS: tuple[str, ...] = (
     "zero_optimization", "bf16", "fp16")
 """DeepSpeed config keys the layout sets: ``workload.ds_config`` may add others only."""
 MAX_NO_PROGRESS_S = 30 * 86_400
+MAX_PRODUCTION_ITERS = 10**9
 _PYTHON_NAMES = ("python", "python3")
 
 
@@ -139,6 +140,11 @@ class WorkloadConfig:
     startup_s: float | None = None
     """How long the first step may take from the launch (imports, data index, compile);
     default: ``no_progress_s``."""
+    production_train_iters: int | None = None
+    """The optimizer steps of your production run: what ``autotune best --emit command``
+    puts for ``{train_iters}`` (and Megatron-DeepSpeed's ``--train-iters``). Trials never
+    use it (they run warm-up + the step cap and are stopped once measured). ``null``: the
+    line keeps ``{train_iters}`` for you to fill."""
 
     def __post_init__(self) -> None:
         check_choice("workload.kind", self.kind, WORKLOAD_KINDS)
@@ -148,6 +154,9 @@ class WorkloadConfig:
         if self.startup_s is not None:
             check_float("workload.startup_s", self.startup_s, strict=True,
                         maximum=MAX_NO_PROGRESS_S)
+        if self.production_train_iters is not None:
+            check_int("workload.production_train_iters", self.production_train_iters,
+                      maximum=MAX_PRODUCTION_ITERS)
         if self.kind == "command":
             self._check_command()
         elif self.kind == "megatron-deepspeed":

@@ -32,7 +32,9 @@ Contract, checked for every backend by one test class (``LauncherContract`` in
    result file from what its program reported (``finish``), and its outcome is decided by
    :func:`autotune.runner.foreign.foreign_outcome`.
 5. A trial whose workload watch reports no progress is killed like a timed-out one, and
-   reported ``no_progress``.
+   reported ``no_progress``. One whose watch says it measured enough
+   (:mod:`autotune.workloads.adaptive`) is stopped the same way (:meth:`_kill`: SIGTERM,
+   then SIGKILL after a grace) and reported with ``measured_stop``.
 6. :meth:`Launcher.run_batch` runs several trials of one world size in one launch (a
    *batch*: the start-up -- process start, imports, rendezvous, communicator -- is paid
    once) and returns one report per trial, each as :meth:`Launcher.run` would have: a
@@ -101,6 +103,11 @@ class LaunchReport:
     error_line: str | None = None
     """A foreign program's own last error line (:func:`autotune.workloads.error_line.
     program_error_line`): the cause its failure is stored with."""
+    measured_stop: dict[str, Any] | None = None
+    """Stopped by the launcher because the workload's watch said it measured enough
+    (:meth:`autotune.workloads.base.ProgressWatch.enough`: ``reason`` ``precision``,
+    ``hopeless`` or ``cap``, the steps and the precision then): a measurement, not a
+    failure."""
     batch: dict[str, Any] | None = None
     """In a batch: ``index``, ``size``, ``lead`` (the directory with the launch's logs),
     ``rerun`` (true when it ran again alone after the launch ended without its result)."""
@@ -114,7 +121,7 @@ class LaunchReport:
                 "workload": self.workload, "no_progress": self.no_progress,
                 "no_progress_reason": self.no_progress_reason or None,
                 "readback": self.readback, "error_line": self.error_line,
-                "batch": self.batch}
+                "measured_stop": self.measured_stop, "batch": self.batch}
 
 
 def tail(path: Path, lines: int = 20, max_chars: int = 4000) -> str:
@@ -256,6 +263,7 @@ class Launcher(ABC):
         handle = self._start(spec, paths)
         watch = self.workload.watch(spec, paths)
         timed_out = interrupted = no_progress = False
+        measured_stop: dict[str, Any] | None = None
         returncode: int | None = None
         deadline_from, finished = started, 0
         try:
@@ -276,9 +284,11 @@ class Launcher(ABC):
                 if watch is not None and watch.stalled():
                     no_progress = True
                     break
+                if watch is not None and (measured_stop := watch.enough()) is not None:
+                    break  # measured enough: stopped like a timeout, recorded as measured
                 time.sleep(_POLL_S)
         finally:
-            if returncode is None:  # timeout, cancel, or an exception in this thread
+            if returncode is None:  # timeout, cancel, measured, or an exception here
                 self._kill(handle)
                 returncode = self._poll(handle)
         state, hosts = self._finish(handle)
@@ -288,7 +298,7 @@ class Launcher(ABC):
                               elapsed_s=time.monotonic() - started,
                               workload=self.workload.kind, no_progress=no_progress,
                               no_progress_reason=watch.describe() if no_progress and watch
-                              else "")
+                              else "", measured_stop=measured_stop)
         return report
 
     def _stderr_tail(self, paths: TrialPaths) -> str:

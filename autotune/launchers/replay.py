@@ -23,6 +23,8 @@ names the layout and the group (a search over a landscape must propose its layou
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,7 @@ from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.trial import TrialPaths, TrialResult, TrialSpec
 
 if TYPE_CHECKING:
+    from autotune.config._drift import DriftRule
     from autotune.config.launcher import ReplayOptions
     from autotune.config.study import TrainingConfig
 
@@ -52,10 +55,14 @@ class ReplayLauncher(Launcher):
 
     kind = "replay"
 
-    def __init__(self, group: LandscapeGroup) -> None:
+    def __init__(self, group: LandscapeGroup, drift: Sequence[DriftRule] = ()) -> None:
         super().__init__()
         self.group = group
         self._by_layout = {m.layout: m for m in group.measurements}
+        self.drift = tuple(drift)
+        """``launcher.replay.drift``: time-varying factors on step times (:meth:`factor`)."""
+        self.answers = 0
+        """Trials answered so far: the clock of the drift."""
 
     @classmethod
     def for_study(cls, opts: ReplayOptions, model: ModelConfig, cluster: ClusterConfig,
@@ -92,7 +99,7 @@ class ReplayLauncher(Launcher):
                 raise SpecError("launcher.replay.group", opts.group,
                                 f"group {group.name!r} does not match the study: {problem}",
                                 source=source)
-            return cls(group)
+            return cls(group, opts.drift)
         matching = [g for g in groups
                     if not _mismatch(g, model, cluster.world_size, training.global_batch)]
         if len(matching) != 1:
@@ -102,7 +109,7 @@ class ReplayLauncher(Launcher):
                             f"{cluster.world_size} and global batch "
                             f"{training.global_batch}; set launcher.replay.group to one "
                             f"of: {listing}", source=source)
-        return cls(matching[0])
+        return cls(matching[0], opts.drift)
 
     def fixed_layouts(self) -> tuple[Layout, ...]:
         """The table's layouts: a replayed study searches exactly these."""
@@ -122,9 +129,34 @@ class ReplayLauncher(Launcher):
         if differences:
             raise LaunchError(f"replay: landscape {self.group.name!r} has another model: "
                               f"{', '.join(differences)}")
-        result = self.result_for(spec.layout)
+        result = _drifted(self.result_for(spec.layout), self.factor(spec.layout))
+        self.answers += 1
         result.write(paths.result)
         return 0
+
+    def factor(self, layout: Layout) -> float:
+        """The drift factor of ``layout``'s step time at the next answer: the product of
+        the matching rules' ``factors[n]`` (``n`` = :attr:`answers`; the last factor after
+        the list), 1 without drift.
+
+        >>> from autotune.config._drift import DriftRule
+        >>> from autotune.config.cluster import ClusterConfig
+        >>> from autotune.config.model import MODEL_PRESETS
+        >>> from autotune.landscape import LandscapeGroup, Measurement
+        >>> lay = Layout(tp=2, pp=1, dp=1, micro_batch=1, grad_accum=4)
+        >>> group = LandscapeGroup("g", MODEL_PRESETS["tiny"], ClusterConfig(
+        ...     devices_per_node=2), 4, "fp32", (Measurement(lay, "ok", 0.5, None),))
+        >>> r = ReplayLauncher(group, [DriftRule("*", (1.0, 2.0)), DriftRule(lay.key(), (3.0,))])
+        >>> r.factor(lay), r.result_for(lay).model_tflops_per_device
+        (3.0, 0.5)
+        >>> r.answers = 5; r.factor(lay)
+        6.0
+        """
+        factor, key = 1.0, layout.key()
+        for rule in self.drift:
+            if rule.layout in ("*", key):
+                factor *= rule.factors[min(self.answers, len(rule.factors) - 1)]
+        return factor
 
     def _poll(self, handle: Any) -> int | None:
         return int(handle)
@@ -172,6 +204,21 @@ def _result(m: Measurement, group: LandscapeGroup) -> TrialResult:
                        hardware_tflops_per_device=m.model_tflops_per_device * hw / flops,
                        step_time_s=step_s, step_times_s=[step_s], tokens_per_s=tokens,
                        world_size=lay.world_size, device="replay", layout=lay.to_dict())
+
+
+def _drifted(result: TrialResult, factor: float) -> TrialResult:
+    """``result`` measured ``factor`` times slower (an ``oom`` or error is as it was)."""
+    if factor == 1.0 or result.status != "ok" or result.step_time_s is None:
+        return result
+    return replace(result, step_time_s=result.step_time_s * factor,
+                   step_times_s=[t * factor for t in result.step_times_s],
+                   model_tflops_per_device=_div(result.model_tflops_per_device, factor),
+                   hardware_tflops_per_device=_div(result.hardware_tflops_per_device, factor),
+                   tokens_per_s=_div(result.tokens_per_s, factor))
+
+
+def _div(value: float | None, factor: float) -> float | None:
+    return None if value is None else value / factor
 
 
 _STATUS_FROM_TABLE = {"ok": "ok", "complete": "ok", "oom": "oom", "error": "error",

@@ -25,7 +25,7 @@ import numpy as np
 
 from autotune.config.model import ModelConfig
 from autotune.layout import Layout
-from autotune.models.cost import tp_link
+from autotune.models.links import tp_link
 from autotune.models.profile import LayerMemory, LayerProfile, LayerShape, ProfileEntry
 
 if TYPE_CHECKING:

@@ -25,6 +25,7 @@ from autotune.report.export import megatron_deepspeed_args
 from autotune.report.files import ReportPaths, write_text_atomic
 from autotune.report.frames import measurements_frame, trials_frame, write_exports
 from autotune.report.render import Code, Image, Report, Section, Table, Text, render
+from autotune.results import confirmation_line, selected_trial
 from autotune.runner.records import (
     StudyAttr,
     TrialAttr,
@@ -32,6 +33,7 @@ from autotune.runner.records import (
     learned_from_of,
     study_device_memory_gib,
     study_fingerprint,
+    trial_layout_key,
 )
 from autotune.storage.db import Storage
 from autotune.timings import breakdown_line, time_breakdown
@@ -136,6 +138,12 @@ def _best(study: optuna.Study, trials: pd.DataFrame) -> Section:
         f"Best: {b['layout']} at {b['model_tflops_per_device']:.4g} model TFLOPS per device "
         f"(trial #{b['trial']}). The table ranks the complete trials by measured model TFLOPS "
         "per device; predicted columns are the cost and memory models' estimates."))
+    confirmed = confirmation_line(study)
+    s.blocks.append(Text(
+        f"Confirmation round (the top layouts measured again side by side, interleaved; "
+        f"a paired sign test of the per-round ratio best / runner-up): {confirmed}."
+        if confirmed else "Confirmation round: none ran (search.confirm off, or the study "
+        "is not done)."))
     s.blocks.append(Table(top[["rank", "trial", "layout", "model_tflops_per_device",
                                "predicted_tflops_per_device", "step_time_s",
                                "peak_memory_gib", "predicted_memory_gib"]].rename(columns={
@@ -144,7 +152,9 @@ def _best(study: optuna.Study, trials: pd.DataFrame) -> Section:
         "peak memory (GiB)", "predicted_memory_gib": "predicted memory (GiB)"}),
         "layout key: tp-pp-dp-micro batch-grad accum-ZeRO stage-recompute"))
     fp = study_fingerprint(study)
-    lay = Layout.from_key(b["layout"])
+    chosen = selected_trial(study)  # the confirmation round's winner where it ran
+    chosen_key = trial_layout_key(chosen) if chosen is not None else None
+    lay = Layout.from_key(chosen_key or b["layout"])
     args = megatron_deepspeed_args(lay, dtype=fp.get("dtype", "bf16"), model=fp.get("model"),
                                    device=fp.get("device"))
     s.blocks += [Text("Megatron-DeepSpeed arguments for the best layout (also: autotune best "

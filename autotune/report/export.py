@@ -30,7 +30,8 @@ from autotune.layout import Layout
 from autotune.runner.records import TrialAttr, study_fingerprint, study_workload
 from autotune.workloads import megatron
 
-__all__ = ["emit_best", "megatron_deepspeed_args", "best_json", "command_line"]
+__all__ = ["emit_best", "megatron_deepspeed_args", "best_json", "command_line", "launch_line",
+           "production_iters"]
 
 
 def megatron_deepspeed_args(layout: Layout, *, dtype: str,
@@ -54,8 +55,9 @@ def _model(data: dict[str, Any]) -> ModelConfig:
 
 def command_line(study: optuna.Study, layout: Layout, *, out_dir: Path) -> list[str]:
     """The study's own program for ``layout``: the ``command`` template filled, or the
-    Megatron-DeepSpeed script with the user's arguments and the layout's flags (without the
-    trial's short-run flags), with ``OUT_DIR/ds_config.json`` as the DeepSpeed config."""
+    Megatron-DeepSpeed script with the user's arguments and the layout's flags, with
+    ``OUT_DIR/ds_config.json`` as the DeepSpeed config. The step count is the production
+    run's (:func:`production_iters`), never a trial's short run."""
     from autotune.trial import RunConfig, TrialPaths, TrialSpec
     from autotune.workloads.base import Placement
     from autotune.workloads.foreign import fill, placeholder_values, trial_ds_config
@@ -72,19 +74,75 @@ def command_line(study: optuna.Study, layout: Layout, *, out_dir: Path) -> list[
     paths = TrialPaths(out_dir)
     # As recorded (not re-validated: the script need not exist where `best` runs).
     write_json_atomic(paths.ds_config, trial_ds_config(spec, dict(record.get("ds_config") or {})))
-    per_node = min(layout.world_size, int(record.get("ranks_per_node") or layout.world_size))
-    placement = Placement(python="python", nodes=-(-layout.world_size // per_node),
-                          ranks_per_node=per_node, master_addr="$MASTER_ADDR",
-                          master_port=29500)
-    values = {**placeholder_values(spec, paths, placement),
-              "train_iters": int(record["train_iters"])}
+    nodes, per_node = _geometry(record, layout)
+    placement = Placement(python="python", nodes=nodes, ranks_per_node=per_node,
+                          master_addr="$MASTER_ADDR", master_port=29500)
+    iters = production_iters(record)
+    values = {**placeholder_values(spec, paths, placement), "train_iters": iters}
     if record["kind"] == "command":
         return fill(list(record.get("argv") or []), values)
     user = fill(list(record.get("args") or []), values)
     return [record.get("python") or "python", str(record.get("script")), *user,
             *megatron.layout_args(layout, dtype=dtype),
             *megatron.model_args(spec.model, given=user, kernels=False),
-            "--deepspeed", "--deepspeed_config", str(paths.ds_config)]
+            "--train-iters", str(iters), "--deepspeed", "--deepspeed_config",
+            str(paths.ds_config)]
+
+
+TRAIN_ITERS = "{train_iters}"
+"""What the production line keeps for the step count when the study names none."""
+
+
+def production_iters(record: dict[str, Any]) -> int | str:
+    """The production run's optimizer steps: ``workload.production_train_iters``, else the
+    placeholder ``{train_iters}`` left for the user to fill. A trial's step count (warm-up
+    + cap) is autotune's own value: it is never printed. (A literal step count in the
+    user's argv is printed as written: autotune never replaces one; Megatron-DeepSpeed's
+    ``--train-iters`` is refused in ``workload.args``, so there is none to restore.)"""
+    given = record.get("production_train_iters")
+    return int(given) if isinstance(given, int) and given > 0 else TRAIN_ITERS
+
+
+def _geometry(record: dict[str, Any], layout: Layout) -> tuple[int, int]:
+    """(nodes, ranks per node) of the layout, as the study's trials were placed."""
+    per_node = min(layout.world_size, int(record.get("ranks_per_node") or layout.world_size))
+    return -(-layout.world_size // per_node), per_node
+
+
+def launch_line(record: dict[str, Any], layout: Layout, argv: list[str]) -> list[str]:
+    """``argv`` behind the study's launcher, geometry filled: ``torchrun --nnodes N
+    --nproc-per-node P --no-python ...`` (local; one command per node where N > 1), ``srun
+    --nodes N --ntasks W --ntasks-per-node P ...`` with the rank variables autotune's
+    trials got (:mod:`autotune.workloads.rank_env`), or the command as it is where it
+    launches its own ranks (``workload.outer: none``; on SLURM once per node)."""
+    launcher = record.get("launcher") or {"kind": "local"}
+    per_device = record.get("outer", "per-device") == "per-device"
+    nodes, per_node = _geometry(record, layout)
+    if launcher.get("kind") == "slurm":
+        tasks, tasks_per_node = (layout.world_size, per_node) if per_device else (nodes, 1)
+        cmd = ["srun", f"--nodes={nodes}", f"--ntasks={tasks}",
+               f"--ntasks-per-node={tasks_per_node}"]
+        if launcher.get("gpus_per_node"):
+            cmd.append(f"--gres={launcher['gpus_per_node']}")
+        if launcher.get("cpus_per_task"):
+            cmd.append(f"--cpus-per-task={launcher['cpus_per_task']}")
+        cmd += [str(a) for a in launcher.get("extra_args") or []]
+        prefix = ["python", "-m", "autotune.workloads.rank_env", "--"] if per_device else []
+        return [*cmd, *prefix, *argv]
+    if not per_device:
+        return argv
+    rendezvous = ["--standalone"] if nodes == 1 else [
+        "--rdzv-backend=c10d", "--rdzv-endpoint=$MASTER_ADDR:29500"]
+    return ["torchrun", *rendezvous, f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
+            "--no-python", *argv]
+
+
+def _quote(word: str) -> str:
+    """A shell word; ``$MASTER_ADDR`` stays expandable (double quotes), the rest is
+    quoted as :func:`shlex.quote` does."""
+    if "$MASTER_ADDR" in word and '"' not in word and "`" not in word:
+        return f'"{word}"'
+    return shlex.quote(word)
 
 
 def _with_env(env: dict[str, Any], argv: list[str]) -> str:
@@ -94,16 +152,19 @@ def _with_env(env: dict[str, Any], argv: list[str]) -> str:
 
     assignments = [f"{k}={shlex.quote(v)}" for k, v in
                    mask_env({str(k): str(v) for k, v in env.items()}).items()]
-    return " ".join([*assignments, shlex.join(argv)])
+    return " ".join([*assignments, *(_quote(w) for w in argv)])
 
 
 def best_json(study: optuna.Study, layout: Layout, trial: FrozenTrial) -> dict[str, Any]:
     keys = (TrialAttr.MODEL_TFLOPS, TrialAttr.HARDWARE_TFLOPS, TrialAttr.MFU,
             TrialAttr.STEP_TIME_S, TrialAttr.TOKENS_PER_S, TrialAttr.PEAK_MEMORY_GIB,
             TrialAttr.DEVICE_NAME)
+    from autotune.results import confirmation_of
+
     return {"study": study.study_name, "trial": trial.number, "layout": layout.to_dict(),
             "world_size": layout.world_size, "global_batch": layout.global_batch,
-            **{k: trial.user_attrs[k] for k in keys if k in trial.user_attrs}}
+            **{k: trial.user_attrs[k] for k in keys if k in trial.user_attrs},
+            "confirmation": confirmation_of(study)}
 
 
 def emit_best(study: optuna.Study, layout: Layout, trial: FrozenTrial, *, fmt: str,
@@ -135,13 +196,20 @@ def emit_best(study: optuna.Study, layout: Layout, trial: FrozenTrial, *, fmt: s
     if fmt == "command":
         argv = command_line(study, layout, out_dir=out_dir)
         record = study_workload(study) or {}
-        how = ("one process per device, e.g. torchrun --nproc-per-node=N --no-python ... or "
-               "srun --ntasks-per-node=N ..." if record.get("outer", "per-device") ==
-               "per-device" else "as it is (it launches its own ranks)")
-        return "\n".join([
-            f"# best: {layout.key()} ({trial.value:.4g} model TFLOPS/device, trial "
-            f"#{trial.number}); wrote {out_dir / 'ds_config.json'}; start it {how}",
-            _with_env(record.get("env") or {}, argv)])
+        launcher = record.get("launcher") or {}
+        program_env = {**(launcher.get("env") or {}), **(record.get("env") or {})}
+        lines = [f"# best: {layout.key()} ({trial.value:.4g} model TFLOPS/device, trial "
+                 f"#{trial.number}); wrote {out_dir / 'ds_config.json'}; the production run"]
+        if production_iters(record) == TRAIN_ITERS:
+            lines.append(f"# fill in {TRAIN_ITERS}: your run's optimizer steps (or set "
+                         "workload.production_train_iters in the study file)")
+        if record.get("outer", "per-device") != "per-device":
+            lines.append("# the command launches its own ranks"
+                         + (" (srun: once per node)" if launcher.get("kind") == "slurm"
+                            else ""))
+        elif _geometry(record, layout)[0] > 1 and launcher.get("kind", "local") == "local":
+            lines.append("# run it on each node, MASTER_ADDR set to the first")
+        return "\n".join([*lines, _with_env(program_env, launch_line(record, layout, argv))])
     mega = megatron_deepspeed_args(layout, dtype=dtype, model=fp.get("model"),
                                        device=fp.get("device"))
     return shlex.join(mega)

@@ -11,6 +11,10 @@ seen                                                outcome      note
 cancelled by the runner / scheduler ``CANCELLED``   interrupted  retried later
 an out-of-memory signature (:data:`OOM_SIGNATURES`)  oom          also when it then hung or
 or SLURM ``OUT_OF_MEMORY``                                       timed out (a consequence)
+stopped by autotune once measured enough          complete     ``stopped`` when hopeless;
+(``measured_stop``: precision, cap, hopeless)                    the scheduler's CANCELLED
+                                                                 and the exit signal of the
+                                                                 stop are ours, not a crash
 wall-clock ``trial.timeout_s`` / SLURM ``TIMEOUT``  timeout
 no new step for ``workload.no_progress_s``          timeout      whole tree / step killed
 steady-state steps read back and the exit code 0,   complete     value: autotune's score
@@ -119,6 +123,22 @@ def _read(report: LaunchReport) -> str:
             f"dropped as warm-up, {rb.get('measured', 0)} measured")
 
 
+def _measured_stop(report: LaunchReport) -> Outcome | None:
+    """A program autotune stopped because it had measured enough
+    (:mod:`autotune.workloads.adaptive`): its steps are the measurement."""
+    stop, res = report.measured_stop, report.result
+    value = res.model_tflops_per_device if res is not None else None
+    if stop is None or value is None or value <= 0:
+        return None
+    precision = stop.get("precision")
+    reached = f"median to {precision:.1%}" if precision is not None else "no interval yet"
+    why = (f"stopped by autotune after {stop.get('steps')} timed steps ({stop.get('reason')}: "
+           f"{reached}, target {stop.get('target_precision')}, cap {stop.get('cap')})")
+    if stop.get("reason") == "hopeless":
+        return Outcome("stopped", value=float(value), reason=f"{stop.get('detail')}; {why}")
+    return Outcome("complete", value=float(value), reason=why)
+
+
 def foreign_outcome(report: LaunchReport) -> Outcome:
     """The outcome of a foreign trial (module docstring): the one place it is decided."""
     state = (report.scheduler_state or "").upper().split(" ")[0] or None
@@ -131,6 +151,9 @@ def foreign_outcome(report: LaunchReport) -> Outcome:
                        f"{oom.source}){tail}"[-2000:])
     if state == "OUT_OF_MEMORY":
         return Outcome("oom", reason=f"job step state {state}{tail}"[-2000:])
+    measured = _measured_stop(report)
+    if measured is not None:
+        return measured
     if report.timed_out or state in ("TIMEOUT", "DEADLINE"):
         why = f"job step state {state}" if state in ("TIMEOUT", "DEADLINE") else \
             f"killed after {report.elapsed_s:.0f} s (trial timeout)"

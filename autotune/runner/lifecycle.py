@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -22,17 +22,21 @@ __all__ = ["Busy", "heartbeat", "StopSignals"]
 
 
 @contextmanager
-def heartbeat(storage: Storage, trial_id: int) -> Iterator[None]:
+def heartbeat(storage: Storage, trial_id: int, *,
+              renew: Callable[[], object] | None = None) -> Iterator[None]:
     """Renew ``trial_id``'s claim lease every ``storage.heartbeat_interval_s`` until the
     block ends (the claim made the first lease in the trial's own transaction, so there is
     no instant at which the trial is alive without one: :mod:`autotune.storage.claims`).
-    The block holds the launch and the record: a slow record is still beating."""
+    The block holds the launch and the record: a slow record is still beating.
+    ``renew``: another lease to renew instead (the confirmation round's:
+    :mod:`autotune.storage.confirmations`)."""
     stop = threading.Event()
+    renew_once = renew or (lambda: renew_lease(storage, trial_id))
 
     def beat() -> None:
         while not stop.wait(storage.config.heartbeat_interval_s):
             try:
-                renew_lease(storage, trial_id)
+                renew_once()
             except Exception:  # a missed beat is retried; never kill the trial for it
                 pass
 

@@ -17,6 +17,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config.launcher import LauncherConfig
 from autotune.errors import UsageError
 from autotune.hardware import GiB
 from autotune.layout import Layout
@@ -88,7 +89,9 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
     if create:
         from autotune.workloads.foreign import steps_of
 
-        steps = steps_of(spec.trial.warmup_steps, spec.trial.measure_steps,
+        # What a trial is started with: warm-up + the step cap (a foreign one may be
+        # stopped before, once measured: autotune.workloads.adaptive).
+        steps = steps_of(spec.trial.warmup_steps, spec.run_config().step_cap,
                          foreign=spec.workload.foreign)
         per_node = min(spec.world_size, spec.cluster.devices_per_node)
         from autotune.objective import selection_record
@@ -96,8 +99,22 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
         study.set_user_attr(StudyAttr.SELECTION, selection_record(
             spec.search.objective, spec.search.throughput_within))
         study.set_user_attr(StudyAttr.WORKLOAD, workload_record(
-            spec.workload.to_dict(), train_iters=steps, ranks_per_node=per_node))
+            spec.workload.to_dict(), train_iters=steps, ranks_per_node=per_node,
+            launcher=launcher_record(spec.launcher)))
     return study
+
+
+def launcher_record(launcher: LauncherConfig) -> dict[str, Any]:
+    """What ``best --emit command`` needs of the study's launcher: its kind, the
+    environment it gives the program and, on SLURM, the options of its steps."""
+    out: dict[str, Any] = {"kind": launcher.kind}
+    if launcher.kind == "local":
+        out["env"] = dict(launcher.local.env)
+    elif launcher.kind == "slurm":
+        slurm = launcher.slurm
+        out.update(env=dict(slurm.env), gpus_per_node=slurm.gpus_per_node,
+                   cpus_per_task=slurm.cpus_per_task, extra_args=list(slurm.extra_args))
+    return out
 
 
 def history(study: optuna.Study, claimed: dict[str, int]) -> list[Observation]:

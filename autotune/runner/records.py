@@ -128,6 +128,10 @@ class StudyAttr:
     """A scaling study's size: ``{mode: record}`` (:func:`autotune.scaling.run.scaling_record`)."""
     SELECTION = "selection"
     """``search.objective`` as last run (:func:`autotune.objective.selection_record`)."""
+    CONFIRMATION = "confirmation"
+    """The confirmation round's verdict and cost (a dict from
+    :func:`autotune.runner.confirm.confirmation_record`): the best it names, the runner-up,
+    the paired interval, rounds, launches, device-seconds."""
     WORKLOAD = "workload"
     """The study's ``workload`` section as last run (:func:`workload_record`): what
     ``autotune best --emit command`` renders the winning launch line from."""
@@ -348,10 +352,15 @@ def study_attrs(fingerprint: dict[str, Any], *, model: str, cluster: str,
 
 
 def workload_record(workload: dict[str, Any], *, train_iters: int,
-                    ranks_per_node: int) -> dict[str, Any]:
+                    ranks_per_node: int, launcher: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
     """The study's :attr:`StudyAttr.WORKLOAD`: its ``workload`` section, the steps a trial
-    ran (``{train_iters}``) and the ranks per node (``{ranks_per_node}``)."""
-    return {**workload, "train_iters": train_iters, "ranks_per_node": ranks_per_node}
+    ran (``{train_iters}``), the ranks per node (``{ranks_per_node}``) and the launcher
+    (``kind``, its ``env`` and SLURM options: ``best --emit command``'s launch line)."""
+    out = {**workload, "train_iters": train_iters, "ranks_per_node": ranks_per_node}
+    if launcher is not None:
+        out["launcher"] = launcher
+    return out
 
 
 def study_workload(study: _HasAttrs) -> dict[str, Any] | None:

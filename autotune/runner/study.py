@@ -70,6 +70,7 @@ from autotune.layout import Layout
 from autotune.results import best_trial
 from autotune.runner import stop_early
 from autotune.runner.budget import budget_reached
+from autotune.runner.confirm import confirm_best
 from autotune.runner.learning import StudyLearning, earlier_rows, key_of, workload_of
 from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
 from autotune.runner.optuna_io import history, layout_params, open_study, set_search_stop
@@ -136,6 +137,9 @@ class RunSummary:
     after 6 trials (14 layouts untried)``."""
     best: FrozenTrial | None = None
     trials: list[FrozenTrial] = field(default_factory=list)
+    confirmation: dict[str, Any] | None = None
+    """The confirmation round's record when this run made or read it
+    (:func:`autotune.runner.confirm.confirmation_record`); ``best`` is then its winner."""
 
 
 def _utcnow() -> datetime:
@@ -198,26 +202,51 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
                        siblings=len(launchers), busy=busy)
                for i, launcher in enumerate(launchers)]
     with StopSignals(launchers) as signals:
-        if len(workers) == 1:
-            return workers[0].run(timeout_s, signals)
-        errors: list[BaseException] = []
+        summary = (workers[0].run(timeout_s, signals) if len(workers) == 1
+                   else _run_side_by_side(workers, study, timeout_s, signals))
+        if summary.stopped_by in ("budget", "strategy", "exhausted"):
+            _confirm(spec, storage, study, launchers[0], summary, workers[0].name, signals,
+                     progress)
+    return summary
 
-        def drive(worker: _Worker) -> None:
-            try:
-                worker.run(timeout_s, signals)
-            except BaseException as err:  # re-raised in the main thread below
-                errors.append(err)
-                signals.stop()
 
-        threads = [threading.Thread(target=drive, args=(w,), name=f"worker{w.name_suffix}")
-                   for w in workers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            while t.is_alive():  # join in slices so that the main thread takes signals
-                t.join(timeout=0.5)
-        if errors:
-            raise errors[0]
+def _confirm(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: Launcher,
+             summary: RunSummary, worker: str, signals: StopSignals,
+             progress: Progress) -> None:
+    """The study is done: its confirmation round (:mod:`autotune.runner.confirm`) names
+    the best it reports."""
+    done = confirm_best(spec, storage, study, launcher, worker=worker, signals=signals,
+                        say=progress.message)
+    progress.message(done.line)
+    summary.confirmation = done.record
+    winner = (done.record or {}).get("winner_trial")
+    if winner is not None:
+        summary.best = next((t for t in study.get_trials(deepcopy=False)
+                             if t.number == winner), summary.best)
+    summary.trials = study.get_trials(deepcopy=False)
+
+
+def _run_side_by_side(workers: list[_Worker], study: optuna.Study, timeout_s: float | None,
+                      signals: StopSignals) -> RunSummary:
+    """One thread per worker (node group); their summaries as one."""
+    errors: list[BaseException] = []
+
+    def drive(worker: _Worker) -> None:
+        try:
+            worker.run(timeout_s, signals)
+        except BaseException as err:  # re-raised in the main thread below
+            errors.append(err)
+            signals.stop()
+
+    threads = [threading.Thread(target=drive, args=(w,), name=f"worker{w.name_suffix}")
+               for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():  # join in slices so that the main thread takes signals
+            t.join(timeout=0.5)
+    if errors:
+        raise errors[0]
     summaries = [w.summary for w in workers]
     ended = next((s for s in summaries if s.stopped_by in ("interrupt", "sigterm")),
                  next((s for s in summaries if s.stopped_by != "node_failure"), summaries[0]))

@@ -37,6 +37,8 @@ from autotune.storage.schema import (
     ENERGY_COLUMNS,
     SCHEMA_VERSION,
     Base,
+    Confirmation,
+    ConfirmationRun,
     LayoutClaim,
     Measurement,
     SchemaVersion,
@@ -213,6 +215,15 @@ class Storage:
                 for name, ddl in ENERGY_COLUMNS:
                     if name not in columns:  # NULL for older rows: not measured
                         conn.execute(text(f"ALTER TABLE measurements ADD COLUMN {name} {ddl}"))
+        if found < 7:
+            # New tables only: create_all above made them unless a racing worker's schema
+            # check ran first; what exists is left alone.
+            present = set(inspect(self.engine).get_table_names())
+            missing = [Base.metadata.tables[t.__tablename__]
+                       for t in (Confirmation, ConfirmationRun)
+                       if t.__tablename__ not in present]
+            if missing:
+                Base.metadata.create_all(self.engine, tables=missing)
         try:
             with self.session() as s:
                 s.add(SchemaVersion(version=SCHEMA_VERSION))

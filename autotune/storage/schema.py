@@ -37,7 +37,13 @@ Version history (each step a migration in :mod:`autotune.storage.db`):
 6. ``measurements.energy_j_per_step``, ``energy_source``, ``joules_per_token``,
    ``model_tflops_per_watt`` (issue #25): a trial's energy where a counter measured it
    (:mod:`trainer.energy`, :mod:`autotune.energy`), ``NULL`` where none did (never 0).
-   Older rows get ``NULL``: they were not measured.
+   Older rows get ``NULL``: they were not measured;
+7. ``confirmations`` and ``confirmation_runs`` (issue #24): the confirmation round of a
+   study (:mod:`autotune.runner.confirm`) and each of its runs. Kept out of
+   ``measurements`` and ``layout_claims`` on purpose: a confirmation run re-measures a
+   layout already tried, so it is no new trial of the budget (the claims count those) and
+   no new point of the calibration (which reads ``measurements``). Older databases simply
+   get the two empty tables.
 """
 
 from __future__ import annotations
@@ -57,9 +63,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql.expression import false
 
 __all__ = ["Base", "Measurement", "LayoutClaim", "SchemaVersion", "SCHEMA_VERSION",
-           "ENERGY_COLUMNS"]
+           "ENERGY_COLUMNS", "Confirmation", "ConfirmationRun"]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Bump with a migration in :mod:`autotune.storage.db` when a table changes."""
 
 
@@ -152,6 +158,57 @@ class LayoutClaim(Base):
     retry: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """1: its last execution was cut short (killed, interrupted); the next worker re-runs
     it within the budget."""
+
+
+class Confirmation(Base):
+    """A study's confirmation round: claimed with a lease like a layout (one worker runs
+    it), resumed by the next run when its runner died (:mod:`autotune.storage.
+    confirmations`)."""
+
+    __tablename__ = "confirmations"
+    __table_args__ = (UniqueConstraint("study_name", "basis", name="uq_confirmation_basis"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    study_name: Mapped[str] = mapped_column(String(128), index=True)
+    basis: Mapped[str] = mapped_column(String(255))
+    """The candidates' trial numbers, comma-separated: a new measured layout that joins
+    them makes a new round."""
+    worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), default="running")
+    """``running`` (its rounds are being measured, or wait for the next run) or ``done``."""
+    launches: Mapped[int] = mapped_column(Integer, default=0)
+    device_s: Mapped[float] = mapped_column(Float, default=0.0)
+    """Device-seconds of its runs: each launch's wall time times its world size."""
+    decision_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class ConfirmationRun(Base):
+    """One run of one layout in one round of a confirmation round."""
+
+    __tablename__ = "confirmation_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    confirmation_id: Mapped[int] = mapped_column(Integer, index=True)
+    study_name: Mapped[str] = mapped_column(String(128), index=True)
+    round: Mapped[int] = mapped_column(Integer)
+    slot: Mapped[int] = mapped_column(Integer)
+    """Its place in the round's order (rounds alternate the order: A B C, C B A)."""
+    layout_key: Mapped[str] = mapped_column(String(96))
+    trial_number: Mapped[int] = mapped_column(Integer)
+    """The layout's own (search) trial."""
+    outcome: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    model_tflops_per_device: Mapped[float | None] = mapped_column(Float, nullable=True)
+    step_time_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    measure_precision: Mapped[float | None] = mapped_column(Float, nullable=True)
+    elapsed_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    world_size: Mapped[int] = mapped_column(Integer)
+    launcher: Mapped[str] = mapped_column(String(16))
+    worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    run_dir: Mapped[str | None] = mapped_column(Text, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
 
 
 class SchemaVersion(Base):

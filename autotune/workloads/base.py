@@ -9,7 +9,8 @@ method calls these hooks, in order:
   rank runs (:attr:`Workload.per_device`) or the whole launch line (``outer: none``), given
   the :class:`Placement` the launcher chose;
 * :meth:`Workload.watch` right after the start: a :class:`ProgressWatch` the launcher asks
-  on every poll whether the trial still makes progress (``None``: no such watch);
+  on every poll whether the trial still makes progress, and whether it measured enough to
+  be stopped (:meth:`ProgressWatch.enough`; ``None``: no such watch);
 * :meth:`Workload.finish` once the trial ended: fill the report's result.
 
 :class:`BuiltinWorkload` is autotune's own trainer, which writes its result file itself.
@@ -22,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from autotune.errors import SpecError
 from autotune.trial import TrialSpec, read_result
@@ -85,6 +86,13 @@ class ProgressWatch:
             self.stalled_for_s = now - self.last_step
             return True
         return False
+
+    def enough(self) -> dict[str, Any] | None:
+        """Whether the trial has measured enough to be stopped now, asked right after
+        :meth:`stalled`: ``None`` (this watch never says so: the program runs its steps),
+        or what the stop is recorded with
+        (:class:`autotune.workloads.adaptive.MeasuringWatch`)."""
+        return None
 
     def describe(self) -> str:
         steps = self.counter.steps

@@ -16,8 +16,11 @@ Per trial, :class:`ForeignWorkload`
   has the outcome decided (:func:`autotune.runner.foreign.foreign_outcome`) and writes the
   trial's ``result.json`` (status ``ok``, ``oom`` or ``error``) atomically (:meth:`finish`).
 
-A trial runs ``train_iters`` = warm-up + measured steps; at least one step is dropped as
+A trial runs ``train_iters`` = warm-up + the step cap (``trial.max_measure_steps`` with
+``trial.measure_precision``, else ``trial.measure_steps``); at least one step is dropped as
 warm-up, whatever ``trial.warmup_steps`` says (a program's first step includes its start-up).
+With ``trial.measure_precision`` the program is stopped as soon as its median step time is
+known that precisely (:mod:`autotune.workloads.adaptive`, the built-in trainer's rule).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.workload import WorkloadConfig
 from autotune.dsconfig import batch_config
 from autotune.errors import SpecError
+from autotune.measurement import StopRule, relative_precision
 from autotune.metrics_writer import ENV_VAR
 from autotune.result_numbers import check_result_numbers
 from autotune.trial import TrialResult, TrialSpec
 from autotune.workloads import megatron
+from autotune.workloads.adaptive import MeasuringWatch
 from autotune.workloads.base import Placement, ProgressWatch, Workload, log_paths
 from autotune.workloads.error_line import program_error_line
 from autotune.workloads.readback import StepCounter, measure, read_back
@@ -43,7 +48,7 @@ if TYPE_CHECKING:
     from autotune.trial import TrialPaths
 
 __all__ = ["ForeignWorkload", "CommandWorkload", "MegatronWorkload", "fill",
-           "placeholder_values", "warmup_steps", "train_iters", "steps_of",
+           "placeholder_values", "warmup_steps", "train_iters", "steps_of", "stop_rule",
            "trial_ds_config"]
 
 _LOG_TEXT_CHARS = 256_000
@@ -62,8 +67,16 @@ def warmup_steps(spec: TrialSpec) -> int:
 
 
 def train_iters(spec: TrialSpec) -> int:
-    """Optimizer steps a foreign trial runs: warm-up plus measured."""
-    return steps_of(spec.run.warmup_steps, spec.run.measure_steps)
+    """Optimizer steps a foreign trial is started with: warm-up plus the step cap (the
+    adaptive measurement may stop it before)."""
+    return steps_of(spec.run.warmup_steps, spec.run.step_cap)
+
+
+def stop_rule(spec: TrialSpec) -> StopRule:
+    """When a foreign trial has measured enough: the built-in trainer's rule, from the same
+    ``run`` settings (:meth:`autotune.measurement.StopRule.of`)."""
+    return StopRule.of(spec.run, spec.model, spec.layout, spec.layout.world_size,
+                       best_tflops=spec.run.best_model_tflops_per_device)
 
 
 def placeholder_values(spec: TrialSpec, paths: Any, placement: Placement) -> dict[str, Any]:
@@ -120,8 +133,14 @@ class ForeignWorkload(Workload):
                 "AUTOTUNE_TRIAL_DIR": str(paths.root), "AUTOTUNE_DS_CONFIG": str(paths.ds_config)}
 
     def watch(self, spec: TrialSpec, paths: TrialPaths) -> ProgressWatch:
-        return ProgressWatch(StepCounter([paths.metrics, *log_paths(paths)]),
-                             first_step_s=self.config.first_step_s,
+        counter = StepCounter([paths.metrics, *log_paths(paths)])
+        rule = stop_rule(spec)
+        if rule.adaptive:  # stopped once measured enough (autotune.workloads.adaptive)
+            return MeasuringWatch(counter, rule=rule, drop=warmup_steps(spec),
+                                  first_step_s=self.config.first_step_s,
+                                  no_progress_s=self.config.no_progress_s,
+                                  expected_steps=train_iters(spec))
+        return ProgressWatch(counter, first_step_s=self.config.first_step_s,
                              no_progress_s=self.config.no_progress_s,
                              expected_steps=train_iters(spec))
 
@@ -150,6 +169,7 @@ class ForeignWorkload(Workload):
                                peak_flops=peak * 1e12 if peak else None,
                                expected_steps=expected)
             if measured is not None:
+                _with_precision(measured, spec, report.measured_stop)
                 check_result_numbers(measured.to_dict())
         except SpecError as err:  # a degenerate number read back: the trial's error
             measured, report.result_error = None, f"invalid read-back: {err}"
@@ -162,6 +182,8 @@ class ForeignWorkload(Workload):
             layout=spec.layout.to_dict(), extra={"readback": report.readback})
         result.status = status
         result.error = None if status == "ok" else outcome.reason
+        if report.measured_stop is not None:
+            result.extra["measurement_stop"] = report.measured_stop
         result.elapsed_s = report.elapsed_s
         result.extra["workload"] = self.kind
         result.write(paths.result)
@@ -195,6 +217,17 @@ class MegatronWorkload(ForeignWorkload):
                 *megatron.model_args(spec.model, given=user, kernels=False),
                 *megatron.trial_args(train_iters=train_iters(spec),
                                      ds_config=str(paths.ds_config))]
+
+
+def _with_precision(result: TrialResult, spec: TrialSpec,
+                    stop: dict[str, Any] | None) -> None:
+    """The precision the median reached, as the built-in trainer stores it
+    (trainer/results.py), and a hopeless verdict as its early stop."""
+    result.measure_confidence = spec.run.confidence
+    result.measure_precision = relative_precision(result.step_times_s, spec.run.confidence)
+    if stop is not None and stop.get("reason") == "hopeless":
+        result.early_stopped = True
+        result.early_stop_reason = stop.get("detail")
 
 
 def _tail_text(path: Path, chars: int) -> str:

@@ -35,7 +35,8 @@ from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 from autotune.trial import TrialResult
 
 __all__ = ["StepRecord", "Readback", "ADAPTERS", "read_metrics_file", "parse_log_line",
-           "read_back", "measure", "step_of_line", "StepCounter", "MAX_LOG_BYTES"]
+           "read_back", "measure", "step_of_line", "record_of_line", "best_source",
+           "SOURCES", "StepCounter", "MAX_LOG_BYTES"]
 
 MAX_LOG_BYTES = 64 << 20
 """Most bytes of one log or metrics file read back (a trial prints a few KiB a step)."""
@@ -89,6 +90,8 @@ ADAPTERS: dict[str, str] = {
     "deepspeed-pipe": "DeepSpeed PipelineEngine.train_batch (rank 0)",
 }
 """Log formats read, by source name (``metrics-file`` is the preferred source)."""
+SOURCES: tuple[str, ...] = ("metrics-file", *ADAPTERS)
+"""Every source, in order of preference (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -219,14 +222,19 @@ def _parse_log_line(line: str) -> StepRecord | tuple[str, float] | None:
     return None
 
 
+def record_of_line(line: str) -> StepRecord | None:
+    """The step a log or metrics line reports (what the watches follow), else ``None``."""
+    if line.lstrip().startswith("{"):
+        return _metrics_record(line)
+    parsed = parse_log_line(line)
+    return parsed if isinstance(parsed, StepRecord) else None
+
+
 def step_of_line(line: str) -> tuple[str, int] | None:
     """``(source, step)`` when a log or metrics line reports a step (what the no-progress
     watch counts), else ``None``."""
-    if line.lstrip().startswith("{"):
-        rec = _metrics_record(line)
-        return None if rec is None else (rec.source, rec.step)
-    parsed = parse_log_line(line)
-    return (parsed.source, parsed.step) if isinstance(parsed, StepRecord) else None
+    rec = record_of_line(line)
+    return None if rec is None else (rec.source, rec.step)
 
 
 @dataclass
@@ -272,12 +280,17 @@ def read_back(metrics: Path, logs: Iterable[Path], *, drop: int) -> Readback:
                 log_records[parsed.source].append(parsed)
             elif parsed is not None:
                 peak = max(peak or 0.0, parsed[1])
-    if records:
-        return Readback(_first_per_step(records), "metrics-file", drop, garbage, peak)
-    for name in ADAPTERS:
-        if log_records[name]:
-            return Readback(_first_per_step(log_records[name]), name, drop, garbage, peak)
-    return Readback([], None, drop, garbage, peak)
+    log_records["metrics-file"] = records
+    name = best_source({k: len(v) for k, v in log_records.items()})
+    if name is None:
+        return Readback([], None, drop, garbage, peak)
+    return Readback(_first_per_step(log_records[name]), name, drop, garbage, peak)
+
+
+def best_source(steps: dict[str, int]) -> str | None:
+    """The first source of :data:`SOURCES` that holds a step (``steps``: steps per source),
+    or ``None``: what :func:`read_back` reads and what :class:`StepCounter` measures."""
+    return next((name for name in SOURCES if steps.get(name)), None)
 
 
 def measure(rb: Readback, *, model: Any, layout: Layout, dtype: str, device: str,
@@ -336,19 +349,26 @@ def measure(rb: Readback, *, model: Any, layout: Layout, dtype: str, device: str
 
 
 class StepCounter:
-    """Follows the steps files report as they grow (the no-progress watch): reads only what
-    was appended since the last call, whole lines only."""
+    """Follows the steps files report as they grow (the no-progress watch, the adaptive
+    measurement): reads only what was appended since the last call, whole lines only."""
 
     def __init__(self, paths: Iterable[Path]) -> None:
         self.paths = list(paths)
         self._offsets = {p: 0 for p in self.paths}
         self._partial = {p: b"" for p in self.paths}
-        self._seen: dict[str, set[int]] = {}
+        self._seen: dict[str, dict[int, StepRecord]] = {}
 
     @property
     def steps(self) -> int:
         """Distinct steps of the source that reported most of them."""
         return max((len(s) for s in self._seen.values()), default=0)
+
+    def records(self) -> list[StepRecord]:
+        """The steps of the preferred source so far (:func:`best_source`: the one
+        :func:`read_back` reads once the trial ended), in step order, the first record of a
+        step kept."""
+        name = best_source({k: len(v) for k, v in self._seen.items()})
+        return [] if name is None else [self._seen[name][k] for k in sorted(self._seen[name])]
 
     def update(self) -> bool:
         """Read what was appended; whether a step not seen before was among it."""
@@ -363,8 +383,8 @@ class StepCounter:
             self._offsets[path] += len(chunk)
             *lines, self._partial[path] = (self._partial[path] + chunk).split(b"\n")
             for raw in lines:
-                found = step_of_line(raw.decode("utf-8", errors="replace"))
-                if found is not None and found[1] not in self._seen.setdefault(found[0], set()):
-                    self._seen[found[0]].add(found[1])
+                rec = record_of_line(raw.decode("utf-8", errors="replace"))
+                if rec is not None and rec.step not in self._seen.setdefault(rec.source, {}):
+                    self._seen[rec.source][rec.step] = rec
                     new = True
         return new

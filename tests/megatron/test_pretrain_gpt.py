@@ -80,7 +80,8 @@ def megatron_study(path: Path, env: MegatronEnv, data: Path, *, name: str, layou
                        model=MODEL, training={"global_batch": global_batch, "dtype": "fp32"},
                        search={**axes, **(search or {})},
                        trial={"warmup_steps": 1, "measure_steps": 2, "timeout_s": 600,
-                              "device": "cpu"}, workload=workload)
+                              "device": "cpu", "measure_precision": None},  # 3 iterations
+                       workload=workload)
 
 
 def _trials(path: Path, name: str) -> list[optuna.trial.FrozenTrial]:
@@ -124,10 +125,14 @@ def test_a_real_pretrain_gpt_trial_is_measured_as_megatron_prints_it(
                        cwd=REPO)
         assert best.returncode == 0, best.stderr
         words = shlex.split(best.stdout.splitlines()[-1])
-        python = next(i for i, w in enumerate(words) if "=" not in w)
-        assigned = dict(w.split("=", 1) for w in words[:python])
+        launcher = words.index("torchrun")
+        assigned = dict(w.split("=", 1) for w in words[:launcher])
         assert assigned == {**megatron_env.env, "LOCAL_SIZE": "2"}
-        assert words[python + 1].endswith("pretrain_gpt.py") and "--train-iters" not in words
+        assert "--nproc-per-node=2" in words  # the study's two ranks
+        python = words.index("--no-python") + 1
+        assert words[python + 1].endswith("pretrain_gpt.py")
+        # The production step count, for the user to fill: never the trial's 3.
+        assert words[words.index("--train-iters") + 1] == "{train_iters}"
 
 
 def test_an_address_space_limit_is_recorded_oom(

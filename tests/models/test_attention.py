@@ -13,7 +13,7 @@ from autotune.errors import SpecError
 from autotune.hardware import get_device
 from autotune.landscape import load_landscape
 from autotune.layout import Layout
-from autotune.models import cost
+from autotune.models import compute, cost
 from autotune.models import memory as mem
 
 M = ModelConfig(n_layer=4, hidden=2048, n_head=16, seq_len=1024, ffn_hidden=8192)
@@ -52,12 +52,13 @@ def test_explicit_attention_stores_the_score_matrix() -> None:
 def test_explicit_attention_costs_score_passes_and_two_gemms() -> None:
     perf, peak = get_device("a100-80gb"), 312e12
     dropped = replace(M, dropout=0.1)  # Megatron's default: the 5 passes of the docstring
-    flash = cost.layer_forward_time_s(dropped, LAY, peak, perf, "bf16")
-    explicit = cost.layer_forward_time_s(replace(dropped, attention="explicit"), LAY, peak,
+    flash = compute.layer_forward_time_s(dropped, LAY, peak, perf, "bf16")
+    explicit = compute.layer_forward_time_s(replace(dropped, attention="explicit"), LAY, peak,
                                          perf, "bf16")
     s, b, a, t = 1024, 2, 16, 2
     attn = 4 * b * s * s * 2048 / t
-    expected = (2 * cost.gemm_time_s(attn / 2, peak, perf) - cost.gemm_time_s(attn, peak, perf)
+    expected = (2 * compute.gemm_time_s(attn / 2, peak, perf)
+                - compute.gemm_time_s(attn, peak, perf)
                 + 5 * a * s * s * b / t * 2 / (perf.hbm_gbps * 1e9)
                 + 2 * perf.kernel_overhead_s)
     assert explicit - flash == pytest.approx(expected, rel=1e-9)

@@ -10,7 +10,7 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import MODEL_PRESETS, ModelConfig
 from autotune.hardware import LinkSpec, get_device
 from autotune.layout import Layout
-from autotune.models import cost
+from autotune.models import communication, compute, cost, links, network, profile_blend
 
 M = ModelConfig(n_layer=8, hidden=1024, n_head=16, seq_len=1024, vocab_size=51200)
 A100 = ClusterConfig(nodes=1, devices_per_node=8, device="a100-80gb")
@@ -24,37 +24,38 @@ def lay(**kw) -> Layout:
 
 def test_ring_allreduce() -> None:
     link = LinkSpec(gbps=100.0, latency_us=10.0)
-    assert cost.ring_allreduce_time_s(1e9, 1, link) == 0.0
-    assert math.isclose(cost.ring_allreduce_time_s(1e9, 4, link),
+    assert network.ring_allreduce_time_s(1e9, 1, link) == 0.0
+    assert math.isclose(network.ring_allreduce_time_s(1e9, 4, link),
                         2 * 3 / 4 * 1e9 / 100e9 + 2 * 3 * 10e-6)
 
 
 def test_tp_allreduces_per_layer() -> None:
     spec = get_device("a100-80gb")
-    one = cost.ring_allreduce_time_s(1024 * 2 * 1024 * 2, 4, spec.intra_node)
-    assert math.isclose(cost.tp_allreduce_time_s(M, lay(tp=4, micro_batch=2), spec,
+    one = network.ring_allreduce_time_s(1024 * 2 * 1024 * 2, 4, spec.intra_node)
+    assert math.isclose(communication.tp_allreduce_time_s(M, lay(tp=4, micro_batch=2), spec,
                                                  "intra_node", "bf16"), 4 * one)
-    assert math.isclose(cost.tp_allreduce_time_s(M, lay(tp=4, micro_batch=2, recompute="full"),
+    full = lay(tp=4, micro_batch=2, recompute="full")
+    assert math.isclose(communication.tp_allreduce_time_s(M, full,
                                                  spec, "intra_node", "bf16"), 6 * one)
-    assert cost.tp_allreduce_time_s(M, lay(), spec, "none", "bf16") == 0.0
+    assert communication.tp_allreduce_time_s(M, lay(), spec, "none", "bf16") == 0.0
 
 
 def test_link_levels_follow_the_rank_order() -> None:
     # Max 1550: 2 tiles per card, 8 per node
-    assert cost.link_level(1, PVC, 2) == "none"
-    assert cost.link_level(2, PVC, 2) == "intra_card"
-    assert cost.link_level(8, PVC, 2) == "intra_node"
-    assert cost.link_level(16, PVC, 2) == "inter_node"
+    assert links.link_level(1, PVC, 2) == "none"
+    assert links.link_level(2, PVC, 2) == "intra_card"
+    assert links.link_level(8, PVC, 2) == "intra_node"
+    assert links.link_level(16, PVC, 2) == "inter_node"
 
 
 def test_gemm_efficiency_rises_with_work_and_saturates() -> None:
     perf = get_device("a100-80gb")
     peak = 312e12
-    effs = [cost.gemm_efficiency(w, peak, perf) for w in (1e8, 1e9, 1e10, 1e11, 1e13)]
+    effs = [compute.gemm_efficiency(w, peak, perf) for w in (1e8, 1e9, 1e10, 1e11, 1e13)]
     assert effs == sorted(effs) and effs[-1] < perf.gemm_efficiency_max
-    w_half = peak * perf.gemm_efficiency_max * cost.GEMM_RAMP_S
-    assert math.isclose(cost.gemm_efficiency(w_half, peak, perf), perf.gemm_efficiency_max / 2)
-    assert math.isclose(cost.gemm_time_s(w_half, peak, perf),
+    w_half = peak * perf.gemm_efficiency_max * compute.GEMM_RAMP_S
+    assert math.isclose(compute.gemm_efficiency(w_half, peak, perf), perf.gemm_efficiency_max / 2)
+    assert math.isclose(compute.gemm_time_s(w_half, peak, perf),
                         2 * w_half / (peak * perf.gemm_efficiency_max))
 
 
@@ -68,18 +69,18 @@ def test_p2p_dp_zero3_optimizer_terms() -> None:
     spec = get_device("a100-80gb")
     act = 1024 * 1 * 1024 * 2
     link = spec.inter_node
-    assert math.isclose(cost.p2p_time_s(M, lay(pp=2), link, "bf16"),
+    assert math.isclose(communication.p2p_time_s(M, lay(pp=2), link, "bf16"),
                         2 * (act / (link.gbps * 1e9) + link.latency_us * 1e-6))
-    assert cost.p2p_time_s(M, lay(), link, "bf16") == 0.0
+    assert communication.p2p_time_s(M, lay(), link, "bf16") == 0.0
     # inside one node (A100: dp = 4 of 8 GPUs) a ring over NVLink
     nvlink = spec.intra_node
-    assert math.isclose(cost.dp_reduce_time_s(1000, lay(dp=4), A100, "bf16"),
-                        cost.ring_allreduce_time_s(2000, 4, nvlink))
-    z3 = cost.zero3_gather_time_s(1000, lay(dp=4, zero_stage=3), A100, "bf16")
+    assert math.isclose(communication.dp_reduce_time_s(1000, lay(dp=4), A100, "bf16"),
+                        network.ring_allreduce_time_s(2000, 4, nvlink))
+    z3 = communication.zero3_gather_time_s(1000, lay(dp=4, zero_stage=3), A100, "bf16")
     assert math.isclose(z3, 3 * (3 / 4 * 2000 / (nvlink.gbps * 1e9)
                                  + 3 * nvlink.latency_us * 1e-6))
-    assert cost.zero3_gather_time_s(1000, lay(dp=4, zero_stage=1), A100, "bf16") == 0.0
-    assert math.isclose(cost.optimizer_time_s(1000, lay(dp=4, zero_stage=1), spec, "bf16"),
+    assert communication.zero3_gather_time_s(1000, lay(dp=4, zero_stage=1), A100, "bf16") == 0.0
+    assert math.isclose(compute.optimizer_time_s(1000, lay(dp=4, zero_stage=1), spec, "bf16"),
                         250 * 30 / (spec.hbm_gbps * 1e9))
 
 
@@ -112,17 +113,18 @@ def test_shape_bubble_and_cross_node_tp_and_microbatch() -> None:
 
 
 def test_calibrate_is_the_geometric_mean_ratio() -> None:
-    assert math.isclose(cost.calibrate([1.0, 2.0], [2.0, 8.0]), math.sqrt(2 * 4))
-    assert cost.calibrate([], []) == 1.0
+    assert math.isclose(profile_blend.calibrate([1.0, 2.0], [2.0, 8.0]), math.sqrt(2 * 4))
+    assert profile_blend.calibrate([], []) == 1.0
     with pytest.raises(ValueError):
-        cost.calibrate([1.0], [1.0, 2.0])
+        profile_blend.calibrate([1.0], [1.0, 2.0])
 
 
 def test_host_overlap_hides_the_shorter_side_unless_balanced() -> None:
     # balanced host and device: HOST_SERIAL_FRACTION of the shorter side is exposed
-    assert math.isclose(cost.host_exposed_time_s(1.0, 1.0), cost.HOST_SERIAL_FRACTION)
+    assert math.isclose(compute.host_exposed_time_s(1.0, 1.0), compute.HOST_SERIAL_FRACTION)
     # overhead-bound (host 2x device): 2 + 0.25 * 1 * (1/2) - 1 beyond the device time
-    assert math.isclose(cost.host_exposed_time_s(1.0, 2.0), 1.0 + cost.HOST_SERIAL_FRACTION / 2)
+    assert math.isclose(compute.host_exposed_time_s(1.0, 2.0),
+                        1.0 + compute.HOST_SERIAL_FRACTION / 2)
     # device-bound 10:1: the host is almost fully hidden
-    assert math.isclose(cost.host_exposed_time_s(10.0, 1.0), cost.HOST_SERIAL_FRACTION / 10)
-    assert cost.host_exposed_time_s(0.0, 0.0) == 0.0
+    assert math.isclose(compute.host_exposed_time_s(10.0, 1.0), compute.HOST_SERIAL_FRACTION / 10)
+    assert compute.host_exposed_time_s(0.0, 0.0) == 0.0

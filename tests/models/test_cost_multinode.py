@@ -12,7 +12,7 @@ from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
 from autotune.hardware import LinkSpec, NetworkSpec, get_device
 from autotune.layout import Layout
-from autotune.models import cost, network
+from autotune.models import communication, cost, links, network
 from autotune.models.memory import dtype_bytes
 
 A100 = get_device("a100-80gb")
@@ -77,9 +77,9 @@ def test_group_placements_follow_the_rank_order() -> None:
     assert network.tp_group_placements(8, 96, 12) == (
         network.GroupPlacement(8, 1, 8, 8), network.GroupPlacement(8, 2, 4, 4))
     aurora = ClusterConfig(nodes=8, devices_per_node=12, device="max1550-tile")
-    assert cost.tp_link(lay(tp=8, dp=12), aurora) == "inter_node"
-    assert cost.tp_link(lay(tp=4, dp=24), aurora) == "intra_node"
-    assert cost.tp_link(lay(tp=2, dp=48), aurora) == "intra_card"
+    assert links.tp_link(lay(tp=8, dp=12), aurora) == "inter_node"
+    assert links.tp_link(lay(tp=4, dp=24), aurora) == "intra_node"
+    assert links.tp_link(lay(tp=2, dp=48), aurora) == "intra_card"
 
 
 def test_pipeline_boundaries() -> None:
@@ -156,24 +156,24 @@ def test_stage_p2p_times_use_each_stage_s_slower_boundary() -> None:
     n = M.seq_len * 1 * M.hidden * 2
     # tp = 8, pp = 4 on 4 DGX nodes: every boundary crosses, 8 senders per node
     layout = lay(tp=8, pp=4, grad_accum=4)
-    gather = 0.5 * cost.ring_allreduce_time_s(n, 8, NVLINK)
+    gather = 0.5 * network.ring_allreduce_time_s(n, 8, NVLINK)
     one = 2 * (n / 8 / 25e9 + 10e-6 + gather)
     assert all(math.isclose(t, one)
-               for t in cost.stage_p2p_times_s(M, layout, dgx(4), "bf16"))
+               for t in communication.stage_p2p_times_s(M, layout, dgx(4), "bf16"))
     # tp = 2, dp = 2, pp = 4 on 2 nodes: stages 1 and 2 sit beside the crossing boundary
-    times = cost.stage_p2p_times_s(M, lay(tp=2, dp=2, pp=4, grad_accum=4), dgx(2), "bf16")
+    times = communication.stage_p2p_times_s(M, lay(tp=2, dp=2, pp=4, grad_accum=4), dgx(2), "bf16")
     assert times[0] == times[3] < times[1] == times[2]
 
 
 def test_dp_overlap_follows_the_engine() -> None:
-    assert not cost.dp_overlaps_backward(lay(dp=8, zero_stage=2))      # overlap_comm off
-    assert cost.dp_overlaps_backward(lay(dp=8, zero_stage=2), overlap_comm=True)
-    assert cost.dp_overlaps_backward(lay(dp=8, zero_stage=3))
-    assert not cost.dp_overlaps_backward(lay(pp=2, dp=4, zero_stage=1), overlap_comm=True)
-    assert not cost.dp_overlaps_backward(lay(zero_stage=3))             # no DP at all
-    assert cost.dp_exposed_time_s(3.0, 1.0, True) == 2.0
-    assert cost.dp_exposed_time_s(3.0, 5.0, True) == 0.0
-    assert cost.dp_exposed_time_s(3.0, 5.0, False) == 3.0
+    assert not communication.dp_overlaps_backward(lay(dp=8, zero_stage=2))      # overlap_comm off
+    assert communication.dp_overlaps_backward(lay(dp=8, zero_stage=2), overlap_comm=True)
+    assert communication.dp_overlaps_backward(lay(dp=8, zero_stage=3))
+    assert not communication.dp_overlaps_backward(lay(pp=2, dp=4, zero_stage=1), overlap_comm=True)
+    assert not communication.dp_overlaps_backward(lay(zero_stage=3))             # no DP at all
+    assert communication.dp_exposed_time_s(3.0, 1.0, True) == 2.0
+    assert communication.dp_exposed_time_s(3.0, 5.0, True) == 0.0
+    assert communication.dp_exposed_time_s(3.0, 5.0, False) == 3.0
     # ZeRO-2 without a pipeline now pays its reduction like ZeRO-1
     est1 = cost.estimate_step(M, lay(dp=16, grad_accum=2, zero_stage=1), dgx(2))
     est2 = cost.estimate_step(M, lay(dp=16, grad_accum=2, zero_stage=2), dgx(2))
@@ -189,26 +189,26 @@ def test_dp_time_does_not_fall_as_the_group_spans_more_nodes(tp: int) -> None:
     for nodes in (1, 2, 3, 4, 8, 16, 64):
         cluster = dgx(nodes)
         layout = lay(tp=tp, dp=8 * nodes // tp)
-        times.append(cost.dp_reduce_time_s(n_params, layout, cluster, "bf16"))
+        times.append(communication.dp_reduce_time_s(n_params, layout, cluster, "bf16"))
     assert times == sorted(times)
 
 
 def test_dp_across_nodes_uses_every_nic_of_the_node() -> None:
     # tp = 1: the node's 8 DP ranks leave it through 8 NICs, not one 25 GB/s link
     n_params = 10**9
-    before = cost.ring_allreduce_time_s(2 * n_params, 64, A100.inter_node)
-    now = cost.dp_reduce_time_s(n_params, lay(dp=64), dgx(8), "bf16")
+    before = network.ring_allreduce_time_s(2 * n_params, 64, A100.inter_node)
+    now = communication.dp_reduce_time_s(n_params, lay(dp=64), dgx(8), "bf16")
     assert now < before / 5
     # tp = 8: one DP rank per node, all 8 groups at once: the per-device share, as before
-    per_device = cost.dp_reduce_time_s(n_params, lay(tp=8, dp=8), dgx(8), "bf16")
-    assert math.isclose(per_device, cost.ring_allreduce_time_s(2 * n_params, 8, A100.inter_node))
+    per_device = communication.dp_reduce_time_s(n_params, lay(tp=8, dp=8), dgx(8), "bf16")
+    assert math.isclose(per_device, network.ring_allreduce_time_s(2 * n_params, 8, A100.inter_node))
 
 
 def test_a_study_override_of_the_per_device_share_still_scales_the_network() -> None:
     layout = lay(tp=8, dp=8)
-    base = cost.dp_reduce_time_s(10**9, layout, dgx(8), "bf16")
-    half = cost.dp_reduce_time_s(10**9, layout, dgx(8, inter_node_gbps=12.5), "bf16")
-    assert math.isclose(half, cost.ring_allreduce_time_s(2e9, 8, LinkSpec(12.5, 10.0)))
+    base = communication.dp_reduce_time_s(10**9, layout, dgx(8), "bf16")
+    half = communication.dp_reduce_time_s(10**9, layout, dgx(8, inter_node_gbps=12.5), "bf16")
+    assert math.isclose(half, network.ring_allreduce_time_s(2e9, 8, LinkSpec(12.5, 10.0)))
     assert half > 1.9 * base
 
 
@@ -223,25 +223,26 @@ def test_tp_across_nodes_is_slower_than_inside() -> None:
     across = ClusterConfig(nodes=4, devices_per_node=4, device="a100-80gb")  # 4-GPU nodes
     for mb in (1, 4):
         layout = lay(tp=8, dp=2, micro_batch=mb)
-        assert cost.tp_link(layout, across) == "inter_node"
-        t_in = cost.tp_allreduce_time_s(big, layout, A100, cost.tp_link(layout, inside),
+        assert links.tp_link(layout, across) == "inter_node"
+        t_in = communication.tp_allreduce_time_s(big, layout, A100, links.tp_link(layout, inside),
                                         "bf16", cluster=inside)
-        t_across = cost.tp_allreduce_time_s(big, layout, A100, cost.tp_link(layout, across),
+        t_across = communication.tp_allreduce_time_s(big, layout, A100,
+                                                     links.tp_link(layout, across),
                                             "bf16", cluster=across)
         assert t_across > t_in
     # and on DGX nodes TP = 16 over 2 nodes costs more per all-reduce than TP = 8 in one
     n = M.seq_len * 4 * M.hidden * dtype_bytes("bf16")
-    tp16 = cost.group_allreduce_time_s(n, network.tp_group_placements(16, 16, 8), 16,
+    tp16 = links.group_allreduce_time_s(n, network.tp_group_placements(16, 16, 8), 16,
                                        lay(tp=16), dgx(2))
-    assert tp16 > cost.ring_allreduce_time_s(n, 8, NVLINK)
+    assert tp16 > network.ring_allreduce_time_s(n, 8, NVLINK)
 
 
 def test_a_pipeline_boundary_inside_a_node_is_cheaper_than_across() -> None:
     layout = lay(tp=4, pp=2, grad_accum=8)
     one_node = ClusterConfig(nodes=1, devices_per_node=8, device="a100-80gb")
     two_nodes = ClusterConfig(nodes=2, devices_per_node=4, device="a100-80gb")
-    inside = cost.stage_p2p_times_s(M, layout, one_node, "bf16")
-    across = cost.stage_p2p_times_s(M, layout, two_nodes, "bf16")
+    inside = communication.stage_p2p_times_s(M, layout, one_node, "bf16")
+    across = communication.stage_p2p_times_s(M, layout, two_nodes, "bf16")
     assert max(inside) < min(across)
     assert (cost.estimate_step(M, layout, one_node).step_time_s
             < cost.estimate_step(M, layout, two_nodes).step_time_s)

@@ -21,7 +21,7 @@ from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.feasibility import Constraints, MemoryBudget
 from autotune.layout import Layout
 from autotune.models import memory as mem
-from autotune.models.cost import tp_link
+from autotune.models.links import tp_link
 from autotune.models.memory_uncertainty import estimate_uncertainty
 from autotune.models.profile import LayerMemory, LayerProfile, LayerShape, ProfileEntry
 from autotune.plan import plan_study, render_plan

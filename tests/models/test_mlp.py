@@ -11,7 +11,7 @@ from autotune.config.model import MODEL_PRESETS, ModelConfig
 from autotune.errors import SpecError
 from autotune.hardware import get_device
 from autotune.layout import Layout
-from autotune.models import cost
+from autotune.models import compute, cost
 from autotune.models import memory as mem
 from autotune.models.flops import layer_forward_flops, model_flops_per_step
 from autotune.trial import TrialSpec
@@ -91,11 +91,11 @@ def test_cost_layer_time_adds_one_gemm_and_the_gating_traffic() -> None:
     tokens, h, f, t = 2 * 1024, 1024, 2816, 2
 
     def fwd(model: ModelConfig) -> float:
-        return cost.layer_forward_time_s(model, layout, peak, perf, "bf16")
+        return compute.layer_forward_time_s(model, layout, peak, perf, "bf16")
 
     # one more 2 h f / t GEMM; SiLU + product read/write 5 f/t per token where bias+GELU
     # reads/writes 2 f/t (2 bytes each); one more element-wise kernel
-    extra = (cost.gemm_time_s(2 * tokens * h * f / t, peak, perf)
+    extra = (compute.gemm_time_s(2 * tokens * h * f / t, peak, perf)
              + tokens * 3 * f / t * 2 / (perf.hbm_gbps * 1e9) + perf.kernel_overhead_s)
     assert math.isclose(fwd(m) - fwd(replace(m, mlp="gelu")), extra, rel_tol=1e-9)
     cluster_est = cost.estimate_step(m, layout, _a100())

@@ -21,8 +21,8 @@ from autotune.errors import SpecError
 from autotune.feasibility import Constraints
 from autotune.landscape import LandscapeGroup, load_landscape, shipped_landscape
 from autotune.layout import Layout
-from autotune.models import cost
-from autotune.models.cost import tp_link
+from autotune.models import compute, cost, profile_blend
+from autotune.models.links import tp_link
 from autotune.models.profile import (
     PROFILE_KIND,
     PROFILE_VERSION,
@@ -360,7 +360,7 @@ def logits_s(layout: Layout) -> float:
     spec = A100.device_spec()
     peak = spec.peak_tflops("bf16")
     assert peak is not None
-    return 3.0 * cost.logits_forward_time_s(M, layout, peak * 1e12, spec)
+    return 3.0 * compute.logits_forward_time_s(M, layout, peak * 1e12, spec)
 
 
 def analytic_layer_s(est: cost.StepEstimate, layout: Layout) -> float:
@@ -420,7 +420,7 @@ def test_a_profile_of_another_layer_or_device_changes_nothing(change: dict[str, 
         prof = profile_of({shape(lay, **change): 1e-6})
         other = cost.estimate_step(M, lay, A100, profile=prof)
         assert other == analytic and not other.profiled
-        assert cost.profile_scale(M, A100, "bf16", prof) == 1
+        assert profile_blend.profile_scale(M, A100, "bf16", prof) == 1
 
 
 @pytest.mark.parametrize("change", [{"tp": 4}, {"micro_batch": 1}, {"recompute": "full"}],
@@ -432,11 +432,11 @@ def test_other_shapes_of_the_layer_set_the_level_of_the_unmeasured(
     all-reduces (a link, not the stack's speed) and the rest of the step stay analytic."""
     for lay in (TP2, Layout(tp=2, pp=2, dp=2, micro_batch=2, grad_accum=4)):
         other = replace(lay, **change)
-        o = cost.layer_terms(M, other, A100, "bf16")
+        o = profile_blend.layer_terms(M, other, A100, "bf16")
         prof = profile_of({shape(other): 1.5 * (o.compute_s + o.host_s) + o.tp_comm_s})
-        assert cost.profile_scale(M, A100, "bf16", prof) == pytest.approx(1.5, rel=1e-12)
-        a = cost.layer_terms(M, lay, A100, "bf16")
-        scaled = cost.layer_terms(M, lay, A100, "bf16", profile=prof)
+        assert profile_blend.profile_scale(M, A100, "bf16", prof) == pytest.approx(1.5, rel=1e-12)
+        a = profile_blend.layer_terms(M, lay, A100, "bf16")
+        scaled = profile_blend.layer_terms(M, lay, A100, "bf16", profile=prof)
         assert not scaled.measured
         assert scaled.compute_s == pytest.approx(1.5 * a.compute_s, rel=1e-12)
         assert scaled.host_s == pytest.approx(1.5 * a.host_s, rel=1e-12)

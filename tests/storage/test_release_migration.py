@@ -44,6 +44,9 @@ def test_the_previous_release_s_database_is_migrated_in_place(tmp_path: Path) ->
             == SCHEMA_VERSION
         columns = {c["name"] for c in inspect(conn).get_columns("measurements")}
         assert {name for name, _ in ENERGY_COLUMNS} <= columns
+        # v7: the confirmation round's tables, empty (no round ran then).
+        assert {"confirmations", "confirmation_runs"} <= set(inspect(conn).get_table_names())
+        assert conn.execute(text("select count(*) from confirmation_runs")).scalar() == 0
         # Never measured then: NULL, not 0.
         assert conn.execute(text("select count(*) from measurements where "
                                  "energy_j_per_step is not null")).scalar() == 0

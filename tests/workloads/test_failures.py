@@ -102,7 +102,8 @@ def test_a_stalled_program_is_killed_with_its_processes_and_the_study_goes_on(
     path = write_study(tmp_path / "stall.yaml", name="stall", devices=1, n_trials=2,
                        search={**ONE_RANK, "micro_batch": [1, 2], "n_trials": 2},
                        trial={"warmup_steps": 1, "measure_steps": 3, "timeout_s": 120,
-                              "device": "cpu"}, workload=workload)
+                              "device": "cpu", "measure_precision": None},  # 4 steps run
+                       workload=workload)
     started = time.monotonic()
     trials, _ = _run(path)
     assert time.monotonic() - started < 100  # well before the trial timeout of 120 s

@@ -55,20 +55,29 @@ def test_megatron_deepspeed_trial_is_read_from_its_log_lines(
     source = "megatron-deepspeedai" if fork == "deepspeedai" else "megatron-argonne"
     assert result["readback"]["source"] == source and not (trial_dir / "metrics.jsonl").exists()
     times = [float(m) / 1000 for m in printed.findall((trial_dir / "stdout.log").read_text())]
-    steps = spec.trial.warmup_steps + spec.trial.measure_steps
-    assert len(times) == steps and result["step_times_s"] == pytest.approx(times[1:])
+    # Started with the cap (warm-up + 12), stopped once the median was known to 5 %, or
+    # run to the cap: at least the 6 steady steps of a 95 % interval either way.
+    cap = spec.trial.warmup_steps + 12
+    assert f"/{cap:8d} |" in (trial_dir / "stdout.log").read_text() or fork != "deepspeedai"
+    assert 1 + 6 <= len(times) <= cap and result["step_times_s"] == pytest.approx(times[1:])
+    if len(times) < cap:  # it never reached its end: autotune stopped it
+        assert result["measurement_stop"]["reason"] == "precision"
+    assert result["measure_precision"] is not None
     median = float(np.median(times[1:]))
     flops = model_flops_per_step(spec.model, spec.training.global_batch)
     assert trial.value == pytest.approx(flops / median / 1e12)  # ours, one rank
     assert result["program_tflops_per_device"] == own  # theirs, an extra only
     assert result["peak_memory_bytes"] == int(1234.5 * 2**20)  # Megatron's memory report
-    # best --emit command: the user's script and arguments with the layout's flags, without
-    # the trial's short-run flags.
+    # best --emit command: the user's script and arguments with the layout's flags, the
+    # production step count left to fill, not the trial's.
     best = run_cli("best", str(path), "--emit", "command", "--out", str(tmp_path))
     assert best.returncode == 0, best.stderr
-    line = shlex.split(best.stdout.splitlines()[-1])
+    words = shlex.split(best.stdout.splitlines()[-1])
+    assert words[:5] == ["torchrun", "--standalone", "--nnodes=1", "--nproc-per-node=1",
+                         "--no-python"]  # the study's launcher, the layout's one rank
+    line = words[5:]
     assert line[:2] == [sys.executable, str(PROGRAMS / "megatron_standin.py")]
     for flag in ("--micro-batch-size", "--recompute-granularity", "--no-pipeline-parallel",
                  "--deepspeed_config", "--standin-fork"):
         assert flag in line
-    assert "--train-iters" not in line and "--save" not in line
+    assert line[line.index("--train-iters") + 1] == "{train_iters}" and "--save" not in line

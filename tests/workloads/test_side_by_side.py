@@ -30,7 +30,10 @@ MODEL = {"n_layer": 2, "hidden": 256, "n_head": 4, "seq_len": 128, "vocab_size":
          "ffn_hidden": 1024, "name": "sbs"}
 SEARCH = {"tp": [1], "pp": [1], "micro_batch": [4], "zero_stage": [0], "recompute": ["none"],
           "n_trials": 1, "strategy": "cost-model-only"}
-TRIAL = {"warmup_steps": 2, "measure_steps": 7, "timeout_s": 300, "device": "cpu"}
+# Exactly 7 timed steps each (no adaptive stop): the trainer started as a command must
+# reach its own result file, which autotune's stop would cut short.
+TRIAL = {"warmup_steps": 2, "measure_steps": 7, "timeout_s": 300, "device": "cpu",
+         "measure_precision": None}
 TRAINER_AS_COMMAND = {
     "kind": "command",
     "argv": [sys.executable, "-m", "trainer", "--spec", "{trial_dir}/spec.json",

@@ -1,0 +1,201 @@
+"""Device and host time of one transformer layer's compute for one micro-batch on one TP
+rank: GEMMs at their size's efficiency, the attention core, element-wise kernels, what
+recompute repeats, the host's dispatch and how much of it the device hides, the output
+layer and the optimizer step. Part of the analytic step time of :mod:`autotune.models.cost`;
+constants are physical (the device's entry in :data:`autotune.hardware.HARDWARE`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from autotune.config.model import ModelConfig
+from autotune.hardware import DeviceSpec
+from autotune.layout import Layout
+from autotune.models.memory import dtype_bytes
+
+__all__ = [
+    "GEMM_RAMP_S",
+    "HOST_SERIAL_FRACTION",
+    "attention_core_time_s",
+    "gemm_efficiency",
+    "gemm_time_s",
+    "host_exposed_time_s",
+    "host_layer_time_s",
+    "layer_forward_time_s",
+    "logits_forward_time_s",
+    "optimizer_time_s",
+    "recompute_time_s",
+    "tp_collectives_per_layer",
+]
+
+
+GEMM_RAMP_S = 5e-6
+"""A GEMM reaches ``gemm_efficiency_max`` only when its ideal time is long against the
+launch, the fill of the first wave and the tail of the last (a few microseconds)."""
+
+
+def gemm_efficiency(flops: float, peak_flops: float, spec: DeviceSpec) -> float:
+    """Fraction of peak one GEMM of ``flops`` reaches: rising with the work per kernel.
+
+    ``e(w) = e_max * w / (w + w_half)`` with ``w_half = peak * e_max * GEMM_RAMP_S``: the
+    same as a kernel that runs at ``e_max`` after a fixed ramp of ``GEMM_RAMP_S``. Small
+    GEMMs (small micro-batch, sequence or hidden / tp) cannot fill the device's compute
+    units (wave quantization; NVIDIA, "Matrix Multiplication Background User's Guide").
+    """
+    w_half = peak_flops * spec.gemm_efficiency_max * GEMM_RAMP_S
+    return spec.gemm_efficiency_max * flops / (flops + w_half)
+
+
+def gemm_time_s(flops: float, peak_flops: float, spec: DeviceSpec) -> float:
+    """Time of one GEMM: ``flops / (peak * gemm_efficiency(flops))``."""
+    if flops <= 0:
+        return 0.0
+    return flops / (peak_flops * gemm_efficiency(flops, peak_flops, spec))
+
+
+def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
+                         spec: DeviceSpec, dtype: str) -> float:
+    """Forward time of one transformer layer for one micro-batch on one TP rank.
+
+    GEMMs (per token: QKV ``2h(h+2kv)/t``, projection ``2h^2/t``, MLP ``2hf/t`` per
+    matrix: up and down for GELU, gate, up and down for SwiGLU: :mod:`autotune.models.flops`),
+    each timed with :func:`gemm_efficiency`; the attention core
+    (:func:`attention_core_time_s`); plus the memory-bound element-wise kernels
+    (LayerNorm, bias+dropout+residual: ``11`` tensors of ``s b h``, ``s b h / t`` each with
+    sequence parallelism, which runs them on a sequence shard (Korthikanti et al. 2022,
+    section 4.2.2); bias+GeLU reads and writes ``f/t`` per token, ``8/t`` of ``s b h`` at
+    ``f = 4h``; SwiGLU's SiLU reads and writes ``f/t``, its product reads ``2f/t`` and
+    writes ``f/t``: one more kernel).
+    """
+    b, s, h, f, t = layout.micro_batch, model.seq_len, model.hidden, model.ffn, layout.tp
+    kv = model.kv_heads * model.head_dim
+    tokens = b * s
+    mlp = [2 * tokens * h * f / t] * model.mlp_matrices
+    gemms = [2 * tokens * h * (h + 2 * kv) / t, 2 * tokens * h * h / t, *mlp]
+    time = sum(gemm_time_s(w, peak_flops, spec) for w in gemms)
+    swiglu = model.mlp == "swiglu"
+    mlp_elem = (5 if swiglu else 2) * f / t  # per token: elements read + written
+    replicated = 11 * h / t if layout.sequence_parallel else 11 * h
+    elem_bytes = tokens * (replicated + mlp_elem) * dtype_bytes(dtype)
+    n_elementwise = 7 if swiglu else 6
+    time += elem_bytes / (spec.hbm_gbps * 1e9) + n_elementwise * spec.kernel_overhead_s
+    return time + attention_core_time_s(model, layout, peak_flops, spec, dtype)
+
+
+def attention_core_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
+                          spec: DeviceSpec, dtype: str) -> float:
+    """Forward time of the attention core, ``softmax(Q K^T) V``, for one micro-batch on
+    one TP rank: what selective recompute repeats in the backward (Korthikanti et al.
+    2022, section 5). The two attention matmuls ``2*2 s^2 h / t`` (one fused kernel with
+    flash attention) and, with ``model.attention == "explicit"``, the score matrix
+    written, soft-maxed and dropped out (~5 passes over ``a s^2 b / t`` elements; 3
+    without dropout)."""
+    b, s, h, t = layout.micro_batch, model.seq_len, model.hidden, layout.tp
+    attn = 4 * b * s * s * h / t
+    if model.attention == "flash":
+        return gemm_time_s(attn, peak_flops, spec)
+    time = 2 * gemm_time_s(attn / 2, peak_flops, spec)
+    # scores written, soft-maxed (read, write); dropout reads them, writes output + mask
+    passes = 5 if model.dropout > 0 else 3
+    elem_bytes = passes * model.n_head * s * s * b / t * dtype_bytes(dtype)
+    n_elementwise = 2 if model.dropout > 0 else 1
+    return time + elem_bytes / (spec.hbm_gbps * 1e9) + n_elementwise * spec.kernel_overhead_s
+
+
+def recompute_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
+                     spec: DeviceSpec, dtype: str) -> float:
+    """What the layout's recompute adds to one layer and micro-batch: a whole layer
+    forward with ``full`` (Chen et al. 2016), the attention core with ``selective``
+    (:func:`attention_core_time_s`), nothing with ``none``."""
+    if layout.recompute == "full":
+        return layer_forward_time_s(model, layout, peak_flops, spec, dtype)
+    if layout.recompute == "selective":
+        return attention_core_time_s(model, layout, peak_flops, spec, dtype)
+    return 0.0
+
+
+HOST_OPS_PER_LAYER_PASS = 50
+"""Framework operators the host dispatches per transformer layer and pass (LayerNorms,
+linears, views and transposes, softmax, dropout, bias-adds, TP region copies)."""
+
+
+HOST_SERIAL_FRACTION = 0.25
+"""Share of the shorter of host and device time that does not overlap when the two are
+balanced (see :func:`host_exposed_time_s`): a quarter, i.e. mostly asynchronous."""
+
+
+def host_layer_time_s(layout: Layout, spec: DeviceSpec) -> float:
+    """Host (Python + dispatcher) time of one layer for one micro-batch, all passes.
+
+    Eager PyTorch spends ~10-20 us of CPU per operator (He, "Making Deep Learning Go
+    Brrrr From First Principles", 2022: overhead-bound regime); the device runs
+    asynchronously, so a layer takes at least this long however small its kernels.
+    Each TP collective adds one more synchronising call.
+    """
+    passes = 4 if layout.recompute == "full" else 3
+    ops = passes * HOST_OPS_PER_LAYER_PASS
+    if layout.recompute == "selective":
+        ops += SELECTIVE_RECOMPUTE_OPS
+    if layout.tp > 1:
+        ops += tp_collectives_per_layer(layout)
+    return ops * spec.host_op_s
+
+
+SELECTIVE_RECOMPUTE_OPS = 8
+"""Operators of the attention core recomputed under selective recompute (views, two
+matmuls, scale, mask, softmax; the checkpoint's own bookkeeping)."""
+
+
+def tp_collectives_per_layer(layout: Layout) -> int:
+    """TP collective calls of one layer and micro-batch: 4 all-reduces (2 forward, 2
+    backward; Shoeybi et al. 2019, fig. 4), 2 more with the full recompute forward. With
+    sequence parallelism each becomes an all-gather or a reduce-scatter, and the backward
+    gathers the two column-parallel linears' inputs again (they are stored as sequence
+    shards; Korthikanti et al. 2022, section 4.2.2): 2 more."""
+    count = 6 if layout.recompute == "full" else 4
+    return count + (2 if layout.sequence_parallel else 0)
+
+
+def host_exposed_time_s(device_s: float, host_s: float, *,
+                        serial_fraction: float = HOST_SERIAL_FRACTION) -> float:
+    """Host time not hidden behind the device for one layer and micro-batch.
+
+    The host enqueues kernels ahead of the device (CUDA streams are asynchronous), so
+    host and device form a two-stage tandem: when one side is much slower it sets the
+    pace and the other is hidden entirely, ``max(device, host)``; this is the
+    overhead-bound regime of He (2022), where the time per micro-batch does not depend on
+    the kernels' size (vTrain: tp = 4, h = 2048 takes the same time per micro-batch at
+    micro-batch 1 and 2). Overlap is lost when neither side dominates: the per-operator
+    costs alternate (a long GEMM, then a run of short element-wise kernels, a collective),
+    so each side is in turn the bottleneck and the other waits. The exposed part is
+    charged as ``serial_fraction * min * (min / max)``: ``HOST_SERIAL_FRACTION`` of the
+    shorter side when the two are equal, vanishing as one side dominates. (Before: a
+    constant quarter of the shorter side, which charged up to a quarter of the device time
+    to overhead-bound layouts whose device work is fully hidden.) Returns the time beyond
+    ``device_s``.
+    """
+    longer, shorter = max(device_s, host_s), min(device_s, host_s)
+    if longer <= 0:
+        return 0.0
+    layer = longer + serial_fraction * shorter * (shorter / longer)
+    return layer - device_s
+
+
+def logits_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
+                          spec: DeviceSpec) -> float:
+    """Forward time of the vocabulary-parallel output layer and the fp32 softmax/loss
+    (``2 b s h V / t`` FLOPs; the logits read and written in fp32 about 3 times)."""
+    b, s, t = layout.micro_batch, model.seq_len, layout.tp
+    vocab = math.ceil(model.vocab_size / t)
+    gemm = gemm_time_s(2 * b * s * model.hidden * vocab, peak_flops, spec)
+    return gemm + 3 * b * s * vocab * 4 / (spec.hbm_gbps * 1e9) + 4 * spec.kernel_overhead_s
+
+
+def optimizer_time_s(n_params: int, layout: Layout, spec: DeviceSpec, dtype: str) -> float:
+    """Adam step over the rank's shard: memory-bound, ~28-30 bytes read or written per
+    parameter (fp32 master, momentum, variance read and written; gradient read; 16-bit
+    weight written). ZeRO-1 and above update only ``1/dp`` of the parameters."""
+    shard = n_params / layout.dp if layout.zero_stage >= 1 else n_params
+    per_param = 28 if dtype == "fp32" else 30
+    return shard * per_param / (spec.hbm_gbps * 1e9)

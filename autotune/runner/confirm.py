@@ -1,0 +1,278 @@
+"""The confirmation round: before a study names its best, re-measure its rivals side by side.
+
+Run by :func:`autotune.runner.study.run_study` once the study is done (budget claimed, or
+a search stop), with every trial recorded. The candidates are the best measured layout and
+those whose interval overlaps its interval, ``search.confirm`` at most
+(:func:`autotune.paired.overlapping`). Each round measures every candidate once, in
+alternating order (A B C, then C B A: a drift linear in time then favours no slot), with
+the study's trial settings and no early stop. With the built-in trainer and a launcher
+that batches, the rounds of a step go into one launch (A B C C B A ... in one process:
+start-up paid once); otherwise (a user's program, the replay launcher) each run is its own
+launch, in the same interleaved order. After each step the paired verdict is taken
+(:func:`autotune.paired.paired_decision`); the first step has the fewest rounds that give
+an interval (6 at 95%), each later one 2 more, until the verdict is distinguishable, can
+no longer become so, or ``search.confirm_max_rounds`` is reached.
+
+With several node groups in one run, the first group's launcher measures it. Many workers
+sharing a study: the worker that finds every trial recorded (no live claim,
+no retry waiting) claims the round through :mod:`autotune.storage.confirmations` (the
+study's lock and a lease, as a layout's claim); the others end their run, saying who
+confirms. A runner killed inside it leaves its stored rounds and a lease that runs out; the
+next run of the study goes on from those rounds. Ctrl-C releases the lease at once.
+
+The verdict is stored on the study (:data:`~autotune.runner.records.StudyAttr.
+CONFIRMATION`) and each run in ``confirmation_runs``; no run is an Optuna trial, so none
+counts against the budget and none is left RUNNING.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.launchers.base import Launcher
+from autotune.layout import Layout
+from autotune.paired import (
+    ConfirmCandidate,
+    PairedDecision,
+    cost_line,
+    decision_line,
+    min_rounds,
+    overlapping,
+    paired_decision,
+    settled,
+)
+from autotune.runner.lifecycle import StopSignals, heartbeat
+from autotune.runner.outcome import classify
+from autotune.runner.records import StudyAttr, TrialAttr, set_user_attrs, trial_layout
+from autotune.spec import StudySpec
+from autotune.storage.claims import claim_counts, repair_stale
+from autotune.storage.confirmations import (
+    ConfirmClaimed,
+    ConfirmRefused,
+    claim_confirmation,
+    decided_record,
+    finish_confirmation,
+    record_round,
+    release_confirmation,
+    renew_confirmation,
+    stored_runs,
+)
+from autotune.storage.db import Storage
+from autotune.trial import TrialPaths, TrialSpec
+
+__all__ = ["confirm_best", "confirmation_record", "candidates_of", "DEFAULT_PRECISION",
+           "ROUNDS_PER_STEP"]
+
+DEFAULT_PRECISION = 0.05
+"""The precision assumed of a trial without one when ``trial.measure_precision`` is off
+(``trial.measure_precision``'s own default)."""
+ROUNDS_PER_STEP = 2
+"""Rounds added per step after the first: an even number keeps the order alternation."""
+
+
+@dataclass
+class ConfirmResult:
+    record: dict[str, Any] | None
+    """What was stored on the study (``None``: this worker did not confirm)."""
+    line: str
+    """What to tell the user."""
+
+
+def candidates_of(study: optuna.Study, spec: StudySpec) -> list[ConfirmCandidate]:
+    """The candidates of the study's confirmation round, fastest first."""
+    measured = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        lay = trial_layout(t)
+        # "stopped" trials were cut short as hopeless: measured, but never the best.
+        if lay is None or t.value is None or t.user_attrs.get(TrialAttr.OUTCOME) != "complete":
+            continue
+        prec = t.user_attrs.get(TrialAttr.MEASURE_PRECISION)
+        measured.append(ConfirmCandidate(lay.key(), t.number, float(t.value),
+                                         float(prec) if prec is not None else None))
+    assumed = spec.trial.measure_precision
+    return overlapping(measured, spec.search.confirm,
+                       assumed_precision=assumed if assumed is not None else DEFAULT_PRECISION)
+
+
+def _basis(cands: list[ConfirmCandidate]) -> str:
+    """The round's key: its candidates' trial numbers (a new rival makes a new round)."""
+    return ",".join(str(n) for n in sorted(c.trial_number for c in cands))
+
+
+def confirmation_record(decision: PairedDecision | None, cands: list[ConfirmCandidate], *,
+                        state: str, launches: int, device_s: float, complete_trials: int,
+                        note: str | None = None) -> dict[str, Any]:
+    """The study attribute: the verdict, the candidates, the cost, and the count of
+    complete trials it holds for (a later trial makes it stale)."""
+    numbers = {c.key: c.trial_number for c in cands}
+    base: dict[str, Any] = (decision.to_record() if decision is not None else
+                            {"winner": cands[0].key, "runner_up": None, "ratio": None,
+                             "interval": None, "rounds": 0, "distinguishable": None})
+    return {**base, "state": state, "note": note, "basis": _basis(cands),
+            "winner_trial": numbers.get(base["winner"]),
+            "runner_up_trial": numbers.get(base["runner_up"]) if base["runner_up"] else None,
+            "candidates": [c.key for c in cands], "launches": launches,
+            "device_s": round(device_s, 3), "complete_trials": complete_trials}
+
+
+def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: Launcher,
+                 *, worker: str, signals: StopSignals | None = None,
+                 say: Callable[[str], None] = lambda _: None) -> ConfirmResult:
+    """Run (or resume, or leave to another worker) the study's confirmation round."""
+    name = spec.name
+    if spec.search.confirm < 2:
+        return ConfirmResult(None, "confirmation round: off (search.confirm)")
+    if spec.search.objective != "throughput":
+        return ConfirmResult(None, "confirmation round: skipped (it compares throughput; "
+                             f"search.objective is {spec.search.objective!r})")
+    repair_stale(storage, name)
+    counts = claim_counts(storage, name)
+    if counts.live or counts.retries:
+        return ConfirmResult(None, "confirmation round: left to the worker that records the "
+                             f"last trial ({counts.live} running, {counts.retries} waiting)")
+    cands = candidates_of(study, spec)
+    if not cands:
+        return ConfirmResult(None, "confirmation round: no measured layout")
+    complete = sum(1 for _ in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    if len(cands) == 1:
+        record = confirmation_record(None, cands, state="single", launches=0, device_s=0.0,
+                                     complete_trials=complete,
+                                     note="no other layout's interval overlaps the best's")
+        set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
+        return ConfirmResult(record, "confirmation round: " + decision_line(record))
+    basis = _basis(cands)
+    claimed = storage.retrying("claiming the confirmation round", lambda: claim_confirmation(
+        storage, study_name=name, basis=basis, worker=worker))
+    if claimed is ConfirmRefused.DONE:
+        # Decided on these candidates already. Trials completed since (slower layouts, a
+        # larger budget) did not change them, so the verdict holds for them too.
+        found = decided_record(storage, name, basis)
+        if found is None:
+            return ConfirmResult(None, "confirmation round: decided (no record)")
+        found = {**found, "complete_trials": complete}
+        set_user_attrs(study, {StudyAttr.CONFIRMATION: found})
+        return ConfirmResult(found, f"confirmation round: {decision_line(found)}; "
+                             + cost_line(found))
+    if not isinstance(claimed, ConfirmClaimed):
+        return ConfirmResult(None, "confirmation round: another worker runs it")
+    with heartbeat(storage, 0, renew=lambda: renew_confirmation(storage, claimed.id)):
+        return _rounds(spec, storage, study, launcher, claimed, cands, worker=worker,
+                       signals=signals, say=say, complete=complete)
+
+
+def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: Launcher,
+            claimed: ConfirmClaimed, cands: list[ConfirmCandidate], *, worker: str,
+            signals: StopSignals | None, say: Callable[[str], None],
+            complete: int) -> ConfirmResult:
+    keys = [c.key for c in cands]
+    by_key = {c.key: c for c in cands}
+    stored = stored_runs(storage, claimed.id)
+    done_rounds = 1 + max((r["round"] for r in stored), default=-1)
+    launches, device_s = claimed.launches, claimed.device_s
+    if claimed.resumed:
+        say(f"confirmation round: resumed after {done_rounds} stored round(s)")
+    else:
+        say(f"confirmation round: {', '.join(keys)} side by side")
+    cap = spec.search.confirm_max_rounds
+    decision = _decide(stored, keys)
+    while decision is None or not settled(decision, cap):
+        if launcher.cancelled or (signals is not None and signals.received is not None):
+            release_confirmation(storage, claimed.id)
+            return ConfirmResult(None, "confirmation round: interrupted; the next run goes "
+                                 f"on from its {done_rounds} stored round(s)")
+        want = (min_rounds() - done_rounds if done_rounds < min_rounds() else ROUNDS_PER_STEP)
+        want = max(1, min(want, cap - done_rounds))
+        if want <= 0 or done_rounds >= cap:
+            break
+        new_runs, step_launches, step_device_s = _measure(
+            spec, launcher, claimed.id, by_key, keys, range(done_rounds, done_rounds + want),
+            worker=worker)
+        if launcher.cancelled or (signals is not None and signals.received is not None):
+            continue  # cut short: its runs are not stored (the check above releases)
+        per_round: dict[int, list[dict[str, Any]]] = {}
+        for run in new_runs:
+            per_round.setdefault(run["round"], []).append(run)
+        for i, (_, runs) in enumerate(sorted(per_round.items())):
+            # The step's cost is charged with its first round (one launch for a batch).
+            _record(storage, claimed.id, spec.name, runs,
+                    step_launches if i == 0 else 0, step_device_s if i == 0 else 0.0)
+        launches, device_s = launches + step_launches, device_s + step_device_s
+        stored += new_runs
+        done_rounds += want
+        decision = _decide(stored, keys)
+        if decision is not None and not settled(decision, cap):
+            say(f"confirmation round: {decision_line(decision.to_record())}; "
+                f"{ROUNDS_PER_STEP} more rounds")
+    if decision is None:
+        note = "every round had a failed run"
+        record = confirmation_record(None, cands, state="failed", launches=launches,
+                                     device_s=device_s, complete_trials=complete, note=note)
+    else:
+        record = confirmation_record(decision, cands, state="decided", launches=launches,
+                                     device_s=device_s, complete_trials=complete)
+    finish_confirmation(storage, claimed.id, record)
+    set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
+    return ConfirmResult(record, f"confirmation round: {decision_line(record)}; "
+                         + cost_line(record))
+
+
+def _record(storage: Storage, confirmation_id: int, study: str, runs: list[dict[str, Any]],
+            launches: int, device_s: float) -> None:
+    storage.retrying("recording a confirmation round", lambda: record_round(
+        storage, confirmation_id, study_name=study, runs=runs, launches=launches,
+        device_s=device_s))
+
+
+def _decide(runs: list[dict[str, Any]], keys: list[str]) -> PairedDecision | None:
+    """The verdict of the complete rounds among ``runs`` (``None``: none is complete)."""
+    rounds: dict[int, dict[str, float]] = {}
+    failed: set[int] = set()
+    for r in runs:
+        value = r.get("model_tflops_per_device")
+        if r.get("outcome") != "complete" or not value:
+            failed.add(r["round"])
+        else:
+            rounds.setdefault(r["round"], {})[r["layout_key"]] = float(value)
+    whole = [v for n, v in sorted(rounds.items()) if n not in failed and sorted(v) == sorted(keys)]
+    return paired_decision(whole) if whole else None
+
+
+def _measure(spec: StudySpec, launcher: Launcher, confirmation_id: int,
+             by_key: dict[str, ConfirmCandidate], keys: list[str], rounds: range, *,
+             worker: str) -> tuple[list[dict[str, Any]], int, float]:
+    """Measure ``rounds`` of every candidate, interleaved; the runs, launches, device-s."""
+    run_cfg = spec.run_config(None)  # no early stop: every run is measured to the end
+    order: list[tuple[int, int, str]] = []
+    for n in rounds:
+        members = keys if n % 2 == 0 else list(reversed(keys))
+        order += [(n, slot, key) for slot, key in enumerate(members)]
+    root = Path(spec.launcher.run_dir) / spec.name / f"confirm-{confirmation_id:03d}"
+    paths = [TrialPaths(root=root / f"round-{n:02d}-{slot}-{key}") for n, slot, key in order]
+    layouts = {key: Layout.from_key(key) for key in keys}
+    specs = [TrialSpec(model=spec.model, layout=layouts[key], run=run_cfg)
+             for _, _, key in order]
+    reports = launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s)
+    batched = launcher.batches and len(specs) > 1
+    launches = (1 + sum(bool((r.batch or {}).get("rerun")) for r in reports)) if batched \
+        else len(reports)
+    world = layouts[keys[0]].world_size
+    wall = sum(r.elapsed_s for r in reports)
+    runs = []
+    for (n, slot, key), report, path in zip(order, reports, paths, strict=True):
+        outcome = classify(report)
+        res = report.result
+        runs.append({"round": n, "slot": slot, "layout_key": key,
+                     "trial_number": by_key[key].trial_number, "outcome": outcome.kind,
+                     "reason": outcome.reason,
+                     "model_tflops_per_device": outcome.value,
+                     "step_time_s": res.step_time_s if res else None,
+                     "measure_precision": res.measure_precision if res else None,
+                     "elapsed_s": report.elapsed_s, "world_size": world,
+                     "launcher": launcher.kind, "worker": worker, "run_dir": str(path.root)})
+    return runs, launches, wall * world

@@ -1,0 +1,64 @@
+"""Adaptive measurement of a real user's program (issue #24): the shipped example
+``examples/deepspeed_gpt/train.py``, plain DeepSpeed on 2 CPU ranks under torchrun, is
+started with a cap of 40 timed steps and stopped by autotune once its median step time is
+known to the precision asked; what it printed is the measurement."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune.config.cluster import ClusterConfig
+from autotune.config.model import ModelConfig
+from autotune.config.workload import WorkloadConfig
+from autotune.launchers.local import LocalLauncher
+from autotune.layout import Layout
+from autotune.runner.outcome import classify
+from autotune.trial import RunConfig, TrialPaths, TrialSpec
+from autotune.workloads.foreign import CommandWorkload
+from tests.helpers import REPO, no_processes_mentioning
+
+pytestmark = pytest.mark.slow
+
+_PRINTED = re.compile(r"^step (\d+)/(\d+) \| time ([0-9.]+) s \| loss", re.M)
+ARGV = ("python", "examples/deepspeed_gpt/train.py", "--deepspeed-config", "{ds_config}",
+        "--micro-batch-size", "{micro_batch}", "--grad-accum", "{grad_accum}",
+        "--zero-stage", "{zero_stage}", "--pipeline-stages", "{pp}", "--steps", "{train_iters}",
+        "--layers", "1", "--hidden", "32", "--heads", "4", "--ffn", "64", "--seq-len", "16",
+        "--vocab", "64")
+MODEL = ModelConfig(n_layer=1, hidden=32, n_head=4, ffn_hidden=64, seq_len=16, vocab_size=64)
+
+
+def test_the_example_program_is_stopped_once_its_median_is_known(
+        tmp_path: Path, deepspeed_cpu_ops: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)  # the template's paths are the checkout's, as a user runs it
+    workload = CommandWorkload(WorkloadConfig(kind="command", argv=ARGV, no_progress_s=120,
+                                              env={"DS_ACCELERATOR": "cpu"}),
+                               ClusterConfig(devices_per_node=2, device="cpu"))
+    launcher = LocalLauncher()
+    launcher.workload = workload
+    # A loose precision (the interval's half-width within half the median) is reached from
+    # 6 to 9 steady steps even on a loaded machine, well before the cap of 40.
+    spec = TrialSpec(model=MODEL, layout=Layout(tp=1, pp=1, dp=2, micro_batch=2, grad_accum=1),
+                     run=RunConfig(device="cpu", warmup_steps=1, measure_steps=3,
+                                   measure_precision=0.5, max_measure_steps=40))
+    paths = TrialPaths(tmp_path / "trial")
+    report = launcher.run(spec, paths, timeout_s=300)
+    assert no_processes_mentioning(str(paths.root)) == []  # torchrun and both ranks
+    stop = report.measured_stop
+    assert stop is not None and stop["reason"] == "precision", report.stderr_tail
+    assert classify(report).kind == "complete"
+    printed = {int(m[1]): float(m[3]) for m in _PRINTED.finditer(paths.stdout.read_text())}
+    assert {int(m[2]) for m in _PRINTED.finditer(paths.stdout.read_text())} == {41}
+    result = json.loads(paths.result.read_text())
+    assert result["status"] == "ok" and result["readback"]["source"] == "metrics-file"
+    n = result["readback"]["steps"]
+    assert 1 + 6 <= n < 41 and max(printed) < 41  # stopped: it never reached its end
+    # The stored steps are the program's own timings (printed to 6 decimals), warm-up
+    # dropped (a step printed just before the kill may not have reached the metrics file).
+    assert result["step_times_s"] == pytest.approx([printed[k] for k in range(2, n + 1)],
+                                                   abs=1e-6)
+    assert result["measure_precision"] <= 0.5 and result["measurement_stop"]["steps"] >= 6
