@@ -197,18 +197,26 @@ def _timestamp(value: Any) -> float:
 
 def autotune_cost(db_path: Path, study: str, run_dir: Path) -> tuple[int, float]:
     """autotune's launches (the trial folders that got a ``command.json``: one per launch,
-    :mod:`autotune.launchers.launch_record`) and device-seconds: the time its executions
-    held the devices (the union of the ``measurements`` rows' ``started_at`` ..
-    ``finished_at``) x the ranks of each."""
+    :mod:`autotune.launchers.launch_record`, the confirmation round's included) and
+    device-seconds: the time its trials held the devices (the union of the
+    ``measurements`` rows' ``started_at`` .. ``finished_at``) x their ranks, plus the
+    ``device_s`` the confirmation round recorded for its own launches (its runs are
+    ``confirmation_runs`` rows, not measurements)."""
     launches = sum(1 for _ in run_dir.rglob("command.json"))
     with sqlite3.connect(db_path) as db:
         rows = db.execute("select started_at, finished_at, world_size from measurements "
                           "where study_name = ? and started_at is not null and "
                           "finished_at is not null", (study,)).fetchall()
-    if not rows:
-        return launches, 0.0
-    ranks = max(int(r[2]) for r in rows)
-    return launches, ranks * union_seconds((_timestamp(a), _timestamp(b)) for a, b, _ in rows)
+        tables = {r[0] for r in db.execute("select name from sqlite_master "
+                                           "where type = 'table'")}
+        confirm_s = (db.execute("select coalesce(sum(device_s), 0) from confirmations "
+                                "where study_name = ?", (study,)).fetchone()[0]
+                     if "confirmations" in tables else 0.0)
+    trials_s = 0.0
+    if rows:
+        ranks = max(int(r[2]) for r in rows)
+        trials_s = ranks * union_seconds((_timestamp(a), _timestamp(b)) for a, b, _ in rows)
+    return launches, trials_s + float(confirm_s)
 
 
 def autotune_best_key(best_json: str) -> str:

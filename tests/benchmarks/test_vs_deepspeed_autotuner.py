@@ -114,6 +114,12 @@ def test_autotune_cost_counts_a_shared_launch_once(tmp_path: Path) -> None:
         (tmp_path / "runs" / trial).mkdir(parents=True)
         (tmp_path / "runs" / trial / "command.json").write_text("{}")
     assert autotune_cost(db, "s", tmp_path / "runs") == (2, pytest.approx(100.0))
+    with sqlite3.connect(db) as con:  # a confirmation round records its own cost
+        con.execute("create table confirmations (study_name text, launches int, "
+                    "device_s real)")
+        con.executemany("insert into confirmations values (?, ?, ?)",
+                        [("s", 2, 50.0), ("other", 9, 999.0)])
+    assert autotune_cost(db, "s", tmp_path / "runs") == (2, pytest.approx(150.0))
     assert union_seconds([(0, 10), (5, 12), (20, 21)]) == 13
 
 
