@@ -41,4 +41,4 @@ echo "[test] setup took $(( $(date +%s) - t0 )) s; lint and types"
 .venv/bin/ruff check autotune trainer tests benchmarks
 .venv/bin/mypy autotune trainer
 echo "[test] running pytest"
-.venv/bin/python -m pytest -q --durations=15 "$@" tests autotune trainer
+.venv/bin/python -m pytest -q --durations=40 "$@" tests autotune trainer
