@@ -16,14 +16,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
 
 from autotune.storage import _optuna_rdb as rdb
-from autotune.storage.claims import _dead_here
+from autotune.storage.claims import _dead_here, _utcnow
 from autotune.storage.schema import Confirmation, ConfirmationRun
 
 if TYPE_CHECKING:
@@ -36,10 +36,6 @@ __all__ = ["ConfirmClaimed", "ConfirmRefused", "claim_confirmation", "renew_conf
 RUN_COLUMNS = ("round", "slot", "layout_key", "trial_number", "outcome", "reason",
                "model_tflops_per_device", "step_time_s", "measure_precision", "elapsed_s",
                "world_size", "launcher", "worker", "run_dir")
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 @dataclass(frozen=True)

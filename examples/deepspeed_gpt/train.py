@@ -45,6 +45,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--zero-stage", type=int, default=0)
     p.add_argument("--pipeline-stages", type=int, default=1)
     p.add_argument("--steps", type=int, default=10, help="optimizer steps")
+    add_model_args(p)
+    return p.parse_args()
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model's and the optimizer's flags (also train_ds_autotuner.py's)."""
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--heads", type=int, default=4)
@@ -53,7 +59,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
 
 
 class Embed(nn.Module):

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from autotune_metrics import MetricsWriter
 from torch import nn
-from train import Block, Embed, Head, batch, loss_fn
+from train import Block, Embed, Head, add_model_args, batch, loss_fn
 
 
 def parse_args() -> argparse.Namespace:
@@ -46,14 +46,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps (>= 6 under the "
                    "autotuner: it ends the run at its end_profile_step + 1)")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn", type=int, default=256)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--seed", type=int, default=0)
+    add_model_args(p)
     return p.parse_args()
 
 

@@ -154,7 +154,6 @@ def test_the_helpers_examples_hold() -> None:
 
 def test_the_shipped_study_is_the_benchmarks_default_space() -> None:
     from autotune.planning.space import enumerate_layouts
-
     from autotune.spec import load_study
 
     spec = load_study(bench.STUDY)
