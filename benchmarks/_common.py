@@ -311,7 +311,8 @@ def study_run(group: LandscapeGroup, strategy: str, *, seed: int, n_trials: int 
     from autotune.launchers.replay import ReplayLauncher
     from autotune.runner.study import run_study
     from autotune.storage.db import Storage
-    from autotune.storage.records import TrialAttr, trial_layout, trial_outcome
+    from autotune.storage.keys import TrialAttr
+    from autotune.storage.records import trial_layout, trial_outcome
 
     n = n_trials or len(group.measurements)
     with tempfile.TemporaryDirectory(prefix="autotune-replay-") as workdir:

@@ -93,7 +93,8 @@ def _arm_study(base: dict[str, Any], tmp: Path, arm: str, args: argparse.Namespa
 def _run_arm(path: Path, name: str) -> dict[str, Any]:
     import optuna
 
-    from autotune.storage.records import TrialAttr, best_trial, trial_layout_key, trial_outcome
+    from autotune.storage.keys import TrialAttr
+    from autotune.storage.records import best_trial, trial_layout_key, trial_outcome
 
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,

@@ -122,7 +122,8 @@ class StudyProgress:
     best_params: dict[str, Any] = field(default_factory=dict)
     exists: bool = False
     search_stop: dict[str, Any] | None = None
-    """The study's recorded early stop (:func:`autotune.storage.records.search_stop_record`)."""
+    """The study's recorded early stop
+    (:func:`autotune.storage.study_records.search_stop_record`)."""
 
     def done(self, n_trials: int, min_improvement: float | None) -> bool:
         """Whether the study is done: the runner's rule,

@@ -100,7 +100,7 @@ class PlanResult:
     calibration: str | None = None
     """What the plan learned from the database, one line (``None``: not calibrated)."""
     calibration_record: dict[str, Any] | None = None
-    """The same as :func:`autotune.storage.records.learned_from_record` (JSON output)."""
+    """The same as :func:`autotune.storage.study_records.learned_from_record` (JSON output)."""
 
 
 def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | None = None,
@@ -126,7 +126,7 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
                  for i, c in enumerate(ranked[:top]))
     record, line = None, None
     if calibration is not None:
-        from autotune.storage.records import learned_from_line, learned_from_record  # optuna
+        from autotune.storage.study_records import learned_from_line, learned_from_record
 
         record = learned_from_record(calibration, enabled=learn_enabled)
         line = learned_from_line(record)

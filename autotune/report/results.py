@@ -20,16 +20,14 @@ from autotune.layout import Layout
 from autotune.report.tables import format_table
 from autotune.report.timings import TimeBreakdown, breakdown_line, time_breakdown
 from autotune.storage.db import Storage
-from autotune.storage.records import (
-    TrialAttr,
+from autotune.storage.keys import TrialAttr
+from autotune.storage.records import trial_layout, trial_layout_key, trial_outcome
+from autotune.storage.study_records import (
     learned_from_line,
     learned_from_of,
     search_stop_line,
     search_stop_of,
     study_fingerprint,
-    trial_layout,
-    trial_layout_key,
-    trial_outcome,
 )
 from autotune.trial.outcome import Outcome
 
@@ -50,11 +48,11 @@ class StudyStatus:
     search_stop: str | None = None
     """Why the search strategy stopped before the budget, if it last did (issue #5)."""
     search_stop_record: dict[str, Any] | None = None
-    """The same as recorded (:func:`autotune.storage.records.search_stop_record`): what
+    """The same as recorded (:func:`autotune.storage.study_records.search_stop_record`): what
     :func:`autotune.runner.budget.study_done` decides on."""
     learned_from: str | None = None
     """What the study's calibration learned from (earlier studies and their measurements,
-    the corrections): :func:`autotune.storage.records.learned_from_line`."""
+    the corrections): :func:`autotune.storage.study_records.learned_from_line`."""
     confirmation: str | None = None
     """The confirmation round's verdict and cost (:func:`confirmation_line`)."""
     time: TimeBreakdown = field(default_factory=lambda: time_breakdown([]))
@@ -92,7 +90,8 @@ def selected_trial(study: optuna.Study) -> FrozenTrial | None:
     """The best completed trial under the study's ``search.objective``
     (:func:`autotune.objective.select_best`; throughput for studies run before it)."""
     from autotune.objective import select_best
-    from autotune.storage.records import StudyAttr, TrialAttr, trial_energy
+    from autotune.storage.keys import StudyAttr, TrialAttr
+    from autotune.storage.records import trial_energy
 
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     selection = study.user_attrs.get(StudyAttr.SELECTION)
@@ -106,7 +105,7 @@ def selected_trial(study: optuna.Study) -> FrozenTrial | None:
 def confirmation_of(study: optuna.Study) -> dict[str, Any] | None:
     """The confirmation round's record (:mod:`autotune.runner.confirm`), if the study has
     one, with ``stale`` set when trials completed after it."""
-    from autotune.storage.records import StudyAttr
+    from autotune.storage.keys import StudyAttr
 
     record = study.user_attrs.get(StudyAttr.CONFIRMATION)
     if not isinstance(record, dict):

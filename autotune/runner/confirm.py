@@ -20,7 +20,7 @@ study's lock and a lease, as a layout's claim); the others end their run, saying
 confirms. A runner killed inside it leaves its stored rounds and a lease that runs out; the
 next run of the study goes on from those rounds. Ctrl-C releases the lease at once.
 
-The verdict is stored on the study (:data:`~autotune.storage.records.StudyAttr.
+The verdict is stored on the study (:data:`~autotune.storage.keys.StudyAttr.
 CONFIRMATION`) and each run in ``confirmation_runs``; no run is an Optuna trial, so none
 counts against the budget and none is left RUNNING.
 """
@@ -52,7 +52,8 @@ from autotune.storage.confirmations import (
     stored_runs,
 )
 from autotune.storage.db import Storage
-from autotune.storage.records import StudyAttr, TrialAttr, set_user_attrs, trial_layout
+from autotune.storage.keys import StudyAttr, TrialAttr
+from autotune.storage.records import set_user_attrs, trial_layout
 from autotune.trial import TrialPaths, TrialSpec
 from autotune.trial.classify import classify
 from autotune.trial.paired import (

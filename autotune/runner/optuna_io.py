@@ -24,15 +24,9 @@ from autotune.layout import Layout
 from autotune.search import Observation, dominated_by_oom
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
-from autotune.storage.records import (
-    StudyAttr,
-    set_user_attrs,
-    study_attrs,
-    study_fingerprint,
-    trial_layout,
-    trial_outcome,
-    workload_record,
-)
+from autotune.storage.keys import StudyAttr
+from autotune.storage.records import set_user_attrs, trial_layout, trial_outcome
+from autotune.storage.study_records import study_attrs, study_fingerprint, workload_record
 from autotune.trial.outcome import OUTCOME_KINDS, Outcome
 
 __all__ = ["open_study", "fingerprint_of", "history", "layout_params", "NoSampling",
@@ -195,6 +189,6 @@ def layout_params(layout: Layout, spec: StudySpec) -> dict[str, tuple[Any, BaseD
 
 
 def set_search_stop(study: optuna.Study, record: dict[str, Any] | None) -> None:
-    """Record why the search stopped early (a :func:`~autotune.storage.records.
+    """Record why the search stopped early (a :func:`~autotune.storage.study_records.
     search_stop_record`), or clear it (``None``) when it no longer holds."""
     study.set_user_attr(StudyAttr.SEARCH_STOP, record)

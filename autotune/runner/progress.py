@@ -18,13 +18,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.layout import Layout
 from autotune.report.tables import format_table
-from autotune.storage.records import (
-    SKIPPED,
-    TrialAttr,
-    trial_layout_key,
-    trial_outcome,
-    trial_reason,
-)
+from autotune.storage.keys import SKIPPED, TrialAttr
+from autotune.storage.records import trial_layout_key, trial_outcome, trial_reason
 from autotune.trial.outcome import Outcome, Verdict
 
 __all__ = ["Progress", "format_duration", "trials_table", "stop_message", "best_line"]

@@ -40,7 +40,7 @@ class Recovered:
 def finished_result(run_dir: str, study_name: str, layout: Layout,
                     retry_of: object) -> Recovered | None:
     """The judged result the trial ``retry_of`` (the number the retry's trial records,
-    :data:`autotune.storage.records.TrialAttr.RETRY_OF`) left in its directory, if any."""
+    :data:`autotune.storage.keys.TrialAttr.RETRY_OF`) left in its directory, if any."""
     if isinstance(retry_of, bool) or not isinstance(retry_of, int):
         return None
     paths = TrialPaths.for_trial(run_dir, study_name, retry_of, layout.key())

@@ -123,7 +123,7 @@ def study_file_digest(spec: StudySpec) -> str:
 
 def _last_signature(trials: Sequence[optuna.trial.FrozenTrial]) -> str | None:
     """The failure signature of the study's last judged trial (``None``: not an error)."""
-    from autotune.storage.records import TrialAttr
+    from autotune.storage.keys import TrialAttr
 
     judged = [t for t in trials if t.user_attrs.get(TrialAttr.OUTCOME) not in
               (None, "skipped", *_UNJUDGED)]

@@ -75,13 +75,9 @@ from autotune.runner.progress import Progress
 from autotune.runner.worker import RunSummary, Worker
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
-from autotune.storage.records import (
-    StudyAttr,
-    best_trial,
-    learned_from_line,
-    learned_from_record,
-    set_user_attrs,
-)
+from autotune.storage.keys import StudyAttr
+from autotune.storage.records import best_trial, set_user_attrs
+from autotune.storage.study_records import learned_from_line, learned_from_record
 
 T = TypeVar("T")
 

@@ -56,19 +56,16 @@ from autotune.storage.claims import (
     store_verdict,
 )
 from autotune.storage.db import Storage
+from autotune.storage.keys import StudyAttr, TrialAttr
 from autotune.storage.records import (
-    StudyAttr,
-    TrialAttr,
     TrialFacts,
     best_trial,
-    learned_from_record,
     measurement_row,
-    search_stop_of,
-    search_stop_record,
     set_user_attrs,
     user_attrs,
     verdict_attrs,
 )
+from autotune.storage.study_records import learned_from_record, search_stop_of, search_stop_record
 from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
 from autotune.trial.classify import classify
 from autotune.trial.outcome import Outcome, Verdict, infeasible

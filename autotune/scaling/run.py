@@ -27,7 +27,7 @@ from typing import Any
 
 from autotune.scaling.sizes import ScalingRequest, size_spec
 from autotune.spec import StudySpec
-from autotune.storage.records import StudyAttr
+from autotune.storage.keys import StudyAttr
 
 __all__ = ["SCALING_ATTR", "scaling_record", "run_scaling", "ScalingRun"]
 
@@ -106,7 +106,7 @@ def _run_size(spec: StudySpec, request: ScalingRequest, size: int, at: StudySpec
     from autotune.runner.progress import Progress, best_line
     from autotune.runner.study import run_study
     from autotune.storage import open_storage
-    from autotune.storage.records import learned_from_line, learned_from_of
+    from autotune.storage.study_records import learned_from_line, learned_from_of
 
     if storage_url:
         at = at.with_storage_url(storage_url)

@@ -39,7 +39,7 @@ from optuna.trial import TrialState
 from sqlalchemy import func, select, update
 
 from autotune.storage import _optuna_rdb as rdb
-from autotune.storage.records import RUNNING, TrialAttr
+from autotune.storage.keys import RUNNING, TrialAttr
 from autotune.storage.schema import LayoutClaim, Measurement
 from autotune.trial.outcome import Outcome
 

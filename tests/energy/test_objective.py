@@ -72,7 +72,8 @@ def test_status_and_best_name_the_objective_s_best() -> None:
     import optuna
 
     from autotune.report.results import selected_trial
-    from autotune.storage.records import StudyAttr, best_trial
+    from autotune.storage.keys import StudyAttr
+    from autotune.storage.records import best_trial
 
     study = optuna.create_study(direction="maximize")
     for value, jpt in ((10.0, 2.0), (9.8, 1.5), (5.0, 1.0)):

@@ -13,7 +13,8 @@ import pytest
 
 from autotune.layout import Layout
 from autotune.report.export import emit_best
-from autotune.storage.records import StudyAttr, workload_record
+from autotune.storage.keys import StudyAttr
+from autotune.storage.study_records import workload_record
 
 MODEL = {"n_layer": 2, "hidden": 64, "n_head": 4, "ffn_hidden": 256, "seq_len": 64,
          "vocab_size": 256}

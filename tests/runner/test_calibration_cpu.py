@@ -22,7 +22,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.storage.records import TrialAttr
+from autotune.storage.keys import TrialAttr
 from tests.helpers import REPO, run_cli, write_study
 
 pytestmark = [pytest.mark.slow,

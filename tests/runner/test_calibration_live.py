@@ -26,7 +26,8 @@ from autotune.runner.study import run_study
 from autotune.search import Observation, Strategy
 from autotune.spec import StudySpec, parse_study
 from autotune.storage import open_storage
-from autotune.storage.records import StudyAttr, TrialAttr, learned_from_line
+from autotune.storage.keys import StudyAttr, TrialAttr
+from autotune.storage.study_records import learned_from_line
 from autotune.trial import TrialPaths, TrialResult, TrialSpec
 
 

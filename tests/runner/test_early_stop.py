@@ -18,7 +18,7 @@ from autotune.runner.study import run_study
 from autotune.search._residual import SEED_TRIALS
 from autotune.spec import StudySpec, parse_study
 from autotune.storage import open_storage
-from autotune.storage.records import StudyAttr
+from autotune.storage.keys import StudyAttr
 from tests.search.conftest import synthetic_group
 
 # 50% is above any expected improvement once the seeds are measured: the stop is certain

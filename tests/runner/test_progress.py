@@ -7,7 +7,8 @@ from optuna.trial import TrialState
 
 from autotune.layout import Layout
 from autotune.runner.progress import best_line, format_duration, stop_message, trials_table
-from autotune.storage.records import SKIPPED, verdict_attrs
+from autotune.storage.keys import SKIPPED
+from autotune.storage.records import verdict_attrs
 
 A = Layout(tp=1, pp=1, dp=2, micro_batch=1, grad_accum=2)
 B = Layout(tp=2, pp=1, dp=1, micro_batch=1, grad_accum=4)

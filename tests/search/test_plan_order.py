@@ -22,7 +22,8 @@ from autotune.runner.study import run_study
 from autotune.search import make_strategy, plan_order
 from autotune.spec import parse_study
 from autotune.storage import open_storage
-from autotune.storage.records import SKIPPED, trial_layout, trial_outcome
+from autotune.storage.keys import SKIPPED
+from autotune.storage.records import trial_layout, trial_outcome
 from tests.search.conftest import synthetic_group
 
 

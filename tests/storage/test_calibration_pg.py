@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy import create_engine, text
 
-from autotune.storage.records import StudyAttr, TrialAttr
+from autotune.storage.keys import StudyAttr, TrialAttr
 from tests.helpers import run_cli, write_study
 from tests.replay_study import own_pg_database
 from tests.runner.test_calibration_cpu import TINY_STUDY
