@@ -10,7 +10,6 @@ the table does not hold cannot be replayed: :class:`~autotune.errors.LaunchError
 names the layout and the group (a search over a landscape must propose its layouts only).
 
 >>> from autotune.config.cluster import ClusterConfig
-from autotune.config.launcher import ReplayOptions
 >>> from autotune.config.model import MODEL_PRESETS
 >>> from autotune.landscape import LandscapeGroup, Measurement
 >>> from autotune.layout import Layout

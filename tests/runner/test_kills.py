@@ -134,7 +134,11 @@ def _random_kills(tmp_path: Path, url: str, seed: int) -> dict[str, int]:
         _finish(study)
     counts = _check(url, "kills")
     print(counts)
-    assert counts["killed"] >= 10, counts  # the kills did land inside executions
+    # The kills did land inside executions (the rest hit start-up, proposals and claims,
+    # which leave no killed trial). How many land there depends on how long the loop spends
+    # outside an execution, which issue #23's fewer queries per step shortened: 8 of 100
+    # in CI after it, so the check asks for a few, not a share.
+    assert counts["killed"] >= 3, counts
     return counts
 
 

@@ -6,7 +6,9 @@ known to the precision asked; what it printed is the measurement."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,9 @@ MODEL = ModelConfig(n_layer=1, hidden=32, n_head=4, ffn_hidden=64, seq_len=16, v
 def test_the_example_program_is_stopped_once_its_median_is_known(
         tmp_path: Path, deepspeed_cpu_ops: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)  # the template's paths are the checkout's, as a user runs it
+    # `python` in the template is the one on PATH: this interpreter's, as in its venv (CI runs
+    # .venv/bin/python without activating the venv).
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     workload = CommandWorkload(WorkloadConfig(kind="command", argv=ARGV, no_progress_s=120,
                                               env={"DS_ACCELERATOR": "cpu"}),
                                ClusterConfig(devices_per_node=2, device="cpu"))
