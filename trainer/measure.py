@@ -52,11 +52,8 @@ from autotune.models.flops import (
     model_flops_per_step,
     tflops_per_device,
 )
-from autotune.trial.measurement import (  # one stop rule: the trainer's and users' programs
-    StopRule,
-)
 
-__all__ = ["StepClock", "StopRule", "summarize_step_times", "FlopsRates", "flops_rates"]
+__all__ = ["StepClock", "summarize_step_times", "FlopsRates", "flops_rates"]
 
 
 class StepClock:

@@ -21,9 +21,9 @@ ran out of memory is recorded ``oom``, its memory released, and the next trial r
 any other failure the process group may be wedged, so the launch ends there and the trials
 after it get no result (the launcher runs them again, each alone).
 
-How long a trial measures (:class:`trainer.measure.StopRule`): ``measure_steps`` timed steps,
-or with ``run.measure_precision`` until the median is known that precisely (at most
-``run.step_cap`` steps), and never past the point where it is known to be hopeless
+How long a trial measures (:class:`autotune.trial.measurement.StopRule`): ``measure_steps``
+timed steps, or with ``run.measure_precision`` until the median is known that precisely
+(at most ``run.step_cap`` steps), and never past the point where it is known to be hopeless
 (``run.early_stop_tolerance``: the result says ``early_stopped``). Every rank takes rank 0's
 step times (one broadcast per step, outside the timed region), so all stop at the same
 step. Where the wall time went is in the result's ``timings_s`` (:mod:`trainer.timeline`).
@@ -215,10 +215,11 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
     """Run one trial on this rank; rank 0 writes the result. Returns the agreed status."""
     import torch
 
+    from autotune.trial.measurement import StopRule  # the one rule, users' programs' too
     from trainer import distributed
     from trainer.data import MemmapTokens, SyntheticTokens, micro_batches
     from trainer.engine import TrainEngine
-    from trainer.measure import StepClock, StopRule
+    from trainer.measure import StepClock
 
     spec, launch, device = job.spec, ctx.launch, ctx.device
     assert spec is not None

@@ -447,7 +447,7 @@ class Worker:
                               batch={"index": res.batch_index or 0, "size": res.batch_size or 1,
                                      "lead": None, "rerun": False,
                                      "recovered_from": found.number})
-        outcome = classify(report)
+        outcome = classify(report, self.launcher.workload.oom_signatures)
         self.progress.message(f"trial {claimed.number} ({layout.key()}): the result trial "
                               f"{found.number} wrote before its runner died is recorded; "
                               "not measured again")
