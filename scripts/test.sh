@@ -26,6 +26,11 @@ fi
 # DeepSpeed JIT-builds its CPU communication op once; keep the build with the checkout's
 # caches rather than in a home directory that CI may not keep.
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}
+# As an activated venv: the tools the tests' trials run come from .venv (`python` in the
+# example templates; `ninja`, with which DeepSpeed builds that op: a build by the system's
+# ninja is rebuilt by the venv's, inside a trial, where a kill mid-build leaves a lock
+# behind that hangs every later build).
+export PATH="$PWD/.venv/bin:$PATH"
 # The `megatron` tests run real Megatron-DeepSpeed: CI uses the pinned snapshots beside the
 # checkout; a developer points AUTOTUNE_MEGATRON_DIR at their own checkout (or leaves it
 # unset: the tests skip). Their test-only environment (.megatron-env) is built first.

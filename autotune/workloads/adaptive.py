@@ -44,7 +44,7 @@ True
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from autotune.trial.measurement import StopRule, relative_precision
@@ -76,9 +76,10 @@ class MeasuringWatch(ProgressWatch):
     def __init__(self, counter: _Records, *, rule: StopRule, drop: int, first_step_s: float,
                  no_progress_s: float, expected_steps: int,
                  clock: Callable[[], float] = time.monotonic,
-                 cap_grace_s: float | None = None) -> None:
+                 cap_grace_s: float | None = None,
+                 lock_env: Mapping[str, str] | None = None) -> None:
         super().__init__(counter, first_step_s=first_step_s, no_progress_s=no_progress_s,
-                         expected_steps=expected_steps, clock=clock)
+                         expected_steps=expected_steps, clock=clock, lock_env=lock_env)
         self.records_of = counter
         self.rule, self.drop = rule, drop
         self.cap_grace_s = CAP_GRACE_S if cap_grace_s is None else cap_grace_s

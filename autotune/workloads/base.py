@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from autotune.errors import SpecError
 from autotune.trial import LaunchReport, TrialPaths, TrialSpec, read_result
+from autotune.workloads.build_locks import stale_lock_hint
 
 if TYPE_CHECKING:
     from autotune.trial.outcome import OomSignature
@@ -66,8 +67,12 @@ class ProgressWatch:
     ``expected_steps`` were seen it never says so (the program is finishing)."""
 
     def __init__(self, counter: StepSource, *, first_step_s: float, no_progress_s: float,
-                 expected_steps: int, clock: Callable[[], float] = time.monotonic) -> None:
+                 expected_steps: int, clock: Callable[[], float] = time.monotonic,
+                 lock_env: Mapping[str, str] | None = None) -> None:
         self.counter, self.clock = counter, clock
+        # The trial's environment, to look for torch build locks older than the trial when
+        # it makes no first step (autotune.workloads.build_locks); None: not looked for.
+        self.lock_env, self.started_wall = lock_env, time.time()
         self.first_step_s, self.no_progress_s = first_step_s, no_progress_s
         self.expected_steps = expected_steps
         self.started = self.last_step = clock()
@@ -97,7 +102,9 @@ class ProgressWatch:
         steps = self.counter.steps
         what = "no first step" if steps == 0 else f"no new step after step {steps}"
         limit = "workload.startup_s" if steps == 0 else "workload.no_progress_s"
-        return f"{what} for {self.stalled_for_s or 0:.0f} s ({limit})"
+        hint = stale_lock_hint(self.lock_env, before=self.started_wall) \
+            if steps == 0 and self.lock_env is not None else ""
+        return f"{what} for {self.stalled_for_s or 0:.0f} s ({limit}){hint}"
 
 
 class Workload(ABC):

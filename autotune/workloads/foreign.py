@@ -26,6 +26,7 @@ known that precisely (:mod:`autotune.workloads.adaptive`, the built-in trainer's
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -137,14 +138,15 @@ class ForeignWorkload(Workload):
     def watch(self, spec: TrialSpec, paths: TrialPaths) -> ProgressWatch:
         counter = StepCounter([paths.metrics, *log_paths(paths)])
         rule = stop_rule(spec)
+        lock_env = {**os.environ, **self.config.env}  # where its torch build locks are
         if rule.adaptive:  # stopped once measured enough (autotune.workloads.adaptive)
             return MeasuringWatch(counter, rule=rule, drop=warmup_steps(spec),
                                   first_step_s=self.config.first_step_s,
                                   no_progress_s=self.config.no_progress_s,
-                                  expected_steps=train_iters(spec))
+                                  expected_steps=train_iters(spec), lock_env=lock_env)
         return ProgressWatch(counter, first_step_s=self.config.first_step_s,
                              no_progress_s=self.config.no_progress_s,
-                             expected_steps=train_iters(spec))
+                             expected_steps=train_iters(spec), lock_env=lock_env)
 
     def _prefix(self, placement: Placement) -> list[str]:
         return list(placement.rank_env) if self.per_device else []
