@@ -205,13 +205,16 @@ class ResidualStrategy(Strategy):
             # width, 2 trials' scatter became an axis trend that ranked worse than the
             # cost model), then the Gaussian posterior in covariance form (a width of 0
             # makes the prior singular): Bishop 2006, eqs. 3.49-3.51 via the Woodbury
-            # identity.
+            # identity, pushed through to the coefficients' space: the gain
+            # cov·x'·(x·cov·x' + s·I_n)^-1 = (cov·x'x + s·I_p)^-1·cov·x', so nothing is
+            # n x n (n trials; issue #23: 64 workers' CPU went to those inverses).
             scale = evidence_scale(x, r, coef, cov, feats.shape, LAYOUT_SD)
             d = np.where(feats.shape, scale, 1.0)
             cov, coef = d[:, None] * cov * d[None, :], d * coef
-            gain = cov @ x.T @ np.linalg.inv(x @ cov @ x.T + LAYOUT_SD**2 * np.eye(len(ok)))
-            coef = coef + gain @ (r - x @ coef)
-            cov = cov - gain @ x @ cov
+            gram = x.T @ x
+            lhs = cov @ gram + LAYOUT_SD**2 * np.eye(len(coef))
+            coef = coef + np.linalg.solve(lhs, cov @ (x.T @ r - gram @ coef))
+            cov = cov - np.linalg.solve(lhs, cov @ gram @ cov)
         mean = prior_free + x_free @ coef
         var = np.einsum("ij,jk,ik->i", x_free, cov, x_free) + LAYOUT_SD**2
         return mean, np.sqrt(np.maximum(var, LAYOUT_SD**2))

@@ -132,3 +132,48 @@ def test_the_benchmark_reports_the_online_row_beside_the_old_keys(accuracy, tmp_
     assert "online" not in json.loads(out.read_text())
     with pytest.raises(SystemExit):
         accuracy.main(["--landscape", str(csv), "--online-after", "x"])
+
+
+def _direct_posterior(strategy: ResidualStrategy, history: list[Observation],
+                      free: list[Layout]) -> tuple[np.ndarray, np.ndarray]:
+    """The posterior of ``free`` by the n x n formulas (n trials) the strategy used before
+    issue #23 moved them into the coefficients' space: the reference they must equal."""
+    from autotune.models.calibration import SHAPE_SCALES
+    from autotune.search._residual import LAYOUT_SD
+
+    feats = strategy._features
+    assert feats is not None
+    ok = [o for o in history if o.status == "ok"]
+    x = feats.matrix([o.layout for o in ok])
+    r = np.array([math.log(o.value) - strategy._prior[o.layout] for o in ok])
+    cov, coef, n = np.linalg.inv(strategy._prior_precision), strategy._prior_mean, len(ok)
+    best, best_ml = 1.0, -math.inf
+    for a in SHAPE_SCALES:
+        d = np.where(feats.shape, a, 1.0)
+        c = (x * d) @ cov @ (x * d).T + LAYOUT_SD**2 * np.eye(n)
+        resid = r - (x * d) @ coef
+        ml = -0.5 * (resid @ np.linalg.solve(c, resid) + np.linalg.slogdet(c)[1])
+        if ml > best_ml + 1e-9:
+            best, best_ml = a, ml
+    d = np.where(feats.shape, best, 1.0)
+    cov, coef = d[:, None] * cov * d[None, :], d * coef
+    gain = cov @ x.T @ np.linalg.inv(x @ cov @ x.T + LAYOUT_SD**2 * np.eye(n))
+    coef, cov = coef + gain @ (r - x @ coef), cov - gain @ x @ cov
+    x_free = feats.matrix(free)
+    mean = np.array([strategy._prior[lay] for lay in free]) + x_free @ coef
+    var = np.einsum("ij,jk,ik->i", x_free, cov, x_free) + LAYOUT_SD**2
+    return mean, np.sqrt(np.maximum(var, LAYOUT_SD**2))
+
+
+@pytest.mark.parametrize("n", [2, 5, 12])
+def test_the_posterior_in_the_coefficients_space_is_the_direct_one(n: int) -> None:
+    group = synthetic_group()
+    predict = _predict(group)
+    cands = plan_order(group.layouts())
+    rng = np.random.default_rng(n)
+    history = [Observation(lay, "ok", predict(lay) * math.exp(rng.normal(0, 0.4)))
+               for lay in cands[:n]]
+    strategy = ResidualStrategy(predict=predict)
+    mean, sd = strategy.posterior(cands, history, cands[n:])
+    ref_mean, ref_sd = _direct_posterior(strategy, history, cands[n:])
+    assert np.allclose(mean, ref_mean, atol=1e-8) and np.allclose(sd, ref_sd, atol=1e-8)
