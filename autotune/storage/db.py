@@ -22,11 +22,13 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import optuna
+from alembic.runtime.migration import MigrationContext
 from optuna.storages import BaseStorage
-from sqlalchemy import event, func, inspect, select, text
+from sqlalchemy import create_engine, event, func, inspect, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, StorageError
@@ -56,18 +58,25 @@ _SCHEMA_ATTEMPTS = 8
 def engine_kwargs(url: str, connections: int = 1, *,
                   busy_timeout_s: float = 120) -> dict[str, Any]:
     """Engine options per backend. Many workers share one server (64 on one study against
-    PostgreSQL's default ``max_connections`` of 100: issue #17), so a worker keeps
-    ``connections`` (one per trial run side by side) and borrows one more at most: Optuna's
-    ``RDBStorage`` opens a second session inside its first while it starts (its version
-    check), and a heartbeat may renew a lease during a record. An overflow connection is
-    closed when it is returned. Connections are checked before use (a batch job may sit
-    idle for hours). SQLite: a writer waits ``busy_timeout_s`` for the lock, then fails
-    "database is locked" (:mod:`autotune.storage.limits`)."""
+    PostgreSQL's default ``max_connections`` of 100, three of them reserved: issues #17 and
+    #23), so a worker holds ``connections`` (one per trial run side by side) and never more:
+    a heartbeat that renews a lease during a record waits the record's few milliseconds for
+    the connection, and nothing of autotune's opens a connection while it holds one
+    (Optuna's start-up check would: :meth:`Storage._check_optuna_schema`). With one more
+    allowed, 64 workers on 2 cores held 98 at the peak and 34 of them found the server full
+    for 300 s. Connections are checked before use (a batch job may sit idle for hours).
+    SQLite: a writer waits ``busy_timeout_s`` for the lock, then fails "database is locked"
+    (:mod:`autotune.storage.limits`)."""
     backend = backend_of(url)
     if backend == "sqlite":
         return {"connect_args": {"timeout": busy_timeout_s}}
-    return {"pool_size": connections, "max_overflow": 1, "pool_timeout": 300,
+    return {"pool_size": connections, "max_overflow": 0, "pool_timeout": 300,
             "pool_pre_ping": True, "pool_recycle": 1800}
+
+
+def _no_pool(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``engine_kwargs`` without the pool's options (for an engine without a pool)."""
+    return {k: v for k, v in kwargs.items() if not k.startswith("pool") and k != "max_overflow"}
 
 
 def _sqlite_immediate(engine: Engine) -> None:
@@ -136,14 +145,24 @@ class Storage:
                                    f"{_short(err, self.url)}") from None
 
     def _open(self) -> None:
+        kwargs = engine_kwargs(self.url, self.connections,
+                               busy_timeout_s=self.config.transaction_timeout_s)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            if not self._optuna_tables_stamped(kwargs):
+                # Optuna's first start on a database creates its tables and stamps their
+                # alembic revision, asking for a connection while it holds one (optuna 5.0,
+                # _VersionManager._init_alembic -> _is_alembic_supported): done on
+                # connections of its own, closed at once, never on the worker's one.
+                optuna.storages.RDBStorage(
+                    self.url, engine_kwargs={**_no_pool(kwargs), "poolclass": NullPool}
+                ).engine.dispose()
             # No Optuna heartbeats: a trial's liveness is its claim's lease
             # (autotune.storage.claims), written in autotune's own transactions.
             self.rdb = optuna.storages.RDBStorage(
-                self.url, engine_kwargs=engine_kwargs(
-                    self.url, self.connections,
-                    busy_timeout_s=self.config.transaction_timeout_s))
+                self.url, engine_kwargs=kwargs, skip_table_creation=True,
+                skip_compatibility_check=True)  # checked below, one connection at a time
+        self._check_optuna_schema()
         # One engine (one pool) for Optuna's tables and autotune's: a worker holds at most
         # engine_kwargs' connections, whichever table it reads.
         self.engine: Engine = self.rdb.engine
@@ -155,6 +174,34 @@ class Storage:
         self.optuna: BaseStorage = guard(optuna.storages.get_storage(self.rdb), self.retrying)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._create_schema()
+
+    def _optuna_tables_stamped(self, kwargs: dict[str, Any]) -> bool:
+        """Whether Optuna's tables were created and stamped with an alembic revision (by
+        any earlier start), asked on one connection of its own, closed at once."""
+        probe = create_engine(self.url, **_no_pool(kwargs), poolclass=NullPool)
+        try:
+            with probe.connect() as connection:
+                return MigrationContext.configure(connection).get_current_revision() is not None
+        finally:
+            probe.dispose()
+
+    def _check_optuna_schema(self) -> None:
+        """Optuna's own start-up check, one connection at a time.
+
+        ``RDBStorage``'s ``check_table_schema_compatibility`` (optuna 5.0,
+        ``optuna/storages/_rdb/storage.py``) reads the stored version inside an open session
+        and then asks alembic for the current revision on a second connection: with a pool
+        of one that second connection would wait for the first. The same comparison and
+        the same advice, from the same alembic calls."""
+        current, head = self.rdb.get_current_version(), self.rdb.get_head_version()
+        if current == head:
+            return
+        advice = ("run `optuna storage upgrade --storage URL` to upgrade the tables"
+                  if current in self.rdb.get_all_versions()
+                  else "upgrade optuna (pip install -U optuna)")
+        raise StorageError(
+            f"the database {self.masked_url} has Optuna's table schema {current}, and this "
+            f"optuna {optuna.__version__} reads {head}: {advice}")
 
     def _create_schema(self) -> None:
         Base.metadata.create_all(self.engine)
