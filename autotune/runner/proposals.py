@@ -28,14 +28,15 @@ def next_proposals(strategy: Strategy, plan: Sequence[Layout], observed: Sequenc
     such, the list ends. The strategy's :attr:`~autotune.search.Strategy.stop` is left as
     ``first``'s proposal set it (the caller decided on it)."""
     out = [first]
-    seen = [*observed, Observation(first, "pending")]
-    left_out = 0
     stop = strategy.stop
-    while len(out) < n and left_out <= 2 * n:
-        nxt = strategy.propose(plan, seen)
-        if nxt is None:
+    # Enough for n - 1 admissible ones after up to 2 n left out (the loop below), proposed
+    # in one go: a strategy that ranks in one pass scores the layouts once, not n times.
+    sequence = strategy.propose_sequence(plan, [*observed, Observation(first, "pending")],
+                                         3 * n) if n > 1 else []
+    left_out = 0
+    for nxt in sequence:
+        if len(out) >= n or left_out > 2 * n:
             break
-        seen.append(Observation(nxt, "pending"))
         if admissible(nxt):
             out.append(nxt)
         else:

@@ -148,6 +148,22 @@ class Strategy(ABC):
                                "untried candidate")
         return choice
 
+    def propose_sequence(self, candidates: Sequence[Layout], history: Sequence[Observation],
+                         k: int) -> list[Layout]:
+        """The next ``k`` proposals at most, each made with the earlier ones pending (what
+        this strategy would propose next if other workers claimed them first), ending where
+        :meth:`propose` returns ``None`` (:attr:`stop` then says why). A strategy whose
+        proposals can be ranked in one pass overrides it; this is the definition."""
+        out: list[Layout] = []
+        seen = list(history)
+        while len(out) < k:
+            nxt = self.propose(candidates, seen)
+            if nxt is None:
+                break
+            out.append(nxt)
+            seen.append(Observation(nxt, "pending"))
+        return out
+
     @abstractmethod
     def _choose(self, free: list[Layout], candidates: Sequence[Layout],
                 history: Sequence[Observation]) -> Layout | Stop:

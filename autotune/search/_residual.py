@@ -59,7 +59,14 @@ import numpy as np
 from autotune.layout import Layout
 from autotune.models.calibration import Residual, carry_over_gaussian, evidence_scale
 from autotune.search._acquisition import TrialCost, gain_per_second
-from autotune.search._base import FitProbability, Observation, Predictor, Stop, Strategy
+from autotune.search._base import (
+    FitProbability,
+    Observation,
+    Predictor,
+    Stop,
+    Strategy,
+    untried,
+)
 from autotune.search._simple import log_fit_probabilities, log_predictions
 
 __all__ = ["ResidualStrategy", "expected_improvement"]
@@ -119,6 +126,8 @@ class _Features:
         """The terms that can reorder layouts: all but the intercept (evidence_scale)."""
         self.prior_precision = np.diag(1.0 / np.square(sds))
         self.log_prior = log_prior
+        self._rows: dict[Layout, list[float]] = {}
+        """Each layout's row, once computed (log_prior is fixed for these features)."""
 
     def matrix(self, layouts: Sequence[Layout],
                slopes: Sequence[float] | None = None) -> np.ndarray:
@@ -126,12 +135,17 @@ class _Features:
         this study's (another study's layouts, centred within it)."""
         rows = []
         for i, lay in enumerate(layouts):
+            if slopes is None and (known := self._rows.get(lay)) is not None:
+                rows.append(known)  # every proposal scores every untried layout again
+                continue
             row = [1.0]
             if self.use_slope:
                 row.append(slopes[i] if slopes is not None else
                            self.log_prior.get(lay, self.prior_centre) - self.prior_centre)
             row += [math.log2(getattr(lay, a)) - self.centre[a] for a in self.numeric]
             row += [1.0 if getattr(lay, a) == v else 0.0 for a, v in self.onehot]
+            if slopes is None and lay in self.log_prior:  # its slope is final
+                self._rows[lay] = row
             rows.append(row)
         return np.array(rows, dtype=float).reshape(len(layouts), self.width)
 
@@ -232,6 +246,36 @@ class ResidualStrategy(Strategy):
 
     def _choose(self, free: list[Layout], candidates: Sequence[Layout],
                 history: Sequence[Observation]) -> Layout | Stop:
+        score, ei, judged = self._scored(free, candidates, history)
+        return self._pick(free, score, ei, judged, np.ones(len(free), dtype=bool))
+
+    def propose_sequence(self, candidates: Sequence[Layout], history: Sequence[Observation],
+                         k: int) -> list[Layout]:
+        """:meth:`Strategy.propose_sequence` from one posterior: a pending layout changes
+        neither the fit (only ``ok`` trials enter it) nor any other layout's score, so the
+        ``i``-th proposal with the earlier ones pending is the best of the rest, the stop
+        judged on the rest's largest EI as :meth:`propose` would (issue #23: 64 workers
+        each scored every untried layout again for each of their up to 8 spread proposals)."""
+        self.stop = None
+        free = untried(candidates, history, skip_oom_dominated=self.skip_oom_dominated)
+        if not free:
+            return []
+        score, ei, judged = self._scored(free, candidates, history)
+        left, out = np.ones(len(free), dtype=bool), list[Layout]()
+        while len(out) < k and left.any():
+            choice = self._pick(free, score, ei, judged, left)
+            if isinstance(choice, Stop):
+                self.stop = choice
+                break
+            out.append(choice)
+            left[free.index(choice)] = False
+        return out
+
+    def _scored(self, free: list[Layout], candidates: Sequence[Layout],
+                history: Sequence[Observation]) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """Each of ``free``'s acquisition score (the proposal is its argmax), its EI (after
+        the seed trials: the stop's bar is on the largest; ``None`` before) and how many
+        trials are judged."""
         self._setup(candidates, history)
         log_p = np.array(log_fit_probabilities(free, self._p_fit))
         values = [o.value for o in history if o.status == "ok" and o.value and o.value > 0]
@@ -240,29 +284,34 @@ class ResidualStrategy(Strategy):
             # The cost model's favourites first (corrected by a warm start, not yet by this
             # study's trials), by expected throughput; argmax keeps the first of ties.
             mean, _ = self.scores(free, [])
-            return free[int(np.argmax(mean + log_p))]
+            return mean + log_p, None, judged
         mean, sd = self.scores(free, history)
         p_fit = np.exp(log_p)
         ei_if_fits = expected_improvement(mean, sd, math.log(max(values)))
         ei = ei_if_fits * p_fit
         secs = [self._cost(lay) for lay in free] if self._cost is not None else []
         if not secs or any(c is None for c in secs):
-            best = int(np.argmax(ei))
-        else:
-            log_pred = np.array([self._prior[lay] for lay in free])
-            best = int(np.argmax(gain_per_second(
-                ei_if_fits, p_fit, np.array([c.build_s for c in secs if c is not None]),
-                np.array([c.steps_s for c in secs if c is not None]),
-                np.exp(mean - log_pred))))
-        # Only after the seeds and with a value to improve on (the branch above): before,
+            return ei, ei, judged
+        log_pred = np.array([self._prior[lay] for lay in free])
+        return gain_per_second(
+            ei_if_fits, p_fit, np.array([c.build_s for c in secs if c is not None]),
+            np.array([c.steps_s for c in secs if c is not None]),
+            np.exp(mean - log_pred)), ei, judged
+
+    def _pick(self, free: list[Layout], score: np.ndarray, ei: np.ndarray | None, judged: int,
+              left: np.ndarray) -> Layout | Stop:
+        """The best of ``free`` still ``left`` (the first of ties), or the stop."""
+        # Only after the seeds and with a value to improve on (ei is None before): before,
         # the residual model has too little to say that nothing better is left. The bar is
         # the largest EI, whatever the trials cost: "nothing left is worth 1%".
-        top = float(ei.max())
-        if self.min_improvement is not None and top < self.min_improvement:
-            return Stop(f"expected improvement {_percent(top)} < "
-                        f"{_percent(self.min_improvement)} after {judged} trials "
-                        f"({len(free)} layouts untried)", judged=judged)
-        return free[best]
+        if ei is not None and self.min_improvement is not None:
+            top = float(ei[left].max())
+            if top < self.min_improvement:
+                return Stop(f"expected improvement {_percent(top)} < "
+                            f"{_percent(self.min_improvement)} after {judged} trials "
+                            f"({int(left.sum())} layouts untried)", judged=judged)
+        index = np.flatnonzero(left)
+        return free[int(index[int(np.argmax(score[left]))])]
 
 
 def _log_prediction(predict: Predictor | None, layout: Layout, floor: float) -> float:

@@ -61,3 +61,43 @@ def test_the_evidence_keeps_the_shape_terms_off_for_scatter_and_on_for_a_trend()
     trend = -0.2 + 0.3 * x[:, 1]  # the model is wrong by 35% per doubling of the axis
     assert evidence_scale(x, trend, np.zeros(2), prior_cov, shape, 0.2) > 0.0
     assert evidence_scale(x[:0], trend[:0], np.zeros(2), prior_cov, shape, 0.2) == 1.0
+
+
+def _sequential(strategy, cands, history, k):  # type: ignore[no-untyped-def]
+    """The definition (Strategy.propose_sequence's own loop): propose, mark it pending."""
+    from autotune.search._base import Strategy
+
+    return Strategy.propose_sequence(strategy, cands, history, k)
+
+
+def test_the_default_strategys_sequence_in_one_pass_is_the_sequential_one() -> None:
+    # Issue #23: the runner's spread proposals come from one posterior; they must be what
+    # proposing one at a time, each earlier one pending, gives: in the seed phase, after it
+    # (cost-aware), with an OOM, and up to the stop (min_improvement).
+    cands = _space()
+    predict = {lay: (200.0 if lay.tp == 1 else 100.0 - lay.tp) * (1 + 0.1 * lay.micro_batch)
+               for lay in cands}
+    rng = np.random.default_rng(3)
+    lengths, stops = [], []
+    for n_seen, min_improvement, cost in ((0, None, None), (5, None, 10.0), (6, 0.05, None),
+                                          (4, 0.2, 1.0), (4, 0.02, None), (3, 0.01, 1.0)):
+        def make():  # type: ignore[no-untyped-def]
+            return make_strategy(
+                "default", seed=0, predict=predict.__getitem__,
+                p_fit=lambda lay: 0.3 if lay.tp == 1 else 1.0,
+                min_improvement=min_improvement,
+                cost=None if cost is None else (lambda lay: TrialSeconds(cost, 10.0 * lay.tp)))
+        history = [Observation(lay, "ok", predict[lay] * math.exp(rng.normal(0, 0.2)))
+                   for lay in cands[1:1 + n_seen]]
+        history.append(Observation(cands[-1], "oom"))
+        one, seq = make(), make()
+        fast = one.propose_sequence(cands, history, 8)
+        slow = _sequential(seq, cands, history, 8)
+        assert fast == slow, (n_seen, fast, slow)
+        assert (one.stop is None) == (seq.stop is None)
+        if one.stop is not None:
+            assert seq.stop is not None and one.stop.reason == seq.stop.reason
+        lengths.append(len(fast))
+        stops.append(one.stop is not None)
+    print(lengths, stops)
+    assert 8 in lengths and any(stops)

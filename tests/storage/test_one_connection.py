@@ -72,7 +72,7 @@ def test_a_worker_holds_one_connection_from_its_first_start_on(pg_url: str) -> N
                 while not stop.is_set():
                     with storage.session() as s:
                         s.scalar(select(SchemaVersion.version).limit(1))
-            except BaseException as err:  # noqa: BLE001 (reported below)
+            except BaseException as err:  # reported below
                 errors.append(err)
 
         with _Peak(pg_url, database) as both:
