@@ -77,7 +77,7 @@ __all__ = ["RunSummary", "Worker", "TEST_KILL_ENV", "TEST_STOP_ENV"]
 _MAX_IDLE_PROPOSALS = 200
 _LOST_RACE_BACKOFF_S = 0.1
 _SIBLING_POLL_S = 0.5
-_MAX_SPREAD = 8
+_MAX_SPREAD = 64
 """Proposals a worker racing others passes to one claim at most (:meth:`Worker._admit`)."""
 _REPAIR_EVERY_S = 1.0
 """How often a worker looks for dead runners' trials and retries while it proposes: each

@@ -138,7 +138,21 @@ def claim_first(storage: Storage, *, study_name: str, requests: Sequence[ClaimRe
         study_id = rdb.study_id_of(s, study_name)
         if study_id is None:
             return Refused.NO_STUDY
+        # Before the lock, a plain read: requests that others own already are dropped, and
+        # a worker all of whose requests are taken leaves without queueing for the study's
+        # lock (64 workers on one study: 1,630 claims under the lock for 200 trials, most of
+        # them lost, each waiting for the lock behind the others: issue #23). Claims are
+        # only ever added, so what is taken now is taken under the lock too; a claim
+        # repaired for a retry meanwhile is taken by the next retry look.
+        taken = {row.layout_key for row in s.scalars(select(LayoutClaim).where(
+            LayoutClaim.study_name == study_name,
+            LayoutClaim.layout_key.in_([r.key for r in requests])))
+            if not (row.retry and row.lease_until is None and row.attempts < MAX_ATTEMPTS)}
+        order = [i for i, r in enumerate(requests) if r.key not in taken]
+        if not order:
+            return Refused.TAKEN
         rdb.lock_study(s, study_id)
+        requests = [requests[i] for i in order]
         keys = [r.key for r in requests]
         rows = {row.layout_key: row for row in s.scalars(select(LayoutClaim).where(
             LayoutClaim.study_name == study_name, LayoutClaim.layout_key.in_(keys))
@@ -159,8 +173,8 @@ def claim_first(storage: Storage, *, study_name: str, requests: Sequence[ClaimRe
                 if count >= n_trials:
                     refused = Refused.BUDGET  # a later request may still be a retry
                     continue
-            return index, _create_claimed(s, study_id, study_name, req, row, worker, lease,
-                                          before_commit)
+            return order[index], _create_claimed(s, study_id, study_name, req, row, worker,
+                                                 lease, before_commit)
         return refused
 
 
