@@ -287,8 +287,10 @@ class Worker:
         """Check the proposal, then claim it (its trial is created with the claim).
 
         A worker that lost a race for its proposal passes its next ones too, up to
-        :data:`_MAX_SPREAD` (doubling after each lost race, halving after a claim of its
-        first choice): the claim takes the first one still free, instead of every worker
+        :data:`_MAX_SPREAD` (doubling after each lost race, one less after a claim of its
+        first choice: the contention a worker met lasts as long as the other workers, and
+        halving it at once sent 64 workers back to racing for one layout each step): the
+        claim takes the first one still free, instead of every worker
         of a study reading it all again for each layout one of them won (issue 23). A
         worker alone never loses and passes its proposal alone."""
         key = layout.key()
@@ -321,13 +323,15 @@ class Worker:
         if not isinstance(got, Refused):
             index, claimed = got
             if index == 0:
-                self._spread = max(1, self._spread // 2)
+                self._spread = max(1, self._spread - 1)
             return claimed, layouts[index]
         # Others own them all (pending in the next history). Workers that lost the same
         # race wait a little, each a different while, so that their next proposals see
-        # each other's claims instead of racing again for one layout.
+        # each other's claims instead of racing again for one layout; the more races lost
+        # (the wider the spread), the longer: on a crowded machine the lock's holder needs
+        # the CPU that racing losers take (at most 2 s, nothing beside a real trial).
         self._spread = min(_MAX_SPREAD, self._spread * 2)
-        time.sleep(random.uniform(0.0, _LOST_RACE_BACKOFF_S))
+        time.sleep(random.uniform(0.0, min(2.0, _LOST_RACE_BACKOFF_S * self._spread / 2)))
         return None
 
     def _claim(self, layout: Layout, *, retry_only: bool = False) -> Claimed | Refused:
