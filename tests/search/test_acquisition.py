@@ -81,12 +81,11 @@ def test_the_default_strategys_sequence_in_one_pass_is_the_sequential_one() -> N
     lengths, stops = [], []
     for n_seen, min_improvement, cost in ((0, None, None), (5, None, 10.0), (6, 0.05, None),
                                           (4, 0.2, 1.0), (4, 0.02, None), (3, 0.01, 1.0)):
-        def make():  # type: ignore[no-untyped-def]
+        def make(bar: float | None = min_improvement, build: float | None = cost):  # type: ignore[no-untyped-def]
             return make_strategy(
                 "default", seed=0, predict=predict.__getitem__,
-                p_fit=lambda lay: 0.3 if lay.tp == 1 else 1.0,
-                min_improvement=min_improvement,
-                cost=None if cost is None else (lambda lay: TrialSeconds(cost, 10.0 * lay.tp)))
+                p_fit=lambda x: 0.3 if x.tp == 1 else 1.0, min_improvement=bar,
+                cost=None if build is None else (lambda x: TrialSeconds(build, 10.0 * x.tp)))
         history = [Observation(lay, "ok", predict[lay] * math.exp(rng.normal(0, 0.2)))
                    for lay in cands[1:1 + n_seen]]
         history.append(Observation(cands[-1], "oom"))
