@@ -2,12 +2,14 @@
 64 workers on 2 cores held 98 of PostgreSQL's default 100 and 34 of them found the server
 full). Counted by the server itself (``pg_stat_activity``), on a database of the test's own:
 the first start on a new database (Optuna creates and stamps its tables), a second start,
-and a worker's two threads (its loop and a lease heartbeat) using the storage at once."""
+and a worker's two threads (its loop and a lease heartbeat) using the storage at once; and
+Optuna's schema check, which autotune now makes itself, one connection at a time."""
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, select, text
@@ -17,8 +19,6 @@ from autotune.config.study import StorageConfig
 from autotune.storage.db import open_storage
 from autotune.storage.schema import SchemaVersion
 from tests.replay_study import own_pg_database
-
-pytestmark = pytest.mark.postgres
 
 
 class _Peak:
@@ -49,6 +49,7 @@ class _Peak:
         self.engine.dispose()
 
 
+@pytest.mark.postgres
 def test_a_worker_holds_one_connection_from_its_first_start_on(pg_url: str) -> None:
     with own_pg_database(pg_url, "onecon") as url:
         database = make_url(url).database
@@ -88,3 +89,21 @@ def test_a_worker_holds_one_connection_from_its_first_start_on(pg_url: str) -> N
         storage.engine.dispose()
         assert not errors, errors
         assert both.peak == 1, both.peak
+
+
+def test_tables_of_another_optuna_are_refused_with_optunas_advice(tmp_path: Path) -> None:
+    # Optuna's own check is ours now (one connection at a time): a database whose tables an
+    # older Optuna stamped gets the upgrade command, one a newer Optuna stamped the update.
+    from autotune.errors import StorageError
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    open_storage(StorageConfig(url=url)).engine.dispose()
+    raw = create_engine(url)
+    for stamp, advice in (("v3.0.0.d", "optuna storage upgrade"),
+                          ("v99.0.0.a", "pip install -U optuna")):
+        with raw.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": stamp})
+        with pytest.raises(StorageError, match=advice) as err:
+            open_storage(StorageConfig(url=url))
+        assert stamp in str(err.value)
+    raw.dispose()
