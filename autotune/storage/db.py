@@ -46,6 +46,7 @@ from autotune.storage.schema import (
     SchemaVersion,
 )
 from autotune.storage.transient import driver_message, retrying
+from autotune.storage.turns import Turns
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
 __all__ = ["Storage", "open_storage", "engine_kwargs", "with_connect_retry"]
@@ -171,7 +172,9 @@ class Storage:
         apply_session_limits(self.engine, self.backend, self.config.transaction_timeout_s)
         # What every optuna.Study of autotune's is opened on: Optuna's cached storage, each
         # call waited out and translated like autotune's own (autotune.storage.guarded).
-        self.optuna: BaseStorage = guard(optuna.storages.get_storage(self.rdb), self.retrying)
+        self._turns = Turns(self.connections)  # the pool's connections, first come first served
+        self.optuna: BaseStorage = guard(optuna.storages.get_storage(self.rdb),
+                                         self._optuna_call)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._create_schema()
 
@@ -281,6 +284,11 @@ class Storage:
     @contextmanager
     def session(self) -> Iterator[Session]:
         """Commit on success, roll back on any error, translate database errors."""
+        with self._turns.take(), self._session() as s:
+            yield s
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
         s = self._sessions()
         try:
             yield s
@@ -297,6 +305,14 @@ class Storage:
                 s.close()
             except SQLAlchemyError:
                 pass  # a connection the server closed: the pool drops it
+
+    def _optuna_call(self, what: str, fn: Callable[[], T]) -> T:
+        """One Optuna storage call, waited out as :meth:`retrying` does, in its turn for
+        the connection (:class:`autotune.storage.turns.Turns`)."""
+        def in_turn() -> T:
+            with self._turns.take():
+                return fn()
+        return self.retrying(what, in_turn)
 
     def retrying(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` (one transaction or one read), waited out while the database fails
