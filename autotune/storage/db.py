@@ -127,8 +127,10 @@ class Storage:
         then, not a wrong URL (:func:`autotune.storage.transient.transient_reason`)."""
         for attempt in range(_SCHEMA_ATTEMPTS):
             try:
-                with_connect_retry("opening the study database", self.masked_url, self._open,
-                                   wait_s=config.outage_wait_s)
+                # Once the probe reached the server, a refused connection later in the
+                # opening is a restart, waited out; before, a wrong URL (fails at once).
+                retrying("opening the study database", self.masked_url, self._open,
+                         wait_s=config.outage_wait_s, connected=lambda: self._connected)
                 self._connected = True
                 break
             except AutotuneError:
@@ -184,6 +186,7 @@ class Storage:
         probe = create_engine(self.url, **_no_pool(kwargs), poolclass=NullPool)
         try:
             with probe.connect() as connection:
+                self._connected = True  # the server is there: see __init__
                 return MigrationContext.configure(connection).get_current_revision() is not None
         finally:
             probe.dispose()
