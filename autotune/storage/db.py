@@ -71,8 +71,15 @@ def engine_kwargs(url: str, connections: int = 1, *,
     backend = backend_of(url)
     if backend == "sqlite":
         return {"connect_args": {"timeout": busy_timeout_s}}
-    return {"pool_size": connections, "max_overflow": 0, "pool_timeout": 300,
-            "pool_pre_ping": True, "pool_recycle": 1800}
+    kwargs: dict[str, Any] = {"pool_size": connections, "max_overflow": 0, "pool_timeout": 300,
+                              "pool_pre_ping": True, "pool_recycle": 1800}
+    if backend == "mysql":
+        # InnoDB's default REPEATABLE READ takes a transaction's snapshot at its first plain
+        # read, before the study lock of a claim: its count of the study's trials (the new
+        # trial's number) and claims would then miss what others committed meanwhile. READ
+        # COMMITTED, PostgreSQL's default, reads what the lock's holder sees.
+        kwargs["isolation_level"] = "READ COMMITTED"
+    return kwargs
 
 
 def _no_pool(kwargs: dict[str, Any]) -> dict[str, Any]:
