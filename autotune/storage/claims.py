@@ -147,7 +147,7 @@ def claim_first(storage: Storage, *, study_name: str, requests: Sequence[ClaimRe
         taken = {row.layout_key for row in s.scalars(select(LayoutClaim).where(
             LayoutClaim.study_name == study_name,
             LayoutClaim.layout_key.in_([r.key for r in requests])))
-            if not (row.retry and row.lease_until is None and row.attempts < MAX_ATTEMPTS)}
+            if not _waits_for_retry(row)}
         order = [i for i, r in enumerate(requests) if r.key not in taken]
         if not order:
             return Refused.TAKEN
@@ -161,8 +161,7 @@ def claim_first(storage: Storage, *, study_name: str, requests: Sequence[ClaimRe
         refused = Refused.TAKEN
         for index, req in enumerate(requests):
             row = rows.get(req.key)
-            if row is not None and not (row.retry and row.lease_until is None
-                                        and row.attempts < MAX_ATTEMPTS):
+            if row is not None and not _waits_for_retry(row):
                 continue
             if row is None:
                 if retry_only:
@@ -176,6 +175,12 @@ def claim_first(storage: Storage, *, study_name: str, requests: Sequence[ClaimRe
             return order[index], _create_claimed(s, study_id, study_name, req, row, worker,
                                                  lease, before_commit)
         return refused
+
+
+def _waits_for_retry(row: LayoutClaim) -> bool:
+    """Whether a layout's claim may be taken over: it waits for a retry (flagged, no live
+    lease) and has attempts left."""
+    return bool(row.retry) and row.lease_until is None and row.attempts < MAX_ATTEMPTS
 
 
 def _create_claimed(s: Any, study_id: int, study_name: str, req: ClaimRequest,

@@ -49,7 +49,7 @@ from autotune.storage.transient import driver_message, retrying
 from autotune.storage.turns import Turns
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
-__all__ = ["Storage", "open_storage", "engine_kwargs", "with_connect_retry"]
+__all__ = ["Storage", "open_storage", "engine_kwargs"]
 
 T = TypeVar("T")
 
@@ -107,15 +107,6 @@ def _sqlite_immediate(engine: Engine) -> None:
     engine.dispose()  # connections made before the listeners: made again with them
 
 
-def with_connect_retry(what: str, masked_url: str, fn: Callable[[], T], *,
-                       wait_s: float = 300) -> T:
-    """``fn()``, retried while it fails transiently (a full server, one starting up or in
-    crash recovery: :mod:`autotune.storage.transient`; a refused connection fails at once,
-    as before a first connection), for up to ``wait_s`` seconds. A :class:`Storage`'s own
-    calls go through :meth:`Storage.retrying`, which knows whether it connected before."""
-    return retrying(what, masked_url, fn, wait_s=wait_s, connected=lambda: False)
-
-
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
@@ -159,7 +150,8 @@ class Storage:
                                busy_timeout_s=self.config.transaction_timeout_s)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            if not self._optuna_tables_stamped(kwargs):
+            stamped = self._optuna_revision(kwargs)
+            if stamped is None:
                 # Optuna's first start on a database creates its tables and stamps their
                 # alembic revision, asking for a connection while it holds one (optuna 5.0,
                 # _VersionManager._init_alembic -> _is_alembic_supported): done on
@@ -172,7 +164,7 @@ class Storage:
             self.rdb = optuna.storages.RDBStorage(
                 self.url, engine_kwargs=kwargs, skip_table_creation=True,
                 skip_compatibility_check=True)  # checked below, one connection at a time
-        self._check_optuna_schema()
+        self._check_optuna_schema(stamped)
         # One engine (one pool) for Optuna's tables and autotune's: a worker holds at most
         # engine_kwargs' connections, whichever table it reads.
         self.engine: Engine = self.rdb.engine
@@ -187,26 +179,29 @@ class Storage:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._create_schema()
 
-    def _optuna_tables_stamped(self, kwargs: dict[str, Any]) -> bool:
-        """Whether Optuna's tables were created and stamped with an alembic revision (by
-        any earlier start), asked on one connection of its own, closed at once."""
+    def _optuna_revision(self, kwargs: dict[str, Any]) -> str | None:
+        """The alembic revision an earlier start stamped Optuna's tables with (``None``: not
+        created yet), asked on one connection of its own, closed at once."""
         probe = create_engine(self.url, **_no_pool(kwargs), poolclass=NullPool)
         try:
             with probe.connect() as connection:
                 self._connected = True  # the server is there: see __init__
-                return MigrationContext.configure(connection).get_current_revision() is not None
+                revision = MigrationContext.configure(connection).get_current_revision()
+                return None if revision is None else str(revision)
         finally:
             probe.dispose()
 
-    def _check_optuna_schema(self) -> None:
+    def _check_optuna_schema(self, stamped: str | None) -> None:
         """Optuna's own start-up check, one connection at a time.
 
         ``RDBStorage``'s ``check_table_schema_compatibility`` (optuna 5.0,
         ``optuna/storages/_rdb/storage.py``) reads the stored version inside an open session
         and then asks alembic for the current revision on a second connection: with a pool
         of one that second connection would wait for the first. The same comparison and
-        the same advice, from the same alembic calls."""
-        current, head = self.rdb.get_current_version(), self.rdb.get_head_version()
+        the same advice, from the same alembic calls. ``stamped``: the revision the probe
+        read (``None``: the tables were created just now, and are read again)."""
+        current = stamped if stamped is not None else self.rdb.get_current_version()
+        head = self.rdb.get_head_version()
         if current == head:
             return
         advice = ("run `optuna storage upgrade --storage URL` to upgrade the tables"
