@@ -6,7 +6,9 @@ The estimate is the sum, on the worst pipeline stage, of
   sharded by ZeRO over ``dp`` (:func:`model_state_bytes`, Rajbhandari et al. 2020);
 * stored activations of the micro-batches in flight (:func:`layer_activation_bytes`,
   Korthikanti et al. 2022, eq. 1-2; 1F1B in-flight count, Narayanan et al. 2021);
-* the logits kept for the loss on the last stage (:func:`logits_bytes`);
+* the output layer's tensors at the end of the forward pass on the last stage
+  (:func:`output_layer_bytes`), beyond one layer's working set, with which they never
+  coexist (:func:`one_layer_working_bytes`);
 * communication buffers (:func:`buffer_bytes`) and a fixed runtime allowance
   (:func:`runtime_bytes`).
 
@@ -25,7 +27,7 @@ With ``pp = 1`` the two coincide. See ``docs/models.md`` for the derivations.
 >>> est = estimate_memory(MODEL_PRESETS["gpt-1.3b"], Layout(tp=1, pp=1, dp=8, micro_batch=1,
 ...                       grad_accum=1, zero_stage=1, recompute="full"), dtype="bf16")
 >>> est.stage, round(est.peak_bytes / 2**30, 1)
-('only', 17.5)
+('only', 17.4)
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ __all__ = [
     "attention_score_bytes",
     "activation_bytes",
     "logits_bytes",
+    "output_layer_bytes",
+    "one_layer_working_bytes",
     "buffer_bytes",
     "runtime_bytes",
     "optimizer_temp_bytes",
@@ -281,12 +285,23 @@ def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str,
     per_layer = (stored_layer_bytes(model, layout, dtype) if measured_layer_bytes is None
                  else measured_layer_bytes)
     stored = int(_stored_layers(model, layout, stage) * per_layer)
+    return stored + one_layer_working_bytes(model, layout, dtype)
+
+
+def one_layer_working_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
+    """What one layer holds beyond the stored activations while it runs: with full
+    recompute its recomputed activations (:func:`layer_activation_bytes`), with selective
+    recompute its recomputed score matrices (:func:`attention_score_bytes`), and with
+    explicit attention :func:`score_transient_bytes` in every mode. It exists only inside
+    one layer's forward or backward, never beside the output layer's tensors at the end of
+    the forward pass (:func:`output_layer_bytes`): :func:`estimate_memory` charges the
+    larger of the two."""
     transient = score_transient_bytes(model, layout, dtype)
     if layout.recompute == "full":
-        return stored + layer_activation_bytes(model, layout, dtype) + transient
+        return layer_activation_bytes(model, layout, dtype) + transient
     if layout.recompute == "selective":
-        return stored + attention_score_bytes(model, layout, dtype) + transient
-    return stored + transient
+        return attention_score_bytes(model, layout, dtype) + transient
+    return transient
 
 
 def score_transient_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
@@ -306,6 +321,24 @@ def logits_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
     their fp32 copy (the upcast / log-softmax that cross-entropy saves for backward)."""
     elems = model.seq_len * layout.micro_batch * math.ceil(model.vocab_size / layout.tp)
     return elems * (dtype_bytes(dtype) + 4)
+
+
+def output_layer_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
+    """The last stage's output layer at the end of the forward pass: the final LayerNorm's
+    stored input and output (``2 s b h`` in the training dtype, a sequence shard each with
+    sequence parallelism: the output layer's column-parallel linear saves only its shard)
+    and the logits kept for the loss (:func:`logits_bytes`).
+
+    Korthikanti et al. (2022, sec. 4.1) leave the final LayerNorm out as small beside the
+    layers' activations; it is kept here because this phase is compared with one layer's
+    working set (:func:`one_layer_working_bytes`): the output layer's backward frees these
+    tensors before any layer's backward begins, so the two never coexist, and with full
+    recompute and a small vocabulary the working set is the larger one (measured against
+    the trainer: ``tests/models/test_memory_sp_selective.py``)."""
+    ln = 2 * model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+    if layout.sequence_parallel:
+        ln //= layout.tp
+    return ln + logits_bytes(model, layout, dtype)
 
 
 def buffer_bytes(model: ModelConfig, layout: Layout, dtype: str, n_params: int) -> int:
@@ -424,6 +457,9 @@ class MemoryEstimate:
     optimizer_bytes: int
     activations_bytes: int
     logits_bytes: int
+    """What the output layer adds at the end of the forward pass
+    (:func:`output_layer_bytes`) beyond one layer's working set, which ``activations_bytes``
+    holds and which it never coexists with; zero on stages without the output layer."""
     buffers_bytes: int
     """Communication buckets and optimizer-step temporaries."""
     runtime_bytes: int
@@ -451,7 +487,12 @@ def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
     w, g, o = model_state_bytes(n, layout, dtype)
     per_layer = measured.activation_bytes if measured is not None else None
     act = activation_bytes(model, layout, dtype, stage, measured_layer_bytes=per_layer)
-    logit = logits_bytes(model, layout, dtype) if stage in ("last", "only") else 0
+    logit = 0
+    if stage in ("last", "only"):
+        # The output layer's phase and one layer's working set (part of ``act``) never
+        # coexist: the peak adds the larger one, i.e. the output layer only beyond it.
+        logit = max(0, output_layer_bytes(model, layout, dtype)
+                    - one_layer_working_bytes(model, layout, dtype))
     buf = buffer_bytes(model, layout, dtype, n) + optimizer_temp_bytes(n, layout)
     rt = runtime_bytes(device)
     dynamic = w + g + o + act + logit + buf
