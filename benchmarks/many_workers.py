@@ -126,7 +126,8 @@ def _children_cpu_s() -> float:
     return use.ru_utime + use.ru_stime
 
 
-STARTUP_IMPORTS = ("autotune.cli", "autotune.runner.study", "autotune.launchers.replay",
+STARTUP_IMPORTS = ("autotune.cli", "autotune.runner.study", "autotune.runner.progress",
+                   "autotune.launchers", "autotune.launchers.replay", "autotune.spec",
                    "autotune.storage.db")
 """What a replay worker imports before its first query (``python -X importtime -m autotune
 run STUDY`` lists it: Optuna, SQLAlchemy, Alembic, NumPy, PyYAML; no torch)."""
@@ -161,7 +162,7 @@ def _fork_worker(study: str, profile: str | None) -> None:
         os._exit(main(["run", study, "--quiet"]))
     import cProfile
 
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time)  # CPU, not wall: 64 workers share 2 cores
     code = prof.runcall(main, ["run", study, "--quiet"])
     prof.dump_stats(profile)
     os._exit(code)
@@ -176,6 +177,10 @@ def _run_workers(study: Path, n: int, start: str, timeout: float,
     t0 = time.monotonic()
     cpu0 = _children_cpu_s()
     if start == "fork":
+        import importlib
+
+        for module in STARTUP_IMPORTS:  # before the fork: each worker starts imported
+            importlib.import_module(module)
         fork = multiprocessing.get_context("fork")
         procs = [fork.Process(target=_fork_worker, args=(
             str(study), f"{profile}-{i}.prof" if profile else None)) for i in range(n)]
