@@ -11,11 +11,12 @@ state an outcome is told as is :mod:`autotune.trial.outcome`'s.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from autotune.config.launcher import LauncherConfig
 from autotune.errors import UsageError
@@ -24,14 +25,17 @@ from autotune.layout import Layout
 from autotune.search import Observation, dominated_by_oom
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
+from autotune.storage.judged import JudgedTrial, judged_trials
 from autotune.storage.keys import StudyAttr
 from autotune.storage.records import set_user_attrs, trial_layout, trial_outcome
 from autotune.storage.study_records import study_attrs, study_fingerprint, workload_record
 from autotune.trial.outcome import OUTCOME_KINDS, Outcome
 
-__all__ = ["open_study", "fingerprint_of", "history", "layout_params", "NoSampling",
-           "set_search_stop"]
+Judged = JudgedTrial | FrozenTrial
+"""A finished trial as :func:`observations` reads it: the narrow read's, or Optuna's."""
 
+__all__ = ["open_study", "fingerprint_of", "history", "observations", "layout_params",
+           "NoSampling", "set_search_stop"]
 
 
 def fingerprint_of(spec: StudySpec) -> dict[str, Any]:
@@ -108,17 +112,22 @@ def launcher_record(launcher: LauncherConfig) -> dict[str, Any]:
     return out
 
 
-def history(study: optuna.Study, claimed: dict[str, int]) -> list[Observation]:
-    """What the strategy needs to know: measured layouts with their values, and layouts
-    claimed by running trials (``pending``: never proposed twice).
+def history(storage: Storage, study_name: str, claimed: dict[str, int]) -> list[Observation]:
+    """What the strategy needs to know (:func:`observations`) of the study's finished
+    trials, read narrowly (:func:`autotune.storage.judged.judged_trials`: their number,
+    state, value, layout and outcome, not Optuna's whole trials; issue 23)."""
+    return observations(judged_trials(storage, study_name), claimed)
+
+
+def observations(trials: Sequence[Judged], claimed: dict[str, int]) -> list[Observation]:
+    """Measured layouts with their values among the finished ``trials`` (in number order),
+    and layouts claimed by running trials (``pending``: never proposed twice).
 
     A proposal refused because it needs no less memory than a measured OOM is, to the
     strategy, an OOM too: what measuring it would have found (the benchmark measures it
     and finds that), and what keeps a strategy that does not skip such layouts itself
     (``grid``, ``random``, ``tpe``, ``gp``) from proposing it again and again.
     """
-    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
-                                                      TrialState.FAIL))
     ooms = [obs for obs in (_observed(t) for t in trials) if obs and obs.status == "oom"]
     out: list[Observation] = []
     seen: set[str] = set()
@@ -139,7 +148,7 @@ def history(study: optuna.Study, claimed: dict[str, int]) -> list[Observation]:
     return out
 
 
-def _observed(trial: FrozenTrial) -> Observation | None:
+def _observed(trial: Judged) -> Observation | None:
     """The observation a judged trial is (``None``: it says nothing about throughput)."""
     # What the outcome tells a strategy (Outcome.observed); interrupted, infeasible and
     # skipped trials say nothing about their layout's throughput.

@@ -130,8 +130,9 @@ class Worker:
         self.study = study
         self.strategy = make_strategy(
             spec.search.strategy, seed=spec.search.seed,
-            predict=cost_model_predictor(spec.model, spec.cluster, dtype=spec.training.dtype,
-                                         profile=spec.profile),
+            predict=cost_model_predictor(
+                spec.model, spec.cluster, dtype=spec.training.dtype, profile=spec.profile,
+                known={c.layout: c.predicted_tflops for c in self.by_key.values()}),
             p_fit=lambda lay: self.by_key[lay.key()].p_fit if lay.key() in self.by_key
             else 0.0,
             min_improvement=spec.search.min_improvement,
@@ -195,7 +196,8 @@ class Worker:
                 continue
             self.summary.stopped_by = stop or "exhausted"
             break
-        self._recalibrate(history(self.study, {}), final=True)  # the record holds the last too
+        # The record holds the last trial too.
+        self._recalibrate(history(self.storage, self.study.study_name, {}), final=True)
         self.summary.best = best_trial(self.study)
         self.summary.trials = self.study.get_trials(deepcopy=False)
         return self.summary
@@ -237,7 +239,7 @@ class Worker:
             if not looked:  # never stop before a dead runner's layout is retried
                 return self._take_retry() or "budget"
             return "budget"
-        observed = history(self.study, claimed_keys)
+        observed = history(self.storage, self.study.study_name, claimed_keys)
         self._recalibrate(observed)
         proposal = self.strategy.propose(self.plan, observed)
         stop = self.strategy.stop

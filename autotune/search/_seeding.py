@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from autotune.config.cluster import ClusterConfig
@@ -16,15 +17,20 @@ __all__ = ["cost_model_predictor"]
 
 
 def cost_model_predictor(model: ModelConfig, cluster: ClusterConfig, *,
-                         dtype: str = "bf16", profile: LayerProfile | None = None) -> Predictor:
+                         dtype: str = "bf16", profile: LayerProfile | None = None,
+                         known: Mapping[Layout, float] | None = None) -> Predictor:
     """Predicted model TFLOPS per device of a layout, from :mod:`autotune.models.cost`
     (with ``profile``'s measured layer times where it has them).
 
     Memoised per layout: strategies ask for every candidate, sometimes more than once.
+    ``known``: the same predictions already made (the ranked candidates'
+    ``predicted_tflops``, :func:`autotune.planning.candidates.rank_layouts`), so that a
+    worker does not estimate every layout of its space twice at start (issue 23: 64
+    workers made 2 x 206 estimates each).
     """
     from autotune.models.cost import estimate_step  # local: the search imports light
 
-    cache: dict[Layout, float] = {}
+    cache: dict[Layout, float] = dict(known or {})
 
     def predict(layout: Layout) -> float:
         if layout not in cache:

@@ -78,7 +78,7 @@ def test_a_study_in_batches_keeps_its_budget_and_tells_each_layout(tmp_path: Pat
 
 def test_the_strategy_sees_a_stopped_trial_as_measured_low() -> None:
     from autotune.layout import Layout
-    from autotune.runner.optuna_io import history
+    from autotune.runner.optuna_io import observations
 
     study = optuna.create_study(direction="maximize")
     lay = Layout(tp=1, pp=1, dp=2, micro_batch=1, grad_accum=2)
@@ -87,5 +87,5 @@ def test_the_strategy_sees_a_stopped_trial_as_measured_low() -> None:
     trial.set_user_attr("layout_dict", lay.to_dict())
     trial.set_user_attr("outcome", "stopped")
     study.tell(trial, 0.25)
-    [seen] = history(study, {})
+    [seen] = observations(study.get_trials(), {})
     assert seen.status == "ok" and seen.value == 0.25 and seen.layout == lay

@@ -1,0 +1,73 @@
+"""The finished trials of a study as a strategy sees them, read narrowly (issue 23).
+
+A worker asks for the study's history before each proposal
+(:func:`autotune.runner.optuna_io.history`). Through ``study.get_trials`` that was
+Optuna's whole trials: five ``SELECT``s and an ORM object per row of parameters, values
+and some twenty user attributes, then JSON-decoded. Its cache also reads every unfinished
+trial again on every call (optuna 5.0, ``_CachedStorage._read_trials_from_remote_storage``).
+With 64 workers each one read every trial of the study whole about twice. That was a
+quarter of the workers' CPU (``benchmarks/many_workers.py --start fork --profile``).
+
+The history needs four things of each finished trial: its number, state, value, and the
+two attributes that say what it ran and how it ended (``layout_dict``, ``outcome``).
+:func:`judged_trials` reads just those in one query on Optuna's tables (the same rows
+``get_trials`` reads; the value decoded as ``TrialValueModel.stored_repr_to_value``
+does). Private Optuna API, pinned like :mod:`autotune.storage._optuna_rdb`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from optuna.storages._rdb import models
+from optuna.trial import TrialState
+from sqlalchemy import and_, select
+
+from autotune.storage.keys import TrialAttr
+
+if TYPE_CHECKING:
+    from autotune.storage.db import Storage
+
+__all__ = ["JudgedTrial", "judged_trials", "FINISHED"]
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+_KEYS = (TrialAttr.LAYOUT_DICT, TrialAttr.OUTCOME)
+"""The attributes :func:`autotune.storage.records.trial_layout` and ``trial_outcome``
+read: a :class:`JudgedTrial` answers both as a ``FrozenTrial`` does."""
+
+
+@dataclass(frozen=True)
+class JudgedTrial:
+    """A finished trial's number, state, first value and the attributes of :data:`_KEYS`
+    (the ``HasAttrs`` of :mod:`autotune.storage.records`)."""
+
+    number: int
+    state: TrialState
+    value: float | None
+    user_attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def judged_trials(storage: Storage, study_name: str) -> list[JudgedTrial]:
+    """The study's finished trials (COMPLETE, PRUNED, FAIL), in number order."""
+    T, V = models.TrialModel, models.TrialValueModel
+    A, S = models.TrialUserAttributeModel, models.StudyModel
+    query = (select(T.trial_id, T.number, T.state, V.value, V.value_type, A.key, A.value_json)
+             .join(S, S.study_id == T.study_id)
+             .outerjoin(V, and_(V.trial_id == T.trial_id, V.objective == 0))
+             .outerjoin(A, and_(A.trial_id == T.trial_id, A.key.in_(_KEYS)))
+             .where(S.study_name == study_name, T.state.in_(FINISHED)))
+    with storage.session() as s:
+        rows = s.execute(query).all()
+    trials: dict[int, tuple[int, TrialState, float | None, dict[str, Any]]] = {}
+    for trial_id, number, state, value, value_type, key, value_json in rows:
+        if trial_id not in trials:
+            decoded = (None if value_type is None
+                       else V.stored_repr_to_value(value, value_type))
+            trials[trial_id] = (number, state, decoded, {})
+        if key is not None:
+            trials[trial_id][3][key] = json.loads(value_json)
+    return [JudgedTrial(n, st, v, attrs)
+            for n, st, v, attrs in sorted(trials.values(), key=lambda t: t[0])]
