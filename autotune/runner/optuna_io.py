@@ -25,14 +25,11 @@ from autotune.layout import Layout
 from autotune.search import Observation, dominated_by_oom
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
-from autotune.storage.judged import JudgedTrial, judged_trials
+from autotune.storage.judged import AnyTrial, judged_trials
 from autotune.storage.keys import StudyAttr
 from autotune.storage.records import set_user_attrs, trial_layout, trial_outcome
 from autotune.storage.study_records import study_attrs, study_fingerprint, workload_record
 from autotune.trial.outcome import OUTCOME_KINDS, Outcome
-
-Judged = JudgedTrial | FrozenTrial
-"""A finished trial as :func:`observations` reads it: the narrow read's, or Optuna's."""
 
 __all__ = ["open_study", "fingerprint_of", "history", "observations", "layout_params",
            "NoSampling", "set_search_stop"]
@@ -119,7 +116,7 @@ def history(storage: Storage, study_name: str, claimed: dict[str, int]) -> list[
     return observations(judged_trials(storage, study_name), claimed)
 
 
-def observations(trials: Sequence[Judged], claimed: dict[str, int]) -> list[Observation]:
+def observations(trials: Sequence[AnyTrial], claimed: dict[str, int]) -> list[Observation]:
     """Measured layouts with their values among the finished ``trials`` (in number order),
     and layouts claimed by running trials (``pending``: never proposed twice).
 
@@ -148,7 +145,7 @@ def observations(trials: Sequence[Judged], claimed: dict[str, int]) -> list[Obse
     return out
 
 
-def _observed(trial: Judged) -> Observation | None:
+def _observed(trial: AnyTrial) -> Observation | None:
     """The observation a judged trial is (``None``: it says nothing about throughput)."""
     # What the outcome tells a strategy (Outcome.observed); interrupted, infeasible and
     # skipped trials say nothing about their layout's throughput.

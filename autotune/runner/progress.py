@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.layout import Layout
 from autotune.report.tables import format_table
+from autotune.storage.judged import AnyTrial
 from autotune.storage.keys import SKIPPED, TrialAttr
 from autotune.storage.records import trial_layout_key, trial_outcome, trial_reason
 from autotune.trial.outcome import Outcome, Verdict
@@ -116,7 +117,7 @@ def best_line(best: FrozenTrial) -> str:
             + trial_energy_line(best))
 
 
-def trials_table(trials: Sequence[FrozenTrial]) -> str | None:
+def trials_table(trials: Sequence[AnyTrial]) -> str | None:
     """The judged trials, best first (then failures by number); ``None`` if there is none.
 
     Skipped proposals and trials not judged yet (waiting, or their runner died) are left

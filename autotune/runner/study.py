@@ -75,8 +75,9 @@ from autotune.runner.progress import Progress
 from autotune.runner.worker import RunSummary, Worker
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
+from autotune.storage.judged import SUMMARY_KEYS, judged_trials, read_best_trial
 from autotune.storage.keys import StudyAttr
-from autotune.storage.records import best_trial, set_user_attrs
+from autotune.storage.records import set_user_attrs
 from autotune.storage.study_records import learned_from_line, learned_from_record
 
 T = TypeVar("T")
@@ -142,7 +143,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
                for i, launcher in enumerate(launchers)]
     with StopSignals(launchers) as signals:
         summary = (workers[0].run(timeout_s, signals) if len(workers) == 1
-                   else _run_side_by_side(workers, study, timeout_s, signals))
+                   else _run_side_by_side(workers, storage, study, timeout_s, signals))
         if summary.stopped_by in ("budget", "strategy", "exhausted"):
             _confirm(spec, storage, study, launchers[0], summary, workers[0].name, signals,
                      progress)
@@ -159,13 +160,14 @@ def _confirm(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: L
     progress.message(done.line)
     summary.confirmation = done.record
     winner = (done.record or {}).get("winner_trial")
+    summary.trials = judged_trials(storage, study.study_name, states=None, keys=SUMMARY_KEYS)
     if winner is not None:
-        summary.best = next((t for t in study.get_trials(deepcopy=False)
+        summary.best = next((storage.optuna.get_trial(t.trial_id) for t in summary.trials
                              if t.number == winner), summary.best)
-    summary.trials = study.get_trials(deepcopy=False)
 
 
-def _run_side_by_side(workers: list[Worker], study: optuna.Study, timeout_s: float | None,
+def _run_side_by_side(workers: list[Worker], storage: Storage, study: optuna.Study,
+                      timeout_s: float | None,
                       signals: StopSignals) -> RunSummary:
     """One thread per worker (node group); their summaries as one."""
     errors: list[BaseException] = []
@@ -192,4 +194,6 @@ def _run_side_by_side(workers: list[Worker], study: optuna.Study, timeout_s: flo
     return RunSummary(measured=sum(s.measured for s in summaries),
                       infeasible=sum(s.infeasible for s in summaries),
                       stopped_by=ended.stopped_by, stop_reason=ended.stop_reason,
-                      best=best_trial(study), trials=study.get_trials(deepcopy=False))
+                      best=read_best_trial(storage, study.study_name),
+                      trials=judged_trials(storage, study.study_name, states=None,
+                                           keys=SUMMARY_KEYS))

@@ -10,7 +10,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -56,10 +56,10 @@ from autotune.storage.claims import (
     store_verdict,
 )
 from autotune.storage.db import Storage
+from autotune.storage.judged import SUMMARY_KEYS, AnyTrial, judged_trials, read_best_trial
 from autotune.storage.keys import StudyAttr, TrialAttr
 from autotune.storage.records import (
     TrialFacts,
-    best_trial,
     measurement_row,
     set_user_attrs,
     user_attrs,
@@ -101,7 +101,9 @@ class RunSummary:
     """With ``strategy``: the strategy's reason, e.g. ``expected improvement 0.31% < 1%
     after 6 trials (14 layouts untried)``."""
     best: FrozenTrial | None = None
-    trials: list[FrozenTrial] = field(default_factory=list)
+    trials: Sequence[AnyTrial] = field(default_factory=list)
+    """The study's trials at the end, each with the attributes of
+    :data:`~autotune.storage.judged.SUMMARY_KEYS` (a narrow read; ``best`` is whole)."""
     confirmation: dict[str, Any] | None = None
     """The confirmation round's record when this run made or read it
     (:func:`autotune.runner.confirm.confirmation_record`); ``best`` is then its winner."""
@@ -198,8 +200,9 @@ class Worker:
             break
         # The record holds the last trial too.
         self._recalibrate(history(self.storage, self.study.study_name, {}), final=True)
-        self.summary.best = best_trial(self.study)
-        self.summary.trials = self.study.get_trials(deepcopy=False)
+        self.summary.best = read_best_trial(self.storage, self.study.study_name)
+        self.summary.trials = judged_trials(self.storage, self.study.study_name, states=None,
+                                            keys=SUMMARY_KEYS)
         return self.summary
 
     def _next_batch(self) -> tuple[list[tuple[Claimed, Layout]], str | None]:
@@ -406,7 +409,8 @@ class Worker:
         transaction, while every member's lease is still renewed."""
         spec = self.spec
         # The early stop's bar; without an early stop nothing reads it (one query less).
-        best = best_trial(self.study) if spec.trial.early_stop_tolerance is not None else None
+        best = (read_best_trial(self.storage, self.study.study_name)
+                if spec.trial.early_stop_tolerance is not None else None)
         run_cfg = spec.run_config(best.value if best is not None and best.value else None)
         specs, paths, cands = [], [], []
         _test_kill_point("after-claim")
@@ -486,7 +490,8 @@ class Worker:
             outcome, number=claimed.number, layout=layout.key(), trial_dir=facts.trial_dir)) \
             or self.broken
         self.progress.trial_finished(claimed.number, layout, outcome,
-                                     best_trial(self.study) if self.progress.enabled else None)
+                                     read_best_trial(self.storage, self.study.study_name)
+                                     if self.progress.enabled else None)
 
     def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Verdict,
                t0: datetime, elapsed_s: float, result: TrialResult | None, hosts: list[str],

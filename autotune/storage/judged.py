@@ -10,19 +10,22 @@ quarter of the workers' CPU (``benchmarks/many_workers.py --start fork --profile
 
 The history needs four things of each finished trial: its number, state, value, and the
 two attributes that say what it ran and how it ended (``layout_dict``, ``outcome``).
-:func:`judged_trials` reads just those in one query on Optuna's tables (the same rows
-``get_trials`` reads; the value decoded as ``TrialValueModel.stored_repr_to_value``
-does). Private Optuna API, pinned like :mod:`autotune.storage._optuna_rdb`.
+:func:`judged_trials` reads just those (or the few a run's closing table shows,
+:data:`SUMMARY_KEYS`, where each worker read the whole study once more) in one query on
+Optuna's tables (the same rows ``get_trials`` reads; the value decoded as
+``TrialValueModel.stored_repr_to_value`` does). Private Optuna API, pinned like
+:mod:`autotune.storage._optuna_rdb`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from optuna.storages._rdb import models
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import and_, select
 
 from autotune.storage.keys import TrialAttr
@@ -30,35 +33,63 @@ from autotune.storage.keys import TrialAttr
 if TYPE_CHECKING:
     from autotune.storage.db import Storage
 
-__all__ = ["JudgedTrial", "judged_trials", "FINISHED"]
+__all__ = ["JudgedTrial", "AnyTrial", "judged_trials", "read_best_trial", "FINISHED",
+           "HISTORY_KEYS", "SUMMARY_KEYS"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
-_KEYS = (TrialAttr.LAYOUT_DICT, TrialAttr.OUTCOME)
-"""The attributes :func:`autotune.storage.records.trial_layout` and ``trial_outcome``
-read: a :class:`JudgedTrial` answers both as a ``FrozenTrial`` does."""
+HISTORY_KEYS = (TrialAttr.LAYOUT_DICT, TrialAttr.OUTCOME)
+"""What :func:`autotune.storage.records.trial_layout` and ``trial_outcome`` read: a
+:class:`JudgedTrial` answers both as a ``FrozenTrial`` does."""
+
+SUMMARY_KEYS = (*HISTORY_KEYS, TrialAttr.LAYOUT, TrialAttr.STEP_TIME_S,
+                TrialAttr.PEAK_MEMORY_GIB, TrialAttr.REASON, TrialAttr.TIMINGS_S)
+"""What a run's summary holds of each trial (``RunSummary.trials``): what its closing
+table reads (:func:`autotune.runner.progress.trials_table`) and the timings a trial's
+device-seconds are summed from (``benchmarks/_common.py``, ``study_run``)."""
 
 
 @dataclass(frozen=True)
 class JudgedTrial:
-    """A finished trial's number, state, first value and the attributes of :data:`_KEYS`
-    (the ``HasAttrs`` of :mod:`autotune.storage.records`)."""
+    """A trial's number, state, first value and some of its user attributes (the
+    ``HasAttrs`` of :mod:`autotune.storage.records`), and its id in the storage."""
 
     number: int
     state: TrialState
     value: float | None
     user_attrs: dict[str, Any] = field(default_factory=dict)
+    trial_id: int = -1
 
 
-def judged_trials(storage: Storage, study_name: str) -> list[JudgedTrial]:
-    """The study's finished trials (COMPLETE, PRUNED, FAIL), in number order."""
+AnyTrial = JudgedTrial | FrozenTrial
+"""A trial as the history and the closing table read it: the narrow read's, or Optuna's."""
+
+
+def read_best_trial(storage: Storage, study_name: str) -> FrozenTrial | None:
+    """:func:`autotune.storage.records.best_trial` of the study, read narrowly: the
+    completed trial of highest value (the first of equal ones, as there), and only that
+    one read whole."""
+    done = judged_trials(storage, study_name, states=(TrialState.COMPLETE,), keys=())
+    if not done:
+        return None
+    best = max(done, key=lambda t: t.value or 0.0)
+    return storage.optuna.get_trial(best.trial_id)
+
+
+def judged_trials(storage: Storage, study_name: str, *,
+                  states: Sequence[TrialState] | None = FINISHED,
+                  keys: Sequence[str] = HISTORY_KEYS) -> list[JudgedTrial]:
+    """The study's trials in ``states`` (``None``: all), in number order, with the user
+    attributes of ``keys``."""
     T, V = models.TrialModel, models.TrialValueModel
     A, S = models.TrialUserAttributeModel, models.StudyModel
     query = (select(T.trial_id, T.number, T.state, V.value, V.value_type, A.key, A.value_json)
              .join(S, S.study_id == T.study_id)
              .outerjoin(V, and_(V.trial_id == T.trial_id, V.objective == 0))
-             .outerjoin(A, and_(A.trial_id == T.trial_id, A.key.in_(_KEYS)))
-             .where(S.study_name == study_name, T.state.in_(FINISHED)))
+             .outerjoin(A, and_(A.trial_id == T.trial_id, A.key.in_(keys)))
+             .where(S.study_name == study_name))
+    if states is not None:
+        query = query.where(T.state.in_(states))
     with storage.session() as s:
         rows = s.execute(query).all()
     trials: dict[int, tuple[int, TrialState, float | None, dict[str, Any]]] = {}
@@ -69,5 +100,5 @@ def judged_trials(storage: Storage, study_name: str) -> list[JudgedTrial]:
             trials[trial_id] = (number, state, decoded, {})
         if key is not None:
             trials[trial_id][3][key] = json.loads(value_json)
-    return [JudgedTrial(n, st, v, attrs)
-            for n, st, v, attrs in sorted(trials.values(), key=lambda t: t[0])]
+    return [JudgedTrial(n, st, v, attrs, tid)
+            for tid, (n, st, v, attrs) in sorted(trials.items(), key=lambda t: t[1][0])]

@@ -15,8 +15,9 @@ from autotune.config.study import StorageConfig
 from autotune.layout import Layout
 from autotune.runner.optuna_io import observations
 from autotune.storage.db import open_storage
-from autotune.storage.judged import FINISHED, judged_trials
-from autotune.storage.records import trial_layout, trial_outcome
+from autotune.runner.progress import trials_table
+from autotune.storage.judged import FINISHED, SUMMARY_KEYS, judged_trials, read_best_trial
+from autotune.storage.records import best_trial, trial_layout, trial_outcome
 
 OUTCOMES = ("complete", "stopped", "oom", "error", "infeasible", "timeout", "killed")
 
@@ -31,6 +32,8 @@ def _fill(study: optuna.Study, rng: random.Random) -> None:
             trial.set_user_attr("layout_dict", lay.to_dict())
             trial.set_user_attr("outcome", rng.choice(OUTCOMES))
         trial.set_user_attr("timings_s", {"measure": rng.random()})  # read by neither
+        trial.set_user_attr("step_time_s", rng.random())
+        trial.set_user_attr("reason", f"reason {i}\nsecond line")
         roll = rng.random()
         if roll < 0.5:
             study.tell(trial, rng.choice([rng.uniform(1, 300), float("inf")]))
@@ -57,6 +60,13 @@ def _check(url: str, name: str) -> None:
             assert trial_layout(n) == trial_layout(w)
         claimed = {Layout(tp=4, pp=1, dp=1, micro_batch=1, grad_accum=1).key(): 1}
         assert observations(narrow, claimed) == observations(whole, claimed)
+        # The run's closing table and best line: the same from the narrow read.
+        everything = judged_trials(storage, name, states=None, keys=SUMMARY_KEYS)
+        assert trials_table(everything) == trials_table(study.get_trials(deepcopy=False))
+        assert [t.state for t in everything].count(TrialState.RUNNING) > 0
+        best = read_best_trial(storage, name)
+        assert best is not None and best.number == best_trial(study).number
+        assert best.user_attrs == best_trial(study).user_attrs  # read whole
     finally:
         storage.close()
 
