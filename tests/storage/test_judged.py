@@ -14,8 +14,8 @@ from optuna.trial import TrialState
 from autotune.config.study import StorageConfig
 from autotune.layout import Layout
 from autotune.runner.optuna_io import observations
-from autotune.storage.db import open_storage
 from autotune.runner.progress import trials_table
+from autotune.storage.db import open_storage
 from autotune.storage.judged import FINISHED, SUMMARY_KEYS, judged_trials, read_best_trial
 from autotune.storage.records import best_trial, trial_layout, trial_outcome
 
