@@ -95,15 +95,12 @@ MORE: dict[str, Case] = {
 """What the script adds (``--all``): each costs some 10 s of two CPU cores."""
 
 
-def predicted_bytes(case: Case) -> int:
-    return estimate_memory(case.model, case.layout, dtype="fp32", device="cpu").peak_bytes
-
-
-def predicted_live_bytes(case: Case) -> int:
-    """The model's peak less its runtime allowance: the live bytes, what the launch's mmap
-    threshold leaves the peak RSS to measure (the allowance's allocator retention is gone)."""
+def predicted(case: Case) -> tuple[int, int]:
+    """The model's peak, and its live bytes: the peak less the runtime allowance, what the
+    launch's mmap threshold leaves the peak RSS to measure (the allowance's allocator
+    retention is gone)."""
     est = estimate_memory(case.model, case.layout, dtype="fp32", device="cpu")
-    return est.peak_bytes - est.runtime_bytes
+    return est.peak_bytes, est.peak_bytes - est.runtime_bytes
 
 
 def _spec(case: Case) -> dict:
@@ -120,8 +117,8 @@ def run(tmp: Path, cases: dict[str, Case]) -> dict[str, dict]:
     sys.path.insert(0, str(REPO / "tests" / "trainer"))
     from trainer_launch import launch  # the tests' torchrun helper
 
-    predicted = {k: predicted_bytes(c) for k, c in cases.items()}
-    order = sorted(cases, key=lambda k: predicted[k])
+    peaks = {k: predicted(c) for k, c in cases.items()}
+    order = sorted(cases, key=lambda k: peaks[k][0])
     saved = os.environ.get(MMAP_ENV)
     os.environ[MMAP_ENV] = str(MMAP_THRESHOLD_BYTES)  # launch() passes os.environ on
     try:
@@ -138,8 +135,7 @@ def run(tmp: Path, cases: dict[str, Case]) -> dict[str, dict]:
     for k in order:
         r = results[k]
         peak = int(r["peak_memory_bytes"])
-        out[k] = {"predicted_bytes": predicted[k],
-                  "predicted_live_bytes": predicted_live_bytes(cases[k]),
+        out[k] = {"predicted_bytes": peaks[k][0], "predicted_live_bytes": peaks[k][1],
                   "measured_bytes": peak if peak > running_max else None,
                   "losses": r["losses"], "status": r["status"]}
         running_max = max(running_max, peak)

@@ -75,7 +75,7 @@ from autotune.runner.progress import Progress
 from autotune.runner.worker import RunSummary, Worker
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
-from autotune.storage.judged import SUMMARY_KEYS, judged_trials, read_best_trial
+from autotune.storage.judged import SUMMARY_KEYS, highest, judged_trials, whole
 from autotune.storage.keys import StudyAttr
 from autotune.storage.records import set_user_attrs
 from autotune.storage.study_records import learned_from_line, learned_from_record
@@ -162,8 +162,8 @@ def _confirm(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: L
     winner = (done.record or {}).get("winner_trial")
     summary.trials = judged_trials(storage, study.study_name, states=None, keys=SUMMARY_KEYS)
     if winner is not None:
-        summary.best = next((storage.optuna.get_trial(t.trial_id) for t in summary.trials
-                             if t.number == winner), summary.best)
+        summary.best = next((whole(storage, t) for t in summary.trials if t.number == winner),
+                            summary.best)
 
 
 def _run_side_by_side(workers: list[Worker], storage: Storage, study: optuna.Study,
@@ -189,11 +189,11 @@ def _run_side_by_side(workers: list[Worker], storage: Storage, study: optuna.Stu
     if errors:
         raise errors[0]
     summaries = [w.summary for w in workers]
+    # Read once more after all of them ended: each one read the study at its own end.
+    trials = judged_trials(storage, study.study_name, states=None, keys=SUMMARY_KEYS)
     ended = next((s for s in summaries if s.stopped_by in ("interrupt", "sigterm")),
                  next((s for s in summaries if s.stopped_by != "node_failure"), summaries[0]))
     return RunSummary(measured=sum(s.measured for s in summaries),
                       infeasible=sum(s.infeasible for s in summaries),
                       stopped_by=ended.stopped_by, stop_reason=ended.stop_reason,
-                      best=read_best_trial(storage, study.study_name),
-                      trials=judged_trials(storage, study.study_name, states=None,
-                                           keys=SUMMARY_KEYS))
+                      best=whole(storage, highest(trials)), trials=trials)

@@ -32,7 +32,7 @@ from autotune.runner.learning import (
     trial_seconds,
 )
 from autotune.runner.lifecycle import Busy, StopSignals, heartbeat
-from autotune.runner.optuna_io import history, layout_params, set_search_stop
+from autotune.runner.optuna_io import history, layout_params, observations, set_search_stop
 from autotune.runner.progress import Progress
 from autotune.runner.proposals import next_proposals
 from autotune.runner.recovered import finished_result
@@ -56,7 +56,16 @@ from autotune.storage.claims import (
     store_verdict,
 )
 from autotune.storage.db import Storage
-from autotune.storage.judged import SUMMARY_KEYS, AnyTrial, judged_trials, read_best_trial
+from autotune.storage.judged import (
+    FINISHED,
+    SUMMARY_KEYS,
+    AnyTrial,
+    best_judged,
+    highest,
+    judged_trials,
+    read_best_trial,
+    whole,
+)
 from autotune.storage.keys import StudyAttr, TrialAttr
 from autotune.storage.records import (
     TrialFacts,
@@ -198,11 +207,14 @@ class Worker:
                 continue
             self.summary.stopped_by = stop or "exhausted"
             break
-        # The record holds the last trial too.
-        self._recalibrate(history(self.storage, self.study.study_name, {}), final=True)
-        self.summary.best = read_best_trial(self.storage, self.study.study_name)
-        self.summary.trials = judged_trials(self.storage, self.study.study_name, states=None,
-                                            keys=SUMMARY_KEYS)
+        # One read of the study for the end: the calibration's last refit (the record holds
+        # the last trial too), the best trial and the closing table.
+        trials = judged_trials(self.storage, self.study.study_name, states=None,
+                               keys=SUMMARY_KEYS)
+        self._recalibrate(observations([t for t in trials if t.state in FINISHED], {}),
+                          final=True)
+        self.summary.best = whole(self.storage, highest(trials))
+        self.summary.trials = trials
         return self.summary
 
     def _next_batch(self) -> tuple[list[tuple[Claimed, Layout]], str | None]:
@@ -409,7 +421,7 @@ class Worker:
         transaction, while every member's lease is still renewed."""
         spec = self.spec
         # The early stop's bar; without an early stop nothing reads it (one query less).
-        best = (read_best_trial(self.storage, self.study.study_name)
+        best = (best_judged(self.storage, self.study.study_name)
                 if spec.trial.early_stop_tolerance is not None else None)
         run_cfg = spec.run_config(best.value if best is not None and best.value else None)
         specs, paths, cands = [], [], []

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
@@ -33,8 +33,8 @@ from autotune.storage.keys import TrialAttr
 if TYPE_CHECKING:
     from autotune.storage.db import Storage
 
-__all__ = ["JudgedTrial", "AnyTrial", "judged_trials", "read_best_trial", "FINISHED",
-           "HISTORY_KEYS", "SUMMARY_KEYS"]
+__all__ = ["JudgedTrial", "AnyTrial", "judged_trials", "highest", "best_judged",
+           "read_best_trial", "whole", "FINISHED", "HISTORY_KEYS", "SUMMARY_KEYS"]
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -57,23 +57,38 @@ class JudgedTrial:
     number: int
     state: TrialState
     value: float | None
+    trial_id: int
     user_attrs: dict[str, Any] = field(default_factory=dict)
-    trial_id: int = -1
 
 
 AnyTrial = JudgedTrial | FrozenTrial
 """A trial as the history and the closing table read it: the narrow read's, or Optuna's."""
 
+T = TypeVar("T", JudgedTrial, FrozenTrial)
+
+
+def highest(trials: Sequence[T]) -> T | None:
+    """The completed trial of highest value (throughput) among ``trials`` (in number
+    order: the first of equal values), ``None`` before any: what the runner compares each
+    new trial with (the study's objective may name another best:
+    :func:`autotune.report.results.selected_trial`)."""
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    return max(done, key=lambda t: t.value or 0.0) if done else None
+
+
+def best_judged(storage: Storage, study_name: str) -> JudgedTrial | None:
+    """:func:`highest` of the study, from the narrow read (its value, not the whole trial)."""
+    return highest(judged_trials(storage, study_name, states=(TrialState.COMPLETE,), keys=()))
+
 
 def read_best_trial(storage: Storage, study_name: str) -> FrozenTrial | None:
-    """:func:`autotune.storage.records.best_trial` of the study, read narrowly: the
-    completed trial of highest value (the first of equal ones, as there), and only that
-    one read whole."""
-    done = judged_trials(storage, study_name, states=(TrialState.COMPLETE,), keys=())
-    if not done:
-        return None
-    best = max(done, key=lambda t: t.value or 0.0)
-    return storage.optuna.get_trial(best.trial_id)
+    """:func:`highest` of the study, found by the narrow read; only that trial read whole."""
+    return whole(storage, best_judged(storage, study_name))
+
+
+def whole(storage: Storage, trial: JudgedTrial | None) -> FrozenTrial | None:
+    """Optuna's whole trial of a narrow read's ``trial``."""
+    return None if trial is None else storage.optuna.get_trial(trial.trial_id)
 
 
 def judged_trials(storage: Storage, study_name: str, *,
@@ -100,5 +115,5 @@ def judged_trials(storage: Storage, study_name: str, *,
             trials[trial_id] = (number, state, decoded, {})
         if key is not None:
             trials[trial_id][3][key] = json.loads(value_json)
-    return [JudgedTrial(n, st, v, attrs, tid)
+    return [JudgedTrial(n, st, v, tid, attrs)
             for tid, (n, st, v, attrs) in sorted(trials.items(), key=lambda t: t[1][0])]

@@ -186,13 +186,13 @@ def set_user_attrs(target: SetsAttrs, attrs: Mapping[str, Any]) -> None:
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The completed trial of highest value (throughput), ``None`` before any: what the
-    runner compares each new trial with (the study's objective may name another best:
-    :func:`autotune.report.results.selected_trial`)."""
+    """:func:`autotune.storage.judged.highest` of an Optuna study's trials (the runner's
+    own reads go through :func:`autotune.storage.judged.read_best_trial`)."""
     from optuna.trial import TrialState
 
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return max(done, key=lambda t: t.value or 0.0) if done else None
+    from autotune.storage.judged import highest
+
+    return highest(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
 def trial_layout(trial: HasAttrs) -> Layout | None:
