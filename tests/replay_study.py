@@ -4,8 +4,8 @@ nothing, so what is exercised is the runner and the database.
 The table is synthetic (vTrain's column format; 8 nodes of 8 A100s at global batch 256 by
 default, 161 layouts; 206 on 32 nodes at 1024: every tp x pp x micro-batch that divides),
 its step times a smooth function of the layout; nothing is fitted to it.
-``own_pg_database`` makes a PostgreSQL database for one test or benchmark (a newer schema
-must never touch the shared ``test`` database).
+``own_pg_database`` and ``own_mysql_database`` make a database for one test or benchmark
+(a newer schema must never touch the shared ``test`` database).
 """
 
 from __future__ import annotations
@@ -80,4 +80,22 @@ def own_pg_database(pg_url: str, prefix: str = "robust") -> Iterator[str]:
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextmanager
+def own_mysql_database(mysql_url: str, prefix: str = "autotune") -> Iterator[str]:
+    """A fresh MySQL/MariaDB database on ``mysql_url``'s server, dropped afterwards."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(mysql_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield make_url(mysql_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         admin.dispose()

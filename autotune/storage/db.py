@@ -25,7 +25,7 @@ import optuna
 from alembic.runtime.migration import MigrationContext
 from optuna.storages import BaseStorage
 from sqlalchemy import create_engine, event, func, inspect, select, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
@@ -35,6 +35,7 @@ from autotune.errors import AutotuneError, StorageError
 from autotune.storage._sp_columns import widen_recompute_add_sequence_parallel
 from autotune.storage.guarded import database_error, guard
 from autotune.storage.limits import apply_session_limits
+from autotune.storage.optuna_schema import first_start_turn, head_revision
 from autotune.storage.schema import (
     ENERGY_COLUMNS,
     SCHEMA_VERSION,
@@ -152,13 +153,7 @@ class Storage:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             stamped = self._optuna_revision(kwargs)
             if stamped is None:
-                # Optuna's first start on a database creates its tables and stamps their
-                # alembic revision, asking for a connection while it holds one (optuna 5.0,
-                # _VersionManager._init_alembic -> _is_alembic_supported): done on
-                # connections of its own, closed at once, never on the worker's one.
-                optuna.storages.RDBStorage(
-                    self.url, engine_kwargs={**_no_pool(kwargs), "poolclass": NullPool}
-                ).engine.dispose()
+                stamped = self._first_start(kwargs)
             # No Optuna heartbeats: a trial's liveness is its claim's lease
             # (autotune.storage.claims), written in autotune's own transactions.
             self.rdb = optuna.storages.RDBStorage(
@@ -186,10 +181,36 @@ class Storage:
         try:
             with probe.connect() as connection:
                 self._connected = True  # the server is there: see __init__
-                revision = MigrationContext.configure(connection).get_current_revision()
-                return None if revision is None else str(revision)
+                return _stamped(connection)
         finally:
             probe.dispose()
+
+    def _first_start(self, kwargs: dict[str, Any]) -> str | None:
+        """Create a new database's tables, Optuna's and autotune's, one worker at a time
+        (:func:`~autotune.storage.optuna_schema.first_start_turn`): a worker that waited
+        finds them made. Returns the revision found after waiting (``None``: created now).
+
+        Optuna's first start creates its tables and stamps their alembic revision, asking
+        for a connection while it holds one (optuna 5.0, ``_VersionManager._init_alembic``
+        -> ``_is_alembic_supported``): done on connections of its own, closed at once,
+        never on the worker's pool; the creator holds those two and its lock's, the
+        waiters one each."""
+        lock = create_engine(self.url, **_no_pool(kwargs), poolclass=NullPool)
+        try:
+            with lock.connect() as connection, first_start_turn(
+                    connection, self.backend, self.config.transaction_timeout_s):
+                stamped = _stamped(connection)
+                connection.commit()
+                if stamped is not None:
+                    return stamped
+                optuna.storages.RDBStorage(
+                    self.url, engine_kwargs={**_no_pool(kwargs), "poolclass": NullPool}
+                ).engine.dispose()
+                Base.metadata.create_all(connection)
+                connection.commit()
+                return None
+        finally:
+            lock.dispose()
 
     def _check_optuna_schema(self, stamped: str | None) -> None:
         """Optuna's own start-up check, one connection at a time.
@@ -198,10 +219,12 @@ class Storage:
         ``optuna/storages/_rdb/storage.py``) reads the stored version inside an open session
         and then asks alembic for the current revision on a second connection: with a pool
         of one that second connection would wait for the first. The same comparison and
-        the same advice, from the same alembic calls. ``stamped``: the revision the probe
-        read (``None``: the tables were created just now, and are read again)."""
+        the same advice; the head is read from Optuna's scripts' text
+        (:func:`~autotune.storage.optuna_schema.head_revision`, alembic's answer where
+        that finds none). ``stamped``: the revision the probe read (``None``: the tables
+        were created just now, and are read again)."""
         current = stamped if stamped is not None else self.rdb.get_current_version()
-        head = self.rdb.get_head_version()
+        head = head_revision() or self.rdb.get_head_version()
         if current == head:
             return
         advice = ("run `optuna storage upgrade --storage URL` to upgrade the tables"
@@ -386,6 +409,13 @@ class Storage:
     def close(self) -> None:
         self.rdb.remove_session()
         self.engine.dispose()
+
+
+def _stamped(connection: Connection) -> str | None:
+    """The alembic revision Optuna's tables carry on ``connection``'s database (``None``:
+    no tables yet)."""
+    revision = MigrationContext.configure(connection).get_current_revision()
+    return None if revision is None else str(revision)
 
 
 def _quiet_rollback(s: Session) -> None:

@@ -7,19 +7,15 @@ here), since the step rewrites the ``measurements`` table."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from autotune.config.study import StorageConfig
 from autotune.storage.db import Storage
 from autotune.storage.schema import SCHEMA_VERSION
-from tests.replay_study import own_pg_database
+from tests.replay_study import own_mysql_database, own_pg_database
 from tests.storage.test_calibration_rows import _row
 
 
@@ -81,22 +77,8 @@ def test_a_v3_postgresql_database_is_migrated(pg_url: str) -> None:
         _check_migrated(url, width_enforced=True)
 
 
-@contextmanager
-def _own_mysql_database(mysql_url: str) -> Iterator[str]:
-    name = f"autotune_v4_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(mysql_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield make_url(mysql_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-        admin.dispose()
-
-
 @pytest.mark.slow  # as the other MariaDB test: its server is not in every CI job
 def test_a_v3_mariadb_database_is_migrated(mysql_url: str) -> None:
-    with _own_mysql_database(mysql_url) as url:
+    with own_mysql_database(mysql_url, "autotune_v4") as url:
         _make_v3(url)
         _check_migrated(url, width_enforced=True)

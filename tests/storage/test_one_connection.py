@@ -1,7 +1,8 @@
 """One connection per worker on a server (issue #23: with a second one allowed for a moment,
 64 workers on 2 cores held 98 of PostgreSQL's default 100 and 34 of them found the server
 full). Counted by the server itself (``pg_stat_activity``), on a database of the test's own:
-the first start on a new database (Optuna creates and stamps its tables), a second start,
+the first start on a new database (Optuna creates and stamps its tables, holding two
+connections for a moment besides the first-start lock's), a second start,
 and a worker's two threads (its loop and a lease heartbeat) using the storage at once; and
 Optuna's schema check, which autotune now makes itself, one connection at a time."""
 
@@ -58,9 +59,11 @@ def test_a_worker_holds_one_connection_from_its_first_start_on(pg_url: str) -> N
         with _Peak(pg_url, database) as first_start:
             storage = open_storage(config)  # creates Optuna's tables and autotune's
         storage.engine.dispose()
-        # Optuna's first start runs on connections of its own (closed at once); the probe
-        # and the worker's pool come one after the other
-        assert first_start.peak <= 2, first_start.peak
+        # Optuna's first start runs on two connections of its own (closed at once) while the
+        # first-start lock's connection waits for it (others that start now wait on that
+        # lock, one connection each); the probe and the worker's pool come one after the
+        # other
+        assert first_start.peak <= 3, first_start.peak
         with _Peak(pg_url, database) as start:
             storage = open_storage(config)
         assert start.peak <= 1, start.peak
