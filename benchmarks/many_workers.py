@@ -152,6 +152,20 @@ def measure_startup(repeat: int = 3) -> dict[str, float]:
             "startup_cpu_s": round(statistics.median(cpus), 2)}
 
 
+def uncompiled_modules() -> list[str]:
+    """autotune's modules without current bytecode: where PYTHONDONTWRITEBYTECODE is set,
+    each worker compiles them again (``scripts/setup.sh`` compiles them; a module edited
+    since is not), which a job array's task on an installed autotune never does."""
+    import importlib.util
+
+    stale = []
+    for source in sorted((REPO / "autotune").rglob("*.py")):
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        if not cached.exists() or cached.stat().st_mtime < source.stat().st_mtime:
+            stale.append(str(source.relative_to(REPO)))
+    return stale
+
+
 def _fork_worker(study: str, profile: str | None) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -298,6 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"start-up of one worker: {startup['startup_wall_s']} s wall, "
           f"{startup['startup_cpu_s']} s CPU ({cores} cores; load average "
           f"{os.getloadavg()[0]:.1f})", flush=True)
+    stale = uncompiled_modules()
+    if stale and os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print(f"warning: {len(stale)} of autotune's modules have no current bytecode and "
+              f"PYTHONDONTWRITEBYTECODE is set: every worker compiles them (e.g. "
+              f"{stale[0]}); run scripts/setup.sh (python -m compileall autotune) first",
+              flush=True)
+    startup["uncompiled_modules"] = len(stale)
     rows = []
     for item in args.rows.split(","):
         backend, _, n = item.partition(":")
