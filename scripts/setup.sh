@@ -35,7 +35,7 @@ echo "[setup] installing autotune and its extras"
 "${PIP[@]}" "${CONSTRAINT[@]}" -e ".[dev]"
 # The project's modules as bytecode, as pip compiles any package it installs and an editable
 # install does not: where PYTHONDONTWRITEBYTECODE is set (this machine, CI), every
-# interpreter importing autotune compiled its hundred modules again, 0.19 of the 0.94 CPU-s
+# interpreter importing autotune compiled its hundred modules again, 0.08 of the 0.94 CPU-s
 # of a worker's start, paid by each task of a job array (issue 23). A module edited since
 # is compiled in memory as before (its bytecode no longer matches): nothing stale is run.
 "$VENV/bin/python" -m compileall -q autotune trainer >/dev/null

@@ -125,11 +125,11 @@ def observations(trials: Sequence[AnyTrial], claimed: dict[str, int]) -> list[Ob
     and finds that), and what keeps a strategy that does not skip such layouts itself
     (``grid``, ``random``, ``tpe``, ``gp``) from proposing it again and again.
     """
-    ooms = [obs for obs in (_observed(t) for t in trials) if obs and obs.status == "oom"]
+    judged = [(t, _observed(t)) for t in trials]  # each trial's layout parsed once
+    ooms = [obs for _, obs in judged if obs and obs.status == "oom"]
     out: list[Observation] = []
     seen: set[str] = set()
-    for t in trials:
-        obs = _observed(t)
+    for t, obs in judged:
         if obs is None and trial_outcome(t) == Outcome.INFEASIBLE:
             layout = trial_layout(t)
             if (layout is not None and layout.key() not in seen
