@@ -25,11 +25,9 @@ is over (``storage.grace_period_s``).
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +38,7 @@ from sqlalchemy import func, select, update
 
 from autotune.storage import _optuna_rdb as rdb
 from autotune.storage.keys import RUNNING, TrialAttr
+from autotune.storage.leases import dead_here, utcnow
 from autotune.storage.schema import LayoutClaim, Measurement
 from autotune.trial.outcome import Outcome
 
@@ -56,10 +55,6 @@ MAX_ATTEMPTS = 3
 
 KILLED_REASON = ("the runner died before recording the result (SIGKILL, node failure): "
                  "its lease ran out")
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 @dataclass(frozen=True)
@@ -133,7 +128,7 @@ def claim_first(storage: Storage, *, study_name: str, requests: Sequence[ClaimRe
     """
     if not requests:
         return Refused.TAKEN
-    lease = _utcnow() + timedelta(seconds=storage.config.grace_period_s)
+    lease = utcnow() + timedelta(seconds=storage.config.grace_period_s)
     with storage.session() as s:
         study_id = rdb.study_id_of(s, study_name)
         if study_id is None:
@@ -195,7 +190,7 @@ def _create_claimed(s: Any, study_id: int, study_name: str, req: ClaimRequest,
                                         params=req.params, user_attrs=attrs)
     if row is None:
         s.add(LayoutClaim(study_name=study_name, layout_key=req.key, trial_id=trial_id,
-                          worker=worker, created_at=_utcnow(), lease_until=lease,
+                          worker=worker, created_at=utcnow(), lease_until=lease,
                           attempts=1, retry=0))
     else:
         row.trial_id, row.worker, row.lease_until = trial_id, worker, lease
@@ -216,7 +211,7 @@ def _number_of(s: Any, trial_id: int) -> int | None:
 def renew_lease(storage: Storage, trial_id: int) -> bool:
     """Move the lease of ``trial_id``'s claim on; ``False`` if it has none any more (it
     was recorded, or repaired after a silence longer than the grace period)."""
-    lease = _utcnow() + timedelta(seconds=storage.config.grace_period_s)
+    lease = utcnow() + timedelta(seconds=storage.config.grace_period_s)
     with storage.session() as s:
         done = s.execute(update(LayoutClaim).where(
             LayoutClaim.trial_id == trial_id, LayoutClaim.lease_until.is_not(None))
@@ -274,7 +269,7 @@ def repair_stale(storage: Storage, study_name: str) -> int:
     Each repair is its own transaction, checked again under the trial's row lock, so
     concurrent repairers and a late recorder never both win.
     """
-    now = _utcnow()
+    now = utcnow()
     limit = now - timedelta(seconds=storage.config.grace_period_s)
     T, C, H = models.TrialModel, LayoutClaim, models.TrialHeartbeatModel
     with storage.session() as s:
@@ -288,7 +283,7 @@ def repair_stale(storage: Storage, study_name: str) -> int:
             .where(T.study_id == study_id, T.state == TrialState.RUNNING)
             .group_by(T.trial_id, C.lease_until, T._datetime_start_utc, C.worker)).all()
     stale = [tid for tid, lease, beat, start, worker in rows
-             if _dead_here(worker) or (
+             if dead_here(worker) or (
                  (lease is None or lease < now) and (beat is None or beat < limit)
                  and (lease is not None or start is None or start < limit))]
     repaired = 0
@@ -296,7 +291,7 @@ def repair_stale(storage: Storage, study_name: str) -> int:
         with storage.session() as s:
             row = s.scalars(select(C).where(C.trial_id == trial_id).with_for_update()).first()
             if (row is not None and row.lease_until is not None and row.lease_until >= now
-                    and not _dead_here(row.worker)):
+                    and not dead_here(row.worker)):
                 continue  # renewed meanwhile
             if not rdb.finish_trial(s, trial_id, state=TrialState.FAIL, value=None,
                                     user_attrs={TrialAttr.OUTCOME: Outcome.KILLED.value,
@@ -311,38 +306,6 @@ def repair_stale(storage: Storage, study_name: str) -> int:
                 row.retry = 1 if row.attempts < MAX_ATTEMPTS else 0
             repaired += 1
     return repaired
-
-
-def _dead_here(worker: str | None) -> bool:
-    """Whether the claim's runner (``host:pid[/i]``) ran on this host in a process that
-    exists no more: dead for sure, its lease need not run out. (Hosts of one name in
-    separate PID namespaces, e.g. containers, would mistake each other: give them
-    distinct host names.)"""
-    if not worker or ":" not in worker:
-        return False
-    host, _, rest = worker.rpartition(":")
-    pid_text = rest.split("/", 1)[0]
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    """A killed runner whose parent has not reaped it yet still has a pid (Linux)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def claim_counts(storage: Storage, study_name: str) -> ClaimCounts:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select, update
 
 from autotune.storage import _optuna_rdb as rdb
-from autotune.storage.claims import _dead_here, _utcnow
+from autotune.storage.leases import dead_here, utcnow
 from autotune.storage.schema import Confirmation, ConfirmationRun
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class ConfirmRefused(Enum):
 def claim_confirmation(storage: Storage, *, study_name: str, basis: str,
                        worker: str) -> ConfirmClaimed | ConfirmRefused:
     """Claim the confirmation round of ``basis`` (its candidates) for ``worker``."""
-    now = _utcnow()
+    now = utcnow()
     lease = now + timedelta(seconds=storage.config.grace_period_s)
     with storage.session() as s:
         study_id = rdb.study_id_of(s, study_name)
@@ -78,7 +78,7 @@ def claim_confirmation(storage: Storage, *, study_name: str, basis: str,
         if row.state == "done":
             return ConfirmRefused.DONE
         alive = (row.lease_until is not None and row.lease_until >= now
-                 and not _dead_here(row.worker))
+                 and not dead_here(row.worker))
         if alive and row.worker != worker:
             return ConfirmRefused.TAKEN
         row.worker, row.lease_until = worker, lease
@@ -86,7 +86,7 @@ def claim_confirmation(storage: Storage, *, study_name: str, basis: str,
 
 
 def renew_confirmation(storage: Storage, confirmation_id: int) -> bool:
-    lease = _utcnow() + timedelta(seconds=storage.config.grace_period_s)
+    lease = utcnow() + timedelta(seconds=storage.config.grace_period_s)
     with storage.session() as s:
         done = s.execute(update(Confirmation).where(
             Confirmation.id == confirmation_id, Confirmation.lease_until.is_not(None))
@@ -105,7 +105,7 @@ def release_confirmation(storage: Storage, confirmation_id: int) -> None:
 def record_round(storage: Storage, confirmation_id: int, *, study_name: str,
                  runs: Sequence[Mapping[str, Any]], launches: int, device_s: float) -> None:
     """One round's runs (:data:`RUN_COLUMNS`) and its cost, in one transaction."""
-    now = _utcnow()
+    now = utcnow()
     with storage.session() as s:
         for run in runs:
             s.add(ConfirmationRun(confirmation_id=confirmation_id, study_name=study_name,
@@ -146,7 +146,7 @@ def decided_record(storage: Storage, study_name: str, basis: str) -> dict[str, A
 
 def unfinished_line(storage: Storage, study_name: str) -> str | None:
     """A round begun and not decided, in words (for ``autotune status``), else ``None``."""
-    now = _utcnow()
+    now = utcnow()
     with storage.session() as s:
         row = s.execute(select(Confirmation.id, Confirmation.worker, Confirmation.lease_until)
                         .where(Confirmation.study_name == study_name,
@@ -156,6 +156,6 @@ def unfinished_line(storage: Storage, study_name: str) -> str | None:
             return None
         rounds = len({r for (r,) in s.execute(select(ConfirmationRun.round).where(
             ConfirmationRun.confirmation_id == row.id))})
-    live = row.lease_until is not None and row.lease_until >= now and not _dead_here(row.worker)
+    live = row.lease_until is not None and row.lease_until >= now and not dead_here(row.worker)
     return (f"running in {row.worker}, {rounds} round(s) stored" if live else
             f"unfinished, {rounds} round(s) stored; the next `autotune run` goes on")

@@ -22,7 +22,7 @@ and accelerator, e.g. ``py311_cpu``, then one per extension).
 >>> root = tempfile.mkdtemp()
 >>> os.makedirs(os.path.join(root, "deepspeed_shm_comm"))
 >>> open(os.path.join(root, "deepspeed_shm_comm", "lock"), "w").close()
->>> [p.name for p in stale_build_locks({"TORCH_EXTENSIONS_DIR": root}, before=time.time() + 1)]
+>>> [p.name for p in stale_build_locks({"TORCH_EXTENSIONS_DIR": root}, before=time.time() + 10)]
 ['lock']
 >>> stale_build_locks({"TORCH_EXTENSIONS_DIR": root}, before=time.time() - 3600)
 []
@@ -34,7 +34,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["extension_roots", "stale_build_locks", "stale_lock_hint"]
+__all__ = ["CLOCK_SLACK_S", "extension_roots", "stale_build_locks", "stale_lock_hint"]
+
+# How much older than the trial a lock must be to be named. Linux stamps a file from its
+# coarse clock, up to a tick behind the time.time() the trial started at, so a lock created
+# just after the start can read as older (seen in CI on a loaded machine); a network file
+# system stamps with the server's clock, which may differ by a second. A lock a killed build
+# left is older than that by minutes.
+CLOCK_SLACK_S = 2.0
 
 
 def extension_roots(env: Mapping[str, str]) -> list[Path]:
@@ -48,13 +55,15 @@ def extension_roots(env: Mapping[str, str]) -> list[Path]:
 
 
 def stale_build_locks(env: Mapping[str, str], *, before: float) -> list[Path]:
-    """The build lock files under ``env``'s extension roots last touched before ``before``
-    (a time.time() value: the trial's start), at the depths torch puts them."""
+    """The build lock files under ``env``'s extension roots last touched more than
+    :data:`CLOCK_SLACK_S` before ``before`` (a time.time() value: the trial's start), at the
+    depths torch puts them."""
     found: list[Path] = []
+    cutoff = before - CLOCK_SLACK_S
     for root in extension_roots(env):
         for pattern in ("*/lock", "*/*/lock"):
             try:
-                found += [p for p in root.glob(pattern) if p.stat().st_mtime < before]
+                found += [p for p in root.glob(pattern) if p.stat().st_mtime < cutoff]
             except OSError:
                 continue  # a root that is not there, or went while it was read
     return sorted(set(found))
