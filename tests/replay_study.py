@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,37 +65,31 @@ def write_replay_study(directory: Path, *, name: str, url: str, n_trials: int,
 
 
 @contextmanager
-def own_pg_database(pg_url: str, prefix: str = "robust") -> Iterator[str]:
+def _own_database(url: str, prefix: str, quote: str, drop_suffix: str,
+                  **engine_kw: object) -> Iterator[str]:
+    """A fresh database on ``url``'s server, dropped afterwards (each backend quotes and
+    forces the drop its own way)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT", **engine_kw)
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {quote}{name}{quote}"))
+    try:
+        yield make_url(url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {quote}{name}{quote}{drop_suffix}"))
+        admin.dispose()
+
+
+def own_pg_database(pg_url: str, prefix: str = "robust") -> AbstractContextManager[str]:
     """A fresh PostgreSQL database on ``pg_url``'s server, dropped afterwards."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     # pre_ping: the fault tests restart the server under it (tests/faults)
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(pg_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    return _own_database(pg_url, prefix, '"', " WITH (FORCE)", pool_pre_ping=True)
 
 
-@contextmanager
-def own_mysql_database(mysql_url: str, prefix: str = "autotune") -> Iterator[str]:
+def own_mysql_database(mysql_url: str, prefix: str = "autotune") -> AbstractContextManager[str]:
     """A fresh MySQL/MariaDB database on ``mysql_url``'s server, dropped afterwards."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(mysql_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield make_url(mysql_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-        admin.dispose()
+    return _own_database(mysql_url, prefix, "`", "")
