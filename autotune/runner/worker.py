@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, TypeVar
 
 import optuna
@@ -67,6 +67,7 @@ from autotune.storage.judged import (
     whole,
 )
 from autotune.storage.keys import StudyAttr, TrialAttr
+from autotune.storage.leases import utcnow
 from autotune.storage.records import (
     TrialFacts,
     measurement_row,
@@ -116,10 +117,6 @@ class RunSummary:
     confirmation: dict[str, Any] | None = None
     """The confirmation round's record when this run made or read it
     (:func:`autotune.runner.confirm.confirmation_record`); ``best`` is then its winner."""
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 class Worker:
@@ -267,7 +264,7 @@ class Worker:
             set_search_stop(self.study, search_stop_record(
                 stop.reason, judged=stop.judged, strategy=self.strategy.name,
                 min_improvement=self.spec.search.min_improvement, worker=self.name,
-                at=_utcnow()))
+                at=utcnow()))
             return "strategy"
         if proposal is None:
             return "exhausted"
@@ -363,7 +360,7 @@ class Worker:
         for layout in layouts:
             cand = self.by_key.get(layout.key())
             facts = self._facts(layout, trial_id=0, number=0, outcome=Verdict(Outcome.KILLED),
-                                t0=_utcnow(), elapsed_s=0.0, result=None, hosts=[],
+                                t0=utcnow(), elapsed_s=0.0, result=None, hosts=[],
                                 paths=None, cand=cand)
             attrs = {TrialAttr.LAYOUT: layout.key(), TrialAttr.LAYOUT_DICT: layout.to_dict(),
                      TrialAttr.WORKER: self.name, TrialAttr.LAUNCHER: self.launcher.kind}
@@ -435,14 +432,14 @@ class Worker:
             cands.append(cand)
             self.progress.trial_started(claimed.number, layout,
                                         cand.predicted_tflops if cand else None)
-        t0 = _utcnow()
+        t0 = utcnow()
         outcomes: list[Verdict] = []
         with ExitStack() as beats:
             for claimed, _ in batch:
                 beats.enter_context(heartbeat(self.storage, claimed.trial_id))
             reports = self.launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s)
             _test_kill_point("after-launch")
-            finished = _utcnow()
+            finished = utcnow()
             for (claimed, layout), report, cand, trial_paths in zip(batch, reports, cands,
                                                                    paths, strict=True):
                 outcome = classify(report, self.launcher.workload.oom_signatures)
@@ -475,7 +472,7 @@ class Worker:
                               "not measured again")
         self._record(claimed, layout, outcome, self._facts(
             layout, trial_id=claimed.trial_id, number=claimed.number, outcome=outcome,
-            t0=_utcnow(), elapsed_s=report.elapsed_s, result=report.result,
+            t0=utcnow(), elapsed_s=report.elapsed_s, result=report.result,
             hosts=report.hosts, paths=found.paths, cand=self.by_key.get(layout.key()),
             batch=report.batch))
         return True
@@ -513,7 +510,7 @@ class Worker:
         return TrialFacts(
             study_name=self.spec.name, trial_number=number, trial_id=trial_id,
             layout=layout, outcome=outcome, result=result, launcher=self.launcher.kind,
-            worker=self.name, started_at=t0, finished_at=finished or _utcnow(),
+            worker=self.name, started_at=t0, finished_at=finished or utcnow(),
             elapsed_s=elapsed_s, hosts=hosts,
             predicted_tflops_per_device=cand.predicted_tflops if cand else None,
             predicted_memory_bytes=cand.predicted_memory_bytes if cand else None,

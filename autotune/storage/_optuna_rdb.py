@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any
 
 from optuna.distributions import BaseDistribution, distribution_to_json
@@ -30,16 +29,14 @@ from optuna.trial import TrialState
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from autotune.storage.leases import utcnow
+
 __all__ = ["study_id_of", "lock_study", "create_trial", "finish_trial", "trial_state",
            "set_trial_user_attrs", "CONSTRAINT_ATTR"]
 
 CONSTRAINT_ATTR = "constraints:feasible"
 """``optuna.trial.Trial.set_constraint("feasible", v)``'s system attribute (Optuna 5.0
 ``study/_constrained_optimization.py``: ``_CONSTRAINTS_KEY = "constraints"``)."""
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 def study_id_of(s: Session, study_name: str) -> int | None:
@@ -64,7 +61,7 @@ def create_trial(s: Session, study_id: int, *, state: TrialState,
     The caller holds the study lock (:func:`lock_study`): the number is the count of the
     study's earlier trials, as in Optuna.
     """
-    now = _utcnow()
+    now = utcnow()
     trial = models.TrialModel(study_id=study_id, number=None, state=state,
                               datetime_start=now,
                               datetime_complete=now if state.is_finished() else None)
@@ -116,7 +113,7 @@ def finish_trial(s: Session, trial_id: int, *, state: TrialState, value: float |
     if value is not None:
         _add_value(s, trial_id, value)
     row.state = state
-    row.datetime_complete = _utcnow()
+    row.datetime_complete = utcnow()
     return True
 
 

@@ -18,7 +18,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import optuna
@@ -106,10 +105,6 @@ def _sqlite_immediate(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     engine.dispose()  # connections made before the listeners: made again with them
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 class Storage:
