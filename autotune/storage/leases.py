@@ -2,7 +2,8 @@
 whether a runner on this host is dead for sure (its lease then need not run out).
 
 Shared by :mod:`autotune.storage.claims` and :mod:`autotune.storage.confirmations`, which
-both keep a lease per runner in autotune's tables.
+both keep a lease per runner in autotune's tables; :func:`utcnow` is also the clock of every
+time autotune writes into Optuna's tables and its own.
 """
 
 from __future__ import annotations
