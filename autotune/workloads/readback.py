@@ -216,8 +216,10 @@ def _parse_log_line(line: str) -> StepRecord | tuple[str, float] | None:
                               program_tflops=figures)
     if "memory (MB)" in line:
         m = MEGATRON_MEMORY.search(line)
-        if m:
-            return "max_allocated_bytes", float(m["max_alloc"]) * 1024.0 * 1024.0
+        # "1e400" parses to inf, which no byte count is: such a line measured nothing.
+        mib = _float(m["max_alloc"]) if m else None
+        if mib is not None and mib >= 0 and math.isfinite(mib * 1024.0 * 1024.0):
+            return "max_allocated_bytes", mib * 1024.0 * 1024.0
     if "iter time (s)" in line:
         m = DEEPSPEED_PIPE.search(line)
         if m and float(m["seconds"]) > 0:

@@ -149,3 +149,10 @@ def test_the_read_back_refuses_by_name_or_measures_storable_numbers(
         _storable(res)
         _outcome_is_sane(LaunchReport(result=res, returncode=0, workload="command",
                                       readback={**rb.summary(), "expected": 4}))
+
+
+def test_a_memory_line_too_large_for_a_float_measures_nothing() -> None:
+    line = ("[Rank 0] (after 1 iterations) memory (MB) | allocated: 1.0 | max allocated: {} | "
+            "reserved: 2.0 | max reserved: 3.0")
+    assert parse_log_line(line.format("1e400")) is None
+    assert parse_log_line(line.format("12.5")) == ("max_allocated_bytes", 12.5 * 1024 * 1024)
