@@ -235,8 +235,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     calibration, ooms, note = plan_calibration(spec, learn=learn)
     if note:
         print(f"autotune: {note}", file=sys.stderr)
-    print(render_plan(plan_study(spec, top=args.top, calibration=calibration,
-                                 ooms=tuple(ooms), learn_enabled=learn), args.format))
+    result = plan_study(spec, top=args.top, calibration=calibration, ooms=tuple(ooms),
+                        learn_enabled=learn)
+    print(render_plan(result, args.format))
+    if result.empty_reasons:  # nothing to run is a usage error, as `run` says
+        raise UsageError(f"{spec.source or spec.name}: no feasible layout: "
+                         + "; ".join(result.empty_reasons))
     return EXIT_OK
 
 

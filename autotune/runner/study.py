@@ -61,6 +61,7 @@ import optuna
 from autotune.errors import UsageError
 from autotune.feasibility import Constraints
 from autotune.launchers.base import Launcher
+from autotune.planning.empty import empty_message
 from autotune.runner import stop_early
 from autotune.runner.confirm import confirm_best
 from autotune.runner.learning import (
@@ -124,8 +125,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
                              table=table, enabled=learn)
     candidates = learning.candidates()
     if not candidates:
-        raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
-                         f" run `autotune plan {spec.source or 'STUDY'}` to see why")
+        raise UsageError(empty_message(spec, constraints, table is not None))
     # once, before worker threads could race to create it
     study = storage.retrying("opening the study", lambda: open_study(spec, storage))
     refusal = stop_early.resume_refusal(study, spec, storage, retry_failed=retry_failed)
