@@ -434,6 +434,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from autotune.streams import flush_quietly, survive_closed_pipes
+
+    survive_closed_pipes()  # first: a reader that goes away never ends the run
+    try:
+        return _main(argv)
+    finally:
+        flush_quietly()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     import optuna
@@ -451,6 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)
         return EXIT_INTERRUPT
+    except BrokenPipeError:  # a stream not wrapped by survive_closed_pipes (a library's)
+        return EXIT_OK
     except Exception as err:
         # The storage wraps every database call (autotune.storage.guarded); one that
         # escaped it is still a database failure, never a traceback (issue 23 B).
@@ -460,8 +472,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"autotune: error: database error: {one_line(err)}", file=sys.stderr)
         return EXIT_FAIL
-    except BrokenPipeError:
-        return EXIT_OK
 
 
 if __name__ == "__main__":
