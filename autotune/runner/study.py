@@ -72,7 +72,7 @@ from autotune.runner.learning import (
 )
 from autotune.runner.lifecycle import Busy, StopSignals
 from autotune.runner.optuna_io import open_study
-from autotune.runner.progress import Progress
+from autotune.runner.progress import Progress, judged_claims
 from autotune.runner.worker import RunSummary, Worker
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
@@ -131,9 +131,11 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     refusal = stop_early.resume_refusal(study, spec, storage, retry_failed=retry_failed)
     if refusal is not None:
         raise UsageError(refusal)
+    learning.refit(storage)  # a resume's header states the correction its study's trials give
     record = learned_from_record(learning.calibration, enabled=learn)
     set_user_attrs(study, {StudyAttr.LEARNED_FROM: record})
     progress = progress or Progress(total=n_trials, enabled=False)
+    progress.resume(judged_claims(storage, spec.name))
     progress.message(f"calibration: {learned_from_line(record)}")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
     busy = Busy()

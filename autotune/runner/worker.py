@@ -430,8 +430,11 @@ class Worker:
                                               claimed.number, key))
             specs.append(TrialSpec(model=spec.model, layout=layout, run=run_cfg))
             cands.append(cand)
-            self.progress.trial_started(claimed.number, layout,
-                                        cand.predicted_tflops if cand else None)
+        if len(batch) == 1:
+            self.progress.trial_started(batch[0][0].number, batch[0][1],
+                                        cands[0].predicted_tflops if cands[0] else None)
+        else:
+            self.progress.batch_started([(claimed.number, layout) for claimed, layout in batch])
         t0 = utcnow()
         outcomes: list[Verdict] = []
         with ExitStack() as beats:
