@@ -42,8 +42,10 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _open(storage_url: str | None, study_arg: str | None):  # -> (Storage, name | None)
+def _open(storage_url: str | None, study_arg: str | None,
+          command: str):  # -> (Storage, name | None)
     """Storage and study name from a study file (its storage URL) or a bare name."""
+    from autotune.config.sqlite_file import require_existing
     from autotune.config.study import StorageConfig
     from autotune.spec import load_study
     from autotune.storage import open_storage
@@ -55,6 +57,7 @@ def _open(storage_url: str | None, study_arg: str | None):  # -> (Storage, name 
         name, config = spec.name, spec.storage
     if storage_url:
         config = dataclasses.replace(config, url=storage_url)
+    require_existing(config.url, command)  # a read-only command creates no database
     return open_storage(config), name
 
 
@@ -125,7 +128,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         study_status,
     )
 
-    storage, name = _open(args.storage, args.study)
+    storage, name = _open(args.storage, args.study, "status")
     names = [name] if name else list_studies(storage)
     if not names:
         print(f"no studies in {storage.masked_url}")
@@ -154,7 +157,7 @@ def cmd_best(args: argparse.Namespace) -> int:
     from autotune.report.export import emit_best
     from autotune.report.results import best_layout, confirmation_line, load_existing_study
 
-    storage, name = _open(args.storage, args.study)
+    storage, name = _open(args.storage, args.study, "best")
     study = load_existing_study(storage, name)
     layout, trial = best_layout(study)
     print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out)))
@@ -178,7 +181,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from autotune.report.results import load_existing_study
 
     if args.all:
-        storage, _ = _open(args.storage, args.study)
+        storage, _ = _open(args.storage, args.study, "report")
         path = campaign_report(storage, Path(args.out or "reports/campaign"), fmt=args.format,
                                device_type=args.device_type, model=args.model,
                                log=_log(args.quiet))
@@ -189,7 +192,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.device_type or args.model:
             raise UsageError("report: --device-type and --model filter the cross-study view;"
                              " add --all")
-        storage, name = _open(args.storage, args.study)
+        storage, name = _open(args.storage, args.study, "report")
         study = load_existing_study(storage, name)
         path = study_report(storage, study, Path(args.out or f"reports/{name}"),
                             fmt=args.format, log=_log(args.quiet))
