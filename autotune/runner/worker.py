@@ -220,7 +220,10 @@ class Worker:
         results (the strategy decides again on them; the budget is met again at once)."""
         batch: list[tuple[Claimed, Layout]] = []
         idle = 0
-        left = self.n_trials - len(self._claimed_keys())
+        # Layouts waiting for a retry (an interrupted batch's members) are claimed but still
+        # to measure: counted as left, they go back into one launch, not one each.
+        waiting = len(self._retrying(lambda: retry_keys(self.storage, self.spec.name)))
+        left = self.n_trials - len(self._claimed_keys()) + waiting
         size = max(1, min(self.batch_size, -(-left // self.siblings)))
         while len(batch) < size:
             step = self._retrying(self._step)

@@ -1,6 +1,7 @@
 """A stand-in trainer for CLI tests (``launcher.local.python``; torchrun starts it as the
 built-in trainer's rank): each member of its launch gets a result at once, its throughput
-the micro-batch size, and the launch is noted in ``launched.jsonl`` beside the script."""
+the micro-batch size, and the launch is noted in ``launched.jsonl`` beside the script.
+While a file ``hold`` lies beside it, a launch sleeps instead (to be interrupted)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ specs = [args[i + 1] for i, a in enumerate(args) if a == "--spec"]
 results = [args[i + 1] for i, a in enumerate(args) if a == "--result"]
 with open({launched!r}, "a") as fh:
     fh.write(json.dumps([json.load(open(s))["layout"]["micro_batch"] for s in specs]) + "\\n")
+if os.path.exists({hold!r}):
+    import time
+    time.sleep(300)  # until the runner's interrupt ends the launch
 for index, (spec_path, result_path) in enumerate(zip(specs, results)):
     layout = json.load(open(spec_path))["layout"]
     result = {{"status": "ok", "model_tflops_per_device": float(layout["micro_batch"]),
@@ -30,6 +34,7 @@ for index, (spec_path, result_path) in enumerate(zip(specs, results)):
 def fake_trainer(folder: Path) -> tuple[Path, Path]:
     """The script's path and its launch log."""
     script, launched = folder / "fake-python", folder / "launched.jsonl"
-    script.write_text(SCRIPT.format(python=sys.executable, launched=str(launched)))
+    script.write_text(SCRIPT.format(python=sys.executable, launched=str(launched),
+                                    hold=str(folder / "hold")))
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script, launched
