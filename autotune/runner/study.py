@@ -73,6 +73,7 @@ from autotune.runner.learning import (
 from autotune.runner.lifecycle import Busy, StopSignals
 from autotune.runner.optuna_io import open_study
 from autotune.runner.progress import Progress, judged_claims
+from autotune.runner.verdict_note import publish_verdict
 from autotune.runner.worker import RunSummary, Worker
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
@@ -160,6 +161,8 @@ def _confirm(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: L
     done = confirm_best(spec, storage, study, launcher, worker=worker, signals=signals,
                         say=progress.message)
     progress.message(done.line)
+    if done.record is not None:  # the verdict where a person reads it (dashboard, attrs)
+        storage.retrying("storing the verdict", lambda: publish_verdict(study, done.line))
     summary.confirmation = done.record
     winner = (done.record or {}).get("winner_trial")
     summary.trials = judged_trials(storage, study.study_name, states=None, keys=SUMMARY_KEYS)
