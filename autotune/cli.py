@@ -160,7 +160,15 @@ def cmd_best(args: argparse.Namespace) -> int:
     storage, name = _open(args.storage, args.study, "best")
     study = load_existing_study(storage, name)
     layout, trial = best_layout(study)
-    print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out)))
+    if args.emit == "slurm":
+        from autotune.report.job_script import JobOptions, write_job
+
+        options = JobOptions(site=args.site, steps=args.steps, time=args.time,
+                             partition=args.partition, account=args.account)
+        print(write_job(study, layout, options=options, out_dir=Path(args.out),
+                        value=trial.value))
+    else:
+        print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out)))
     line = confirmation_line(study)
     if line:  # on stderr: the emitted JSON, config or command line stays as it was
         print(f"confirmation: {line}", file=sys.stderr)
@@ -304,7 +312,13 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 
 # -- parser ---------------------------------------------------------------------------------
 
+_STORAGE_HELP = ("database URL (default: the study file's, else sqlite:///autotune.db); "
+                 "a SQLite file must exist")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from autotune.report.job_flags import add_job_flags
+
     p = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -326,17 +340,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="trials by outcome, best so far, running trials")
     s.add_argument("study", nargs="?", metavar="STUDY", help="study file or name (default: all)")
-    s.add_argument("--storage", metavar="URL")
+    s.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     s.set_defaults(func=cmd_status)
 
     b = sub.add_parser("best", help="the best layout, as JSON or a ready launch config")
     b.add_argument("study", metavar="STUDY", help="study file or name")
-    b.add_argument("--storage", metavar="URL")
-    b.add_argument("--emit", choices=("json", "deepspeed", "megatron-deepspeed", "command"),
+    b.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
+    b.add_argument("--emit", choices=("json", "deepspeed", "megatron-deepspeed", "command",
+                                      "slurm"),
                    default="json", help="command: the launch line of the study's own "
-                   "workload (workload.kind command or megatron-deepspeed)")
+                   "workload (workload.kind command or megatron-deepspeed); slurm: a job "
+                   "script for the production run (docs/guide.md)")
     b.add_argument("--out", default=".", metavar="DIR",
-                   help="where --emit deepspeed/command writes ds_config.json (default: .)")
+                   help="where --emit deepspeed/command writes ds_config.json and --emit "
+                   "slurm its job script (default: .)")
+    add_job_flags(b)
     b.set_defaults(func=cmd_best)
 
     pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")
@@ -409,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="a study's report: tables, plots, CSV/Parquet exports")
     rp.add_argument("study", nargs="?", metavar="STUDY", help="study file or name")
-    rp.add_argument("--storage", metavar="URL")
+    rp.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
     rp.add_argument("--out", metavar="DIR",
                     help="report directory (default: reports/STUDY, reports/campaign)")
     rp.add_argument("--format", choices=("md", "html"), default="md")

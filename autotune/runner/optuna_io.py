@@ -104,7 +104,7 @@ def launcher_record(launcher: LauncherConfig) -> dict[str, Any]:
         out["env"] = dict(launcher.local.env)
     elif launcher.kind == "slurm":
         slurm = launcher.slurm
-        out.update(env=dict(slurm.env), gpus_per_node=slurm.gpus_per_node,
+        out.update(env=dict(slurm.env), site=slurm.site, gpus_per_node=slurm.gpus_per_node,
                    cpus_per_task=slurm.cpus_per_task, extra_args=list(slurm.extra_args))
     return out
 
