@@ -312,14 +312,29 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 
 # -- parser ---------------------------------------------------------------------------------
 
+DESCRIPTION = ("Find the fastest parallel layout (tensor, pipeline and data parallelism,\n"
+               "micro-batch, ZeRO, recompute) of a GPT training job: measure short trials,\n"
+               "store every result, hand off the best.")
+EPILOG = """first steps:
+  autotune plan studies/cpu_demo.yaml     rank the layouts by the cost model (no run)
+  autotune run studies/cpu_demo.yaml      measure them (Ctrl-C stops; run again resumes)
+  autotune status                         what the database holds
+  autotune report cpu-demo --format html  plots and tables
+  autotune best cpu-demo --emit slurm --site NAME --steps N
+                                          a job script for the production run
+exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted; docs/guide.md"""
+
 _STORAGE_HELP = ("database URL (default: the study file's, else sqlite:///autotune.db); "
                  "a SQLite file must exist")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from autotune import __version__
     from autotune.report.job_flags import add_job_flags
 
-    p = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="autotune", description=DESCRIPTION,
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="run (or resume) a study: measure layouts, store results")
@@ -359,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")
     pl.add_argument("study", metavar="STUDY.yaml")
-    pl.add_argument("--top", type=_positive_int, default=20, metavar="K")
+    pl.add_argument("--top", type=_positive_int, default=20, metavar="K",
+                    help="list the K best predicted layouts (default: 20)")
     pl.add_argument("--storage", metavar="URL",
                     help="database to calibrate from (overrides the study file)")
     pl.add_argument("--format", choices=("table", "csv", "json"), default="table")
@@ -445,7 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "file's, else sqlite:///autotune.db)")
     d.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only)")
-    d.add_argument("--port", type=_port, default=8080)
+    d.add_argument("--port", type=_port, default=8080,
+                   help="port to listen on (default: 8080; one in use is refused)")
     d.set_defaults(func=cmd_dashboard)
 
     from autotune.campaign.cli import add_parser as add_campaign_parser

@@ -120,7 +120,8 @@ h1 { border-bottom: 2px solid #1565c0; padding-bottom: .2em; }
 h2 { margin-top: 1.8em; border-bottom: 1px solid #e0e0e0; }
 table { border-collapse: collapse; font-size: .88em; margin: .6em 0; }
 th, td { border: 1px solid #e0e0e0; padding: .25em .6em; text-align: left; }
-td { white-space: nowrap; } td:last-child { white-space: normal; }
+td { white-space: nowrap; } td:last-child, td.text { white-space: normal; }
+td.text { min-width: 16em; }
 .wide { overflow-x: auto; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 th { background: #f5f5f5; }
@@ -137,7 +138,10 @@ def _html_table(table: Table) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
     rows = []
     for row in frame.itertuples(index=False):
-        tags = ("<td class='num'>" if num else "<td>" for num in numeric)
+        # A long text cell wraps (a reason, a timing breakdown): a table wider than the
+        # page hid its right-hand columns behind a scroll bar.
+        tags = ("<td class='num'>" if num else "<td class='text'>" if len(_cell(v)) > 48
+                else "<td>" for num, v in zip(numeric, row, strict=True))
         cells = "".join(f"{tag}{html.escape(_cell(v))}</td>"
                         for tag, v in zip(tags, row, strict=True))
         rows.append(f"<tr>{cells}</tr>")
