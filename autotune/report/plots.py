@@ -52,17 +52,17 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _span_label(what: str, lo: float, hi: float) -> str:
-    """A colour bar's label that says what its colours span (a few % looks like 100%)."""
+def _span_label(lo: float, hi: float) -> str:
+    """What a colour scale spans, said where it is read (a 6% spread fills the scale)."""
     if not hi > lo:
-        return f"{what} (all {_fmt(hi)})"
-    return f"{what}: colours span {_fmt(lo)} to {_fmt(hi)} ({100 * (hi - lo) / hi:.0f}% of max)"
+        return f"one colour: every cell {_fmt(hi)}"
+    return f"colours span {_fmt(lo)} to {_fmt(hi)} ({100 * (hi - lo) / hi:.0f}% of the best)"
 
 
 def tp_pp_heatmap(best: pd.DataFrame, what: pd.DataFrame, path: Path) -> None:
     """Best measured model TFLOPS per device for each (tp, pp), a cell whose best is a
     trial stopped early marked so; empty cells name their outcome."""
-    fig = _figure(1.6 + 1.1 * len(best.columns), 1.2 + 0.8 * len(best.index))
+    fig = _figure(max(1.6 + 1.1 * len(best.columns), 4.8), 1.5 + 0.8 * len(best.index))
     ax = fig.add_subplot()
     data = best.to_numpy(dtype=float)
     masked = np.ma.masked_invalid(data)
@@ -86,8 +86,8 @@ def tp_pp_heatmap(best: pd.DataFrame, what: pd.DataFrame, path: Path) -> None:
     ax.set_yticks(range(len(best.index)), [str(r) for r in best.index])
     ax.set_xlabel("tensor parallel (tp)")
     ax.set_ylabel("pipeline parallel (pp)")
-    ax.set_title("best model TFLOPS per device")
-    fig.colorbar(im, ax=ax, label=_span_label("TFLOPS / device", lo, hi))
+    ax.set_title(f"best model TFLOPS per device\n{_span_label(lo, hi)}", fontsize=8)
+    fig.colorbar(im, ax=ax, label="TFLOPS / device")
     _save(fig, path)
 
 

@@ -97,8 +97,8 @@ def test_heatmap_prints_values_where_they_exist(frame: pd.DataFrame,
     texts = [t.get_text() for t in drawn[0].axes[0].texts]
     assert "2.6" in texts and "2.2" in texts  # tp1-pp1: the retry's value, not "killed"
     assert not any(t in ("stopped", "killed") for t in texts), texts
-    colorbar = drawn[0].axes[1].get_ylabel()
-    assert "colours span 2.2 to 2.6" in colorbar, colorbar
+    title = drawn[0].axes[0].get_title()
+    assert "colours span 2.2 to 2.6 (15% of the best)" in title, title
 
 
 def test_heatmap_marks_a_cell_measured_only_by_a_stopped_trial(drawn: list[Any]) -> None:
