@@ -42,5 +42,7 @@ def measured_value(t: FrozenTrial | Any) -> float | None:
     stored = t.user_attrs.get(TrialAttr.MODEL_TFLOPS)
     if isinstance(stored, (int, float)) and not isinstance(stored, bool):
         return float(stored)
-    steps = [v for v in (t.intermediate_values or {}).values() if v is not None]
+    # A narrow trial (autotune.storage.judged.JudgedTrial) carries no intermediate values.
+    steps = [v for v in (getattr(t, "intermediate_values", None) or {}).values()
+             if v is not None]
     return float(statistics.median(steps)) if steps else None

@@ -124,3 +124,17 @@ def test_memory_plot_zooms_to_the_data_and_marks_a_far_capacity(
     ax = drawn[0].axes[0]
     assert ax.get_ylim()[1] >= 0.7
     assert "device memory 0.7 GiB" in ax.get_legend_handles_labels()[1]
+
+
+def test_the_closing_table_shows_a_pruned_stopped_trials_value() -> None:
+    from autotune.runner.progress import trials_table
+
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(_trial(0, 1, 1, "complete", 2.0, TrialState.COMPLETE))
+    pruned = _trial(1, 2, 1, "stopped", None, TrialState.PRUNED, {0: 1.0, 1: 1.4})
+    pruned.user_attrs["layout"] = "tp1-pp1-dp4-mb2-ga2-z1-none"
+    study.add_trial(pruned)
+    table = trials_table(study.get_trials())
+    assert table is not None
+    row = next(line for line in table.splitlines() if "stopped" in line)
+    assert " 1.2 " in f" {row} ", table
