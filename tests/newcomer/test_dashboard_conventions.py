@@ -77,3 +77,24 @@ def test_the_verdict_is_an_attribute_and_the_note(tmp_path: Path) -> None:
     save_note(study, "my own notes")
     publish_verdict(study, "third")  # a person's note is left alone
     assert get_note(study) == "my own notes" and study.user_attrs[VERDICT_ATTR] == "third"
+
+
+def test_the_reports_importance_reads_a_study_with_old_and_new_declarations() -> None:
+    from autotune.report.analysis import param_importance
+
+    spec = load_study(REPO / "studies" / "cpu_demo.yaml")
+    study = optuna.create_study(direction="maximize")
+    for i, (tp, mb) in enumerate([(1, 1), (1, 2), (2, 4), (1, 4), (2, 2), (2, 1)]):
+        lay = Layout(tp=tp, pp=1, dp=4 // tp, micro_batch=mb, grad_accum=16 // (mb * 4 // tp),
+                     zero_stage=1)
+        params = layout_params(lay, spec)
+        if i < 3:  # stored before: declared over the world size and ZeRO 0-3
+            params = {**params, "pp": (1, IntDistribution(1, 4)),
+                      "zero_stage": (1, IntDistribution(0, 3))}
+        study.add_trial(create_trial(
+            state=TrialState.COMPLETE, value=float(mb) / tp,
+            params={k: v for k, (v, _) in params.items()},
+            distributions={k: d for k, (_, d) in params.items()}))
+    result = param_importance(study)
+    assert result.values is not None, result.note
+    assert set(result.values) == {"tp", "micro_batch"}
