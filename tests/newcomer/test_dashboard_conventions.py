@@ -90,6 +90,7 @@ def test_the_reports_importance_reads_a_study_with_old_and_new_declarations() ->
         params = layout_params(lay, spec)
         if i < 3:  # stored before: declared over the world size and ZeRO 0-3
             params = {**params, "pp": (1, IntDistribution(1, 4)),
+                      "micro_batch": (mb, IntDistribution(1, 16)),
                       "zero_stage": (1, IntDistribution(0, 3))}
         study.add_trial(create_trial(
             state=TrialState.COMPLETE, value=float(mb) / tp,
