@@ -180,8 +180,7 @@ def param_importance(study: optuna.Study) -> Importance:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            imp = optuna.importance.get_param_importances(_one_space(study, done, varying),
-                                                          params=varying)
+            imp = optuna.importance.get_param_importances(study, params=varying)
     except (ValueError, RuntimeError, ImportError) as err:
         return Importance(None, f"not computed: optuna could not evaluate it ({err})")
     if not imp or not all(math.isfinite(v) for v in imp.values()) or sum(imp.values()) <= 0:
@@ -193,29 +192,3 @@ def param_importance(study: optuna.Study) -> Importance:
     if len(done) < 10:
         note += "; with fewer than 10 trials read it as a hint, not a measurement"
     return Importance({k: float(v) for k, v in imp.items()}, note)
-
-
-def _one_space(study: optuna.Study, trials: list[optuna.trial.FrozenTrial],
-               axes: list[str]) -> optuna.Study:
-    """An in-memory copy of ``trials`` with one distribution per axis over all of them.
-
-    Optuna refuses importances over trials whose declarations of an axis differ (a study
-    resumed across a change of its axes, or stored before the declarations followed the
-    study's own values: :mod:`autotune.runner.param_space`); the values are what matter,
-    so each axis is declared once over every value the trials took."""
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-    from optuna.trial import create_trial
-
-    dists: dict[str, optuna.distributions.BaseDistribution] = {}
-    for axis in axes:
-        values = [t.params[axis] for t in trials]
-        if all(isinstance(t.distributions.get(axis), IntDistribution) for t in trials):
-            dists[axis] = IntDistribution(int(min(values)), int(max(values)))
-        else:
-            dists[axis] = CategoricalDistribution(list(dict.fromkeys(values)))
-    copy = optuna.create_study(directions=study.directions)
-    for t in trials:
-        copy.add_trial(create_trial(state=TrialState.COMPLETE, values=t.values,
-                                    params={a: t.params[a] for a in axes},
-                                    distributions=dists))
-    return copy
