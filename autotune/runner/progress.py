@@ -148,10 +148,9 @@ def trials_table(trials: Sequence[AnyTrial]) -> str | None:
                 and t.state != TrialState.WAITING]
     from autotune.report.measured import measured_value
 
-    values = {t.number: measured_value(t) for t in measured}  # stopped ones too
-    measured.sort(key=lambda t: (values[t.number] is None, -(values[t.number] or 0.0),
-                                 t.number))
-    rows = [[t.number, trial_layout_key(t), trial_outcome(t), values[t.number],
+    values = {id(t): measured_value(t) for t in measured}  # stopped ones too
+    measured.sort(key=lambda t: (values[id(t)] is None, -(values[id(t)] or 0.0), t.number))
+    rows = [[t.number, trial_layout_key(t), trial_outcome(t), values[id(t)],
              t.user_attrs.get(TrialAttr.STEP_TIME_S), t.user_attrs.get(TrialAttr.PEAK_MEMORY_GIB),
              _first_line(trial_reason(t), 60) if trial_outcome(t) != Outcome.COMPLETE else ""]
             for t in measured]
