@@ -161,12 +161,9 @@ def cmd_best(args: argparse.Namespace) -> int:
     study = load_existing_study(storage, name)
     layout, trial = best_layout(study)
     if args.emit == "slurm":
-        from autotune.report.job_script import JobOptions, write_job
+        from autotune.report.job_flags import emit_job
 
-        options = JobOptions(site=args.site, steps=args.steps, time=args.time,
-                             partition=args.partition, account=args.account)
-        print(write_job(study, layout, options=options, out_dir=Path(args.out),
-                        value=trial.value))
+        print(emit_job(study, layout, trial, args))
     else:
         print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out)))
     line = confirmation_line(study)
@@ -227,6 +224,7 @@ def _port(text: str) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from autotune.planning.empty import refuse_empty
     from autotune.planning.plan import plan_study, render_plan
     from autotune.runner.learning import plan_calibration
     from autotune.spec import load_study
@@ -249,10 +247,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     result = plan_study(spec, top=args.top, calibration=calibration, ooms=tuple(ooms),
                         learn_enabled=learn)
     print(render_plan(result, args.format))
-    if result.empty_reasons:  # nothing to run is a usage error, as `run` says
-        raise UsageError(f"{spec.source or spec.name}: no feasible layout: "
-                         + "; ".join(result.empty_reasons))
-    return EXIT_OK
+    return EXIT_OK if not result.empty_reasons else refuse_empty(spec, result.empty_reasons)
 
 
 def _layer_counts(text: str) -> tuple[int, ...]:
@@ -312,29 +307,11 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 
 # -- parser ---------------------------------------------------------------------------------
 
-DESCRIPTION = ("Find the fastest parallel layout (tensor, pipeline and data parallelism,\n"
-               "micro-batch, ZeRO, recompute) of a GPT training job: measure short trials,\n"
-               "store every result, hand off the best.")
-EPILOG = """first steps:
-  autotune plan studies/cpu_demo.yaml     rank the layouts by the cost model (no run)
-  autotune run studies/cpu_demo.yaml      measure them (Ctrl-C stops; run again resumes)
-  autotune status                         what the database holds
-  autotune report cpu-demo --format html  plots and tables
-  autotune best cpu-demo --emit slurm --site NAME --steps N
-                                          a job script for the production run
-exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted; docs/guide.md"""
-
-_STORAGE_HELP = ("database URL (default: the study file's, else sqlite:///autotune.db); "
-                 "a SQLite file must exist")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from autotune import __version__
+    from autotune.cli_help import EMIT_HELP, OUT_HELP, STORAGE_HELP, top_parser
     from autotune.report.job_flags import add_job_flags
 
-    p = argparse.ArgumentParser(prog="autotune", description=DESCRIPTION,
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"autotune {__version__}")
+    p = top_parser()
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="run (or resume) a study: measure layouts, store results")
@@ -355,20 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="trials by outcome, best so far, running trials")
     s.add_argument("study", nargs="?", metavar="STUDY", help="study file or name (default: all)")
-    s.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
+    s.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
     s.set_defaults(func=cmd_status)
 
     b = sub.add_parser("best", help="the best layout, as JSON or a ready launch config")
     b.add_argument("study", metavar="STUDY", help="study file or name")
-    b.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
+    b.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
     b.add_argument("--emit", choices=("json", "deepspeed", "megatron-deepspeed", "command",
-                                      "slurm"),
-                   default="json", help="command: the launch line of the study's own "
-                   "workload (workload.kind command or megatron-deepspeed); slurm: a job "
-                   "script for the production run (docs/guide.md)")
-    b.add_argument("--out", default=".", metavar="DIR",
-                   help="where --emit deepspeed/command writes ds_config.json and --emit "
-                   "slurm its job script (default: .)")
+                                      "slurm"), default="json", help=EMIT_HELP)
+    b.add_argument("--out", default=".", metavar="DIR", help=OUT_HELP)
     add_job_flags(b)
     b.set_defaults(func=cmd_best)
 
@@ -443,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="a study's report: tables, plots, CSV/Parquet exports")
     rp.add_argument("study", nargs="?", metavar="STUDY", help="study file or name")
-    rp.add_argument("--storage", metavar="URL", help=_STORAGE_HELP)
+    rp.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
     rp.add_argument("--out", metavar="DIR",
                     help="report directory (default: reports/STUDY, reports/campaign)")
     rp.add_argument("--format", choices=("md", "html"), default="md")
@@ -472,13 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from autotune.streams import flush_quietly, survive_closed_pipes
+    from autotune.streams import closed_pipes_survived
 
-    survive_closed_pipes()  # first: a reader that goes away never ends the run
-    try:
+    with closed_pipes_survived():  # first: a reader that goes away never ends the run
         return _main(argv)
-    finally:
-        flush_quietly()
 
 
 def _main(argv: Sequence[str] | None) -> int:

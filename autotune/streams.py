@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
-__all__ = ["Forgiving", "survive_closed_pipes", "flush_quietly"]
+__all__ = ["Forgiving", "survive_closed_pipes", "flush_quietly", "closed_pipes_survived"]
 
 
 class Forgiving:
@@ -86,3 +88,13 @@ def flush_quietly() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+
+
+@contextmanager
+def closed_pipes_survived() -> Iterator[None]:
+    """:func:`survive_closed_pipes` for a command's whole run, flushed at its end."""
+    survive_closed_pipes()
+    try:
+        yield
+    finally:
+        flush_quietly()

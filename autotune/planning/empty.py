@@ -8,6 +8,7 @@ values that can never form a layout, with the values that would; :func:`empty_sp
 adds, for a space whose layouts all fail the check, the excluded counts by first reason.
 
 >>> from autotune.config.study import SearchConfig
+from autotune.errors import UsageError
 >>> structural_reasons(SearchConfig(tp=(2,), pp=(1,), micro_batch=(1,)), 3, 16)
 ['tp=2 does not divide the world size 3 (allowed tp: 1, 3)']
 >>> structural_reasons(SearchConfig(tp=(1,), pp=(1,), micro_batch=(32,)), 1, 16)
@@ -20,13 +21,15 @@ from collections import Counter
 from collections.abc import Sequence
 
 from autotune.config.study import SearchConfig
+from autotune.errors import UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.layout import Layout
 from autotune.planning.candidates import partition_space
 from autotune.planning.space import _divisors, axis_choices
 from autotune.spec import StudySpec
 
-__all__ = ["structural_reasons", "empty_space_reasons", "excluded_summary", "empty_message"]
+__all__ = ["structural_reasons", "empty_space_reasons", "excluded_summary", "empty_message",
+           "refuse_empty"]
 
 
 def _values(values: Sequence[int]) -> str:
@@ -105,3 +108,8 @@ def empty_message(spec: StudySpec, constraints: Constraints, replayed: bool = Fa
     reasons = empty_space_reasons(spec.search, spec.world_size, spec.training.global_batch,
                                   excluded)
     return f"{where}: no feasible layout in the search space: {'; '.join(reasons)}{hint}"
+
+
+def refuse_empty(spec: StudySpec, reasons: Sequence[str]) -> int:
+    """``plan``'s refusal of a space with nothing feasible: a usage error, as ``run``'s."""
+    raise UsageError(f"{spec.source or spec.name}: no feasible layout: " + "; ".join(reasons))

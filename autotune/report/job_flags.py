@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-__all__ = ["add_job_flags"]
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.layout import Layout
+
+__all__ = ["add_job_flags", "emit_job"]
 
 
 def _steps(text: str) -> int:
@@ -29,3 +35,14 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--partition", metavar="P", help="SLURM partition (default: the "
                        "site's)")
     group.add_argument("--account", metavar="A", help="SLURM account to charge")
+
+
+def emit_job(study: optuna.Study, layout: Layout, trial: FrozenTrial,
+             args: argparse.Namespace) -> str:
+    """Write the job script from the parsed flags; what to print (its path)."""
+    from autotune.report.job_script import JobOptions, write_job
+
+    options = JobOptions(site=args.site, steps=args.steps, time=args.time,
+                         partition=args.partition, account=args.account)
+    return str(write_job(study, layout, options=options, out_dir=Path(args.out),
+                         value=trial.value))

@@ -93,15 +93,15 @@ class Progress:
         self._print(f"[{self.done + 1}/{self.total}] trial #{number} {layout.key()}: "
                     f"running on {layout.world_size} device(s){pred}; {self._clock()}")
 
-    def batch_started(self, members: Sequence[tuple[int, Layout]]) -> None:
-        """One line for a launch of several trials (one :meth:`trial_started` for one)."""
+    def launch_started(self, members: Sequence[tuple[int, Layout, float | None]]) -> None:
+        """One line for a launch: :meth:`trial_started` for one trial, a batch line for
+        several (``members``: number, layout, predicted TFLOPS)."""
         if len(members) == 1:
-            number, layout = members[0]
-            self.trial_started(number, layout, None)
+            self.trial_started(*members[0])
             return
         self._trial_started = time.monotonic()
         first, last = self.done + 1, self.done + len(members)
-        names = ", ".join(f"#{n} {lay.key()}" for n, lay in members)
+        names = ", ".join(f"#{n} {lay.key()}" for n, lay, _ in members)
         self._print(f"[{first}-{last}/{self.total}] batch of {len(members)}: running {names}"
                     f" in one launch on {members[0][1].world_size} device(s); {self._clock()}")
 

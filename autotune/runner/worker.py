@@ -220,8 +220,7 @@ class Worker:
         results (the strategy decides again on them; the budget is met again at once)."""
         batch: list[tuple[Claimed, Layout]] = []
         idle = 0
-        # Layouts waiting for a retry (an interrupted batch's members) are claimed but still
-        # to measure: counted as left, they go back into one launch, not one each.
+        # Retries (an interrupted batch's members) are claimed, still to measure: one launch.
         waiting = len(self._retrying(lambda: retry_keys(self.storage, self.spec.name)))
         left = self.n_trials - len(self._claimed_keys()) + waiting
         size = max(1, min(self.batch_size, -(-left // self.siblings)))
@@ -433,11 +432,8 @@ class Worker:
                                               claimed.number, key))
             specs.append(TrialSpec(model=spec.model, layout=layout, run=run_cfg))
             cands.append(cand)
-        if len(batch) == 1:
-            self.progress.trial_started(batch[0][0].number, batch[0][1],
-                                        cands[0].predicted_tflops if cands[0] else None)
-        else:
-            self.progress.batch_started([(claimed.number, layout) for claimed, layout in batch])
+        self.progress.launch_started([(c.number, lay, cand.predicted_tflops if cand else None)
+                                      for (c, lay), cand in zip(batch, cands, strict=True)])
         t0 = utcnow()
         outcomes: list[Verdict] = []
         with ExitStack() as beats:

@@ -19,7 +19,7 @@ def test_resume_counts_from_the_study_and_batches_are_one_line() -> None:
     progress = Progress(total=7, stream=out)
     progress.resume(5)
     lays = [Layout(tp=1, pp=1, dp=1, micro_batch=m, grad_accum=16 // m) for m in (1, 2)]
-    progress.batch_started([(5, lays[0]), (6, lays[1])])
+    progress.launch_started([(5, lays[0], None), (6, lays[1], 1.5)])
     lines = out.getvalue().splitlines()
     assert lines[0] == "[autotune] resuming: 5 of 7 trials measured, 2 to go"
     assert len(lines) == 2 and lines[1].startswith("[6-7/7] batch of 2: running #5 ")
