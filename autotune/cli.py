@@ -67,6 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from autotune.launchers import make_launchers
+    from autotune.planning.empty import refuse_structurally_empty
     from autotune.runner.progress import Progress, best_line, stop_message, trials_table
     from autotune.runner.study import run_study
     from autotune.spec import load_study
@@ -79,6 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = replace(spec, search=replace(spec.search, n_trials=args.n_trials))
     if args.no_learn:
         spec = replace(spec, search=replace(spec.search, learn_from_database=False))
+    refuse_structurally_empty(spec)  # a space of no layout at all touches no database
     # first: a bad launcher section touches no database
     launchers = make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,
                                source=spec.source, workload=spec.workload)

@@ -25,11 +25,11 @@ from autotune.errors import UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.layout import Layout
 from autotune.planning.candidates import partition_space
-from autotune.planning.space import _divisors, axis_choices
+from autotune.planning.space import _divisors, axis_choices, enumerate_layouts
 from autotune.spec import StudySpec
 
 __all__ = ["structural_reasons", "empty_space_reasons", "excluded_summary", "empty_message",
-           "refuse_empty"]
+           "refuse_empty", "refuse_structurally_empty"]
 
 
 def _values(values: Sequence[int]) -> str:
@@ -113,3 +113,13 @@ def empty_message(spec: StudySpec, constraints: Constraints, replayed: bool = Fa
 def refuse_empty(spec: StudySpec, reasons: Sequence[str]) -> int:
     """``plan``'s refusal of a space with nothing feasible: a usage error, as ``run``'s."""
     raise UsageError(f"{spec.source or spec.name}: no feasible layout: " + "; ".join(reasons))
+
+
+def refuse_structurally_empty(spec: StudySpec) -> None:
+    """``run``'s check before it opens a database: a space whose axes form no layout at all
+    is refused with its reasons (whether layouts are feasible needs the calibration, which
+    needs the database: :func:`empty_message` says that later)."""
+    if not enumerate_layouts(spec.search, spec.world_size, spec.training.global_batch):
+        reasons = empty_space_reasons(spec.search, spec.world_size, spec.training.global_batch)
+        raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search "
+                         f"space: {'; '.join(reasons)}")

@@ -79,3 +79,11 @@ def test_run_names_the_reason_and_launches_nothing(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"micro_batch 32 > global_batch 8"):
         run_study(spec, open_storage(spec.storage), launchers, n_trials=2)
     assert not (tmp_path / "runs").exists()
+
+
+def test_run_on_a_space_of_no_layout_creates_no_database(tmp_path: Path) -> None:
+    study = _study(tmp_path, 3, tp=[2])
+    proc = run_cli("run", str(study), timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "tp=2 does not divide the world size 3 (allowed tp: 1, 3)" in proc.stderr
+    assert not (tmp_path / "study.db").exists() and not (tmp_path / "runs").exists()
