@@ -53,7 +53,8 @@ def _fmt(value: float) -> str:
 
 
 def _span_label(lo: float, hi: float) -> str:
-    """What a colour scale spans, said where it is read (a 6% spread fills the scale)."""
+    """What a colour scale spans, said where it is read (a spread of a few per cent fills
+    the whole scale)."""
     if not hi > lo:
         return f"one colour: every cell {_fmt(hi)}"
     return f"colours span {_fmt(lo)} to {_fmt(hi)} ({100 * (hi - lo) / hi:.0f}% of the best)"

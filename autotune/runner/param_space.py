@@ -5,9 +5,9 @@ parameter whose distribution is single-valued (``BaseDistribution.single()``) an
 otherwise compares the distribution of the best trials' values with that of all trials
 within the *declared* range. An axis the study holds constant, stored as
 ``IntDistribution(0, 3)`` for ZeRO, looked to it like a choice among four that the best
-trials all made alike, and was credited (0.20 on the CPU demo, where every trial used
-ZeRO 1). So each axis is declared over the values the study's search space gives it:
-a constant axis is single-valued and gets no credit; a varying one spans its values.
+trials all made alike, and was credited. So each axis is declared over the values the
+study's search space gives it: a constant axis is single-valued and gets no credit; a
+varying one spans its values.
 Both come from ``optuna/importance/_ped_anova/evaluator.py`` (Optuna 5.1,
 ``dist.single()`` skips the parameter) and ``optuna_dashboard/_importance.py`` (the
 dashboard's evaluator is ``PedAnovaImportanceEvaluator``).
