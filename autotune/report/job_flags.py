@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import optuna
@@ -44,5 +45,7 @@ def emit_job(study: optuna.Study, layout: Layout, trial: FrozenTrial,
 
     options = JobOptions(site=args.site, steps=args.steps, time=args.time,
                          partition=args.partition, account=args.account)
-    return str(write_job(study, layout, options=options, out_dir=Path(args.out),
-                         value=trial.value))
+    path = write_job(study, layout, options=options, out_dir=Path(args.out),
+                     value=trial.value)
+    print(f"autotune: submit it with: sbatch {path}", file=sys.stderr)  # stdout: the path
+    return str(path)
