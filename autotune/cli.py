@@ -42,8 +42,10 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _open(storage_url: str | None, study_arg: str | None):  # -> (Storage, name | None)
+def _open(storage_url: str | None, study_arg: str | None,
+          command: str):  # -> (Storage, name | None)
     """Storage and study name from a study file (its storage URL) or a bare name."""
+    from autotune.config.sqlite_file import require_existing
     from autotune.config.study import StorageConfig
     from autotune.spec import load_study
     from autotune.storage import open_storage
@@ -55,6 +57,7 @@ def _open(storage_url: str | None, study_arg: str | None):  # -> (Storage, name 
         name, config = spec.name, spec.storage
     if storage_url:
         config = dataclasses.replace(config, url=storage_url)
+    require_existing(config.url, command)  # a read-only command creates no database
     return open_storage(config), name
 
 
@@ -64,6 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from autotune.launchers import make_launchers
+    from autotune.planning.empty import refuse_structurally_empty
     from autotune.runner.progress import Progress, best_line, stop_message, trials_table
     from autotune.runner.study import run_study
     from autotune.spec import load_study
@@ -76,6 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = replace(spec, search=replace(spec.search, n_trials=args.n_trials))
     if args.no_learn:
         spec = replace(spec, search=replace(spec.search, learn_from_database=False))
+    refuse_structurally_empty(spec)  # a space of no layout at all touches no database
     # first: a bad launcher section touches no database
     launchers = make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,
                                source=spec.source, workload=spec.workload)
@@ -125,7 +130,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         study_status,
     )
 
-    storage, name = _open(args.storage, args.study)
+    storage, name = _open(args.storage, args.study, "status")
     names = [name] if name else list_studies(storage)
     if not names:
         print(f"no studies in {storage.masked_url}")
@@ -154,10 +159,15 @@ def cmd_best(args: argparse.Namespace) -> int:
     from autotune.report.export import emit_best
     from autotune.report.results import best_layout, confirmation_line, load_existing_study
 
-    storage, name = _open(args.storage, args.study)
+    storage, name = _open(args.storage, args.study, "best")
     study = load_existing_study(storage, name)
     layout, trial = best_layout(study)
-    print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out)))
+    if args.emit == "slurm":
+        from autotune.report.job_flags import emit_job
+
+        print(emit_job(study, layout, trial, args))
+    else:
+        print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out)))
     line = confirmation_line(study)
     if line:  # on stderr: the emitted JSON, config or command line stays as it was
         print(f"confirmation: {line}", file=sys.stderr)
@@ -178,7 +188,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from autotune.report.results import load_existing_study
 
     if args.all:
-        storage, _ = _open(args.storage, args.study)
+        storage, _ = _open(args.storage, args.study, "report")
         path = campaign_report(storage, Path(args.out or "reports/campaign"), fmt=args.format,
                                device_type=args.device_type, model=args.model,
                                log=_log(args.quiet))
@@ -189,7 +199,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.device_type or args.model:
             raise UsageError("report: --device-type and --model filter the cross-study view;"
                              " add --all")
-        storage, name = _open(args.storage, args.study)
+        storage, name = _open(args.storage, args.study, "report")
         study = load_existing_study(storage, name)
         path = study_report(storage, study, Path(args.out or f"reports/{name}"),
                             fmt=args.format, log=_log(args.quiet))
@@ -216,6 +226,7 @@ def _port(text: str) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from autotune.planning.empty import refuse_empty
     from autotune.planning.plan import plan_study, render_plan
     from autotune.runner.learning import plan_calibration
     from autotune.spec import load_study
@@ -235,9 +246,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     calibration, ooms, note = plan_calibration(spec, learn=learn)
     if note:
         print(f"autotune: {note}", file=sys.stderr)
-    print(render_plan(plan_study(spec, top=args.top, calibration=calibration,
-                                 ooms=tuple(ooms), learn_enabled=learn), args.format))
-    return EXIT_OK
+    result = plan_study(spec, top=args.top, calibration=calibration, ooms=tuple(ooms),
+                        learn_enabled=learn)
+    print(render_plan(result, args.format))
+    return EXIT_OK if not result.empty_reasons else refuse_empty(spec, result.empty_reasons)
 
 
 def _layer_counts(text: str) -> tuple[int, ...]:
@@ -298,7 +310,10 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 # -- parser ---------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0])
+    from autotune.cli_help import EMIT_HELP, OUT_HELP, STORAGE_HELP, top_parser
+    from autotune.report.job_flags import add_job_flags
+
+    p = top_parser()
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="run (or resume) a study: measure layouts, store results")
@@ -319,22 +334,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("status", help="trials by outcome, best so far, running trials")
     s.add_argument("study", nargs="?", metavar="STUDY", help="study file or name (default: all)")
-    s.add_argument("--storage", metavar="URL")
+    s.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
     s.set_defaults(func=cmd_status)
 
     b = sub.add_parser("best", help="the best layout, as JSON or a ready launch config")
     b.add_argument("study", metavar="STUDY", help="study file or name")
-    b.add_argument("--storage", metavar="URL")
-    b.add_argument("--emit", choices=("json", "deepspeed", "megatron-deepspeed", "command"),
-                   default="json", help="command: the launch line of the study's own "
-                   "workload (workload.kind command or megatron-deepspeed)")
-    b.add_argument("--out", default=".", metavar="DIR",
-                   help="where --emit deepspeed/command writes ds_config.json (default: .)")
+    b.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
+    b.add_argument("--emit", choices=("json", "deepspeed", "megatron-deepspeed", "command",
+                                      "slurm"), default="json", help=EMIT_HELP)
+    b.add_argument("--out", default=".", metavar="DIR", help=OUT_HELP)
+    add_job_flags(b)
     b.set_defaults(func=cmd_best)
 
     pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")
     pl.add_argument("study", metavar="STUDY.yaml")
-    pl.add_argument("--top", type=_positive_int, default=20, metavar="K")
+    pl.add_argument("--top", type=_positive_int, default=20, metavar="K",
+                    help="list the K best predicted layouts (default: 20)")
     pl.add_argument("--storage", metavar="URL",
                     help="database to calibrate from (overrides the study file)")
     pl.add_argument("--format", choices=("table", "csv", "json"), default="table")
@@ -402,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="a study's report: tables, plots, CSV/Parquet exports")
     rp.add_argument("study", nargs="?", metavar="STUDY", help="study file or name")
-    rp.add_argument("--storage", metavar="URL")
+    rp.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
     rp.add_argument("--out", metavar="DIR",
                     help="report directory (default: reports/STUDY, reports/campaign)")
     rp.add_argument("--format", choices=("md", "html"), default="md")
@@ -420,7 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "file's, else sqlite:///autotune.db)")
     d.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only)")
-    d.add_argument("--port", type=_port, default=8080)
+    d.add_argument("--port", type=_port, default=8080,
+                   help="port to listen on (default: 8080; one in use is refused)")
     d.set_defaults(func=cmd_dashboard)
 
     from autotune.campaign.cli import add_parser as add_campaign_parser
@@ -430,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from autotune.streams import closed_pipes_survived
+
+    with closed_pipes_survived():  # first: a reader that goes away never ends the run
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     import optuna
@@ -447,6 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)
         return EXIT_INTERRUPT
+    except BrokenPipeError:  # a stream not wrapped by survive_closed_pipes (a library's)
+        return EXIT_OK
     except Exception as err:
         # The storage wraps every database call (autotune.storage.guarded); one that
         # escaped it is still a database failure, never a traceback (issue 23 B).
@@ -456,8 +481,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"autotune: error: database error: {one_line(err)}", file=sys.stderr)
         return EXIT_FAIL
-    except BrokenPipeError:
-        return EXIT_OK
 
 
 if __name__ == "__main__":

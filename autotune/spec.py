@@ -32,6 +32,7 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.launcher import LauncherConfig
 from autotune.config.model import ModelConfig
 from autotune.config.run_defaults import step_cap
+from autotune.config.sqlite_file import next_to
 from autotune.config.study import (
     SearchConfig,
     StorageConfig,
@@ -280,7 +281,7 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             training=TrainingConfig.from_dict(data["training"]),
             search=SearchConfig.from_dict(data.get("search") or {}),
             trial=TrialConfig.from_dict(data.get("trial") or {}),
-            storage=StorageConfig.from_dict(data.get("storage") or {}),
+            storage=_storage(data.get("storage") or {}, base_dir),
             launcher=LauncherConfig.from_dict(data.get("launcher") or {}),
             workload=WorkloadConfig.from_dict(data.get("workload") or {}),
             source=source,
@@ -352,6 +353,14 @@ def load_study(path: str | os.PathLike[str], *, read_profile: bool = True) -> St
         raise SpecError("STUDY", str(p), "the file is empty; see studies/cpu_demo.yaml")
     return parse_study(data, default_name=re.sub(r"[^A-Za-z0-9_.-]", "-", p.stem) or "study",
                        source=str(p), base_dir=p.parent, read_profile=read_profile)
+
+def _storage(data: Any, base_dir: str | Path | None) -> StorageConfig:
+    """The storage section; a relative SQLite file lies next to the study file."""
+    storage = StorageConfig.from_dict(data)
+    if base_dir is None:
+        return storage
+    return replace(storage, url=next_to(storage.url, base_dir))
+
 
 def check_megatron_flags(workload: WorkloadConfig, model: ModelConfig) -> None:
     """A ``megatron-deepspeed`` workload's ``args`` give no flag autotune owns, and their

@@ -333,7 +333,9 @@ class StorageConfig:
     """Where the study and its measurements live."""
 
     url: str = "sqlite:///autotune.db"
-    """SQLAlchemy URL: ``sqlite:///file.db``, ``postgresql+psycopg://...``, ``mysql+pymysql://...``."""
+    """SQLAlchemy URL: ``sqlite:///file.db``, ``postgresql+psycopg://...``, ``mysql+pymysql://...``.
+    A relative SQLite file in a study file lies next to the study file (``--storage`` on
+    the command line: the current folder)."""
     heartbeat_interval_s: int = 10
     """How often a running trial renews its claim's lease (proves it is alive)."""
     grace_period_s: int = 60

@@ -38,6 +38,7 @@ from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
 from autotune.models.memory_uncertainty import Verdict
 from autotune.planning.candidates import Candidate, partition_space, rank_layouts
+from autotune.planning.empty import empty_space_reasons
 from autotune.spec import StudySpec
 
 __all__ = ["PlanRow", "Exclusion", "PlanResult", "plan_study", "render_plan", "FORMATS"]
@@ -101,6 +102,9 @@ class PlanResult:
     """What the plan learned from the database, one line (``None``: not calibrated)."""
     calibration_record: dict[str, Any] | None = None
     """The same as :func:`autotune.storage.study_records.learned_from_record` (JSON output)."""
+    empty_reasons: tuple[str, ...] = ()
+    """Why nothing is feasible (:func:`autotune.planning.empty.empty_space_reasons`); empty
+    when some layout is."""
 
 
 def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | None = None,
@@ -149,7 +153,9 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
         profile=profile.label if profile is not None else None,
         memory_verdicts=tuple((v.value, verdicts[v.value]) for v in Verdict),
         memory_min_p_fit=constraints.memory.min_p_fit if constraints.memory else None,
-        calibration=line, calibration_record=record)
+        calibration=line, calibration_record=record,
+        empty_reasons=() if feasible else tuple(empty_space_reasons(
+            spec.search, spec.world_size, spec.training.global_batch, excluded)))
 
 
 def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate,
@@ -214,6 +220,7 @@ def _to_json(result: PlanResult) -> dict[str, Any]:
         "memory_verdicts": dict(result.memory_verdicts),
         "memory_min_p_fit": result.memory_min_p_fit,
         "calibration": result.calibration_record,
+        "empty_reasons": list(result.empty_reasons),
         "feasible": [{"rank": r.rank, "layout": r.layout.to_dict(), "key": r.layout.key(),
                       "model_tflops_per_device": r.step.model_tflops_per_device,
                       "step_time_s": r.step.step_time_s,
@@ -274,7 +281,8 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
         picks += [14, 18]
     body = format_table(cols, [[_fit_cell(r) if i == -1 else _row_values(r)[i] for i in picks]
                                for r in result.rows])
-    out = [head, "", body if result.rows else "(no feasible layout)"]
+    out = [head, "", body if result.rows else "no feasible layout:\n" + "\n".join(
+        f"  - {reason}" for reason in result.empty_reasons)]
     if result.excluded:
         out += ["", "excluded (by first reason):",
                 format_table(["reason", "count", "example"],

@@ -49,15 +49,21 @@ def best_layouts(trials: pd.DataFrame, top: int = 10) -> pd.DataFrame:
 
 
 def tp_pp_grid(trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Best TFLOPS per device for each (tp, pp) over the other axes, and what the
-    non-complete cells hold (the commonest outcome there): rows pp, columns tp."""
+    """Best measured TFLOPS per device for each (tp, pp) over the other axes (complete and
+    stopped trials: a stopped trial's value is a measurement too), and what each cell
+    holds: ``complete`` or ``stopped`` (whose trial gave the best), else the commonest
+    outcome of its trials (a layout retried and then measured shows its measurement).
+    Rows pp, columns tp."""
     tried = judged(trials)
     tps, pps = sorted(tried["tp"].unique()), sorted(tried["pp"].unique())
-    best = tried[tried["outcome"] == "complete"].pivot_table(
-        index="pp", columns="tp", values="value", aggfunc="max").reindex(index=pps, columns=tps)
+    measured = tried[tried["measured_value"].notna()]
+    best = measured.pivot_table(index="pp", columns="tp", values="measured_value",
+                                aggfunc="max").reindex(index=pps, columns=tps)
     mode = tried.groupby(["pp", "tp"])["outcome"].agg(lambda s: s.value_counts().index[0])
-    what = mode.unstack("tp").reindex(index=pps, columns=tps)
-    return best, what
+    top = measured.sort_values(["measured_value", "number"], ascending=[False, True]) \
+        .groupby(["pp", "tp"])["outcome"].first()
+    what = mode.where(~mode.index.isin(top.index), top.reindex(mode.index))
+    return best, what.unstack("tp").reindex(index=pps, columns=tps)
 
 
 def bubble_fraction(pp: int | pd.Series, micro_batches: int | pd.Series) -> float | pd.Series:
@@ -71,10 +77,12 @@ def bubble_fraction(pp: int | pd.Series, micro_batches: int | pd.Series) -> floa
 
 
 def microbatch_frame(trials: pd.DataFrame) -> pd.DataFrame:
-    """Complete trials with their pipeline bubble, for the micro-batch section."""
-    done = trials[trials["outcome"] == "complete"].copy()
+    """Every measured trial (complete and stopped, ``value`` its measured TFLOPS) with its
+    pipeline bubble, for the micro-batch section."""
+    done = trials[trials["measured_value"].notna()].copy()
+    done["value"] = done["measured_value"]
     done["bubble_fraction"] = bubble_fraction(done["pp"], done["grad_accum"])
-    return done.sort_values(["tp", "pp", "micro_batch"])
+    return done.sort_values(["tp", "pp", "micro_batch", "number"])
 
 
 def outcome_counts(trials: pd.DataFrame) -> pd.DataFrame:

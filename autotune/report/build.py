@@ -171,8 +171,10 @@ def _heatmap(ctx: _Context, trials: pd.DataFrame) -> Section:
     best, what = an.tp_pp_grid(trials)
     s.blocks.append(Text(
         "Each cell: the best model TFLOPS per device measured with that (tp, pp), over all "
-        "micro-batch sizes, ZeRO stages and recompute settings tried. A cell without a "
-        "number names the commonest outcome of its trials (OOM, infeasible, failed)."))
+        "micro-batch sizes, ZeRO stages and recompute settings tried, trials stopped early "
+        "included (marked: their measurement ended at the point it was sure to be below the "
+        "best). A cell without a number names the commonest outcome of its trials (OOM, "
+        "infeasible, failed)."))
     s.blocks.append(ctx.image("tp_pp_heatmap", "best TFLOPS per device by tp and pp",
                               lambda p: plots.tp_pp_heatmap(best, what, p)))
     return s
@@ -191,7 +193,7 @@ def _microbatch(ctx: _Context, trials: pd.DataFrame) -> Section:
         "bubble, (pp - 1) / ga of the step (Narayanan et al. 2021, section 2.2.1)."))
     s.blocks.append(ctx.image("microbatch", "TFLOPS vs micro-batch size and bubble fraction",
                               lambda p: plots.microbatch_effect(done, p)))
-    s.blocks.append(Table(done[["number", "layout", "micro_batch", "grad_accum",
+    s.blocks.append(Table(done[["number", "layout", "outcome", "micro_batch", "grad_accum",
                                 "bubble_fraction", "value"]]
                           .rename(columns={"number": "trial", "value": "tflops_per_device"})))
     return s

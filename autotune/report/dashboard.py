@@ -65,10 +65,38 @@ def serve(url: str, *, host: str = LOCALHOST, port: int = 8080,
         if password:
             first = first.replace(str(password), "***")
         raise StorageError(f"cannot open the database {masked}: {first[:300]}") from None
+    _check_port(host, port)
     shown = f"[{host}]" if ":" in host else host
     log(f"[autotune] dashboard for {masked} at http://{shown}:{port}/dashboard "
         "(Ctrl-C to stop)")
     if host not in (LOCALHOST, "localhost", "::1"):
         log(f"[autotune] warning: listening on {host}: anyone who reaches this port sees "
             "every study in the database")
-    run_server(storage, host=host, port=port)
+    try:
+        run_server(storage, host=host, port=port)
+    except OSError as err:  # taken between the check and the bind
+        raise UsageError(_port_message(host, port, err)) from None
+
+
+def _port_message(host: str, port: int, err: OSError) -> str:
+    return (f"dashboard: cannot listen on {host}:{port} ({err.strerror or err}); another "
+            "program (an earlier dashboard?) holds it: choose a free one with --port N")
+
+
+def _check_port(host: str, port: int) -> None:
+    """A :class:`UsageError` naming ``--port`` when ``host:port`` cannot be bound (in use,
+    or not an address of this machine), before anything says it is listening."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as err:
+        raise UsageError(f"dashboard: --host {host!r} is not an address here "
+                         f"({err.strerror or err})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
+        try:
+            sock.bind(address)
+        except OSError as err:
+            raise UsageError(_port_message(host, port, err)) from None

@@ -54,11 +54,12 @@ def _model(data: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**known)
 
 
-def command_line(study: optuna.Study, layout: Layout, *, out_dir: Path) -> list[str]:
+def command_line(study: optuna.Study, layout: Layout, *, out_dir: Path,
+                 train_iters: int | None = None) -> list[str]:
     """The study's own program for ``layout``: the ``command`` template filled, or the
     Megatron-DeepSpeed script with the user's arguments and the layout's flags, with
     ``OUT_DIR/ds_config.json`` as the DeepSpeed config. The step count is the production
-    run's (:func:`production_iters`), never a trial's short run."""
+    run's (``train_iters``, else :func:`production_iters`), never a trial's short run."""
     from autotune.trial import RunConfig, TrialPaths, TrialSpec
     from autotune.workloads.base import Placement
     from autotune.workloads.foreign import fill, placeholder_values, trial_ds_config
@@ -78,7 +79,7 @@ def command_line(study: optuna.Study, layout: Layout, *, out_dir: Path) -> list[
     nodes, per_node = _geometry(record, layout)
     placement = Placement(python="python", nodes=nodes, ranks_per_node=per_node,
                           master_addr="$MASTER_ADDR", master_port=29500)
-    iters = production_iters(record)
+    iters = train_iters if train_iters is not None else production_iters(record)
     values = {**placeholder_values(spec, paths, placement), "train_iters": iters}
     if record["kind"] == "command":
         return fill(list(record.get("argv") or []), values)

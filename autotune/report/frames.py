@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 from autotune.errors import UsageError
 from autotune.layout import Layout
 from autotune.report.files import atomic_path
+from autotune.report.measured import measured_value
 from autotune.storage.keys import TrialAttr
 from autotune.storage.schema import Measurement
 from autotune.storage.study_records import study_fingerprint
@@ -47,6 +48,7 @@ TRIAL_COLUMNS: dict[str, str] = {
     "elapsed_s": "float64", "reason": "str", "device_name": "str", "launcher": "str",
     "worker": "str", "hosts": "str", "retry_of": "float64",
     "datetime_start": "datetime64[us]", "datetime_complete": "datetime64[us]",
+    "measured_value": "float64",
 }
 """Columns of the trials frame and their dtypes (``str`` columns may hold missing values)."""
 
@@ -107,6 +109,8 @@ def _trial_row(t: FrozenTrial, world_size: int, global_batch: int) -> dict[str, 
         "launcher": _text(attrs.get(TrialAttr.LAUNCHER)),
         "worker": _text(attrs.get(TrialAttr.WORKER)), "hosts": _text(attrs.get(TrialAttr.HOSTS)),
         "datetime_start": t.datetime_start, "datetime_complete": t.datetime_complete,
+        # complete and stopped trials, however stored (autotune.report.measured)
+        "measured_value": measured_value(t),
     }
     if row["layout"] is None:
         row["layout"] = Layout.from_dict(lay).key()

@@ -120,8 +120,11 @@ h1 { border-bottom: 2px solid #1565c0; padding-bottom: .2em; }
 h2 { margin-top: 1.8em; border-bottom: 1px solid #e0e0e0; }
 table { border-collapse: collapse; font-size: .88em; margin: .6em 0; }
 th, td { border: 1px solid #e0e0e0; padding: .25em .6em; text-align: left; }
-td { white-space: nowrap; } td:last-child { white-space: normal; }
+td { white-space: nowrap; } td:last-child, td.text { white-space: normal; }
+td.text { min-width: 16em; }
 .wide { overflow-x: auto; }
+.bleed { width: max-content; max-width: calc(100vw - 2em); position: relative; left: 50%;
+         transform: translateX(-50%); }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 th { background: #f5f5f5; }
 img { max-width: 100%; border: 1px solid #eeeeee; }
@@ -134,15 +137,22 @@ nav a { margin-right: 1em; }
 def _html_table(table: Table) -> str:
     frame = table.frame
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    # Headers may break after an underscore (process_start, device_setup).
+    head = "".join(f"<th>{html.escape(str(c)).replace('_', '_<wbr>')}</th>"
+                   for c in frame.columns)
     rows = []
     for row in frame.itertuples(index=False):
-        tags = ("<td class='num'>" if num else "<td>" for num in numeric)
+        # A long text cell wraps (a reason, a timing breakdown): a table wider than the
+        # page hid its right-hand columns behind a scroll bar.
+        tags = ("<td class='num'>" if num else "<td class='text'>" if len(_cell(v)) > 48
+                else "<td>" for num, v in zip(numeric, row, strict=True))
         cells = "".join(f"{tag}{html.escape(_cell(v))}</td>"
                         for tag, v in zip(tags, row, strict=True))
         rows.append(f"<tr>{cells}</tr>")
     caption = f"<caption>{html.escape(table.caption)}</caption>" if table.caption else ""
-    return (f"<div class='wide'><table>{caption}<thead><tr>{head}</tr></thead>"
+    # A table of many columns may use the window's width, not only the text column's.
+    cls = "wide bleed" if len(frame.columns) > 8 else "wide"
+    return (f"<div class='{cls}'><table>{caption}<thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 

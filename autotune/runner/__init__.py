@@ -15,6 +15,8 @@ module                    owns
                           (the program is broken); a resumed one asks first
 ``lifecycle.py``          lease renewals while a trial runs; SIGINT/SIGTERM
 ``progress.py``           progress lines, the trial table and the stop messages
+``param_space.py``        the distributions a trial's parameters are stored with
+``verdict_note.py``       the confirmation verdict as a user attribute and dashboard note
 ========================  ==============================================================
 
 What a trial is and how its outcome is decided live below the runner

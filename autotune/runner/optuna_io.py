@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
 
 from autotune.config.launcher import LauncherConfig
@@ -104,7 +104,7 @@ def launcher_record(launcher: LauncherConfig) -> dict[str, Any]:
         out["env"] = dict(launcher.local.env)
     elif launcher.kind == "slurm":
         slurm = launcher.slurm
-        out.update(env=dict(slurm.env), gpus_per_node=slurm.gpus_per_node,
+        out.update(env=dict(slurm.env), site=slurm.site, gpus_per_node=slurm.gpus_per_node,
                    cpus_per_task=slurm.cpus_per_task, extra_args=list(slurm.extra_args))
     return out
 
@@ -179,18 +179,14 @@ class NoSampling(optuna.samplers.BaseSampler):
 
 
 def layout_params(layout: Layout, spec: StudySpec) -> dict[str, tuple[Any, BaseDistribution]]:
-    """The trial's per-axis parameters (what optuna-dashboard plots) with distributions
-    that depend only on the study's fingerprint (world size, global batch), not on its
-    search space: a resumed study may widen or narrow its axes, which Optuna's categorical
-    distributions would refuse."""
-    ws, gb = spec.world_size, spec.training.global_batch
+    """The trial's per-axis parameters (what optuna-dashboard plots), each with a
+    distribution over the study's own values of its axis
+    (:func:`autotune.runner.param_space.layout_distributions`: a constant axis is
+    single-valued, so the dashboard's importance gives it no credit)."""
+    from autotune.runner.param_space import layout_distributions
+
     params = layout.params()
-    dists: dict[str, BaseDistribution] = {
-        "tp": IntDistribution(1, ws), "pp": IntDistribution(1, ws),
-        "micro_batch": IntDistribution(1, gb), "zero_stage": IntDistribution(0, 3),
-        # 'selective' appended (issue 22): the old choices keep their indices.
-        "recompute": CategoricalDistribution(["none", "full", "selective"]),
-        "sequence_parallel": CategoricalDistribution([False, True])}
+    dists = layout_distributions(layout, spec)
     return {name: (params[name], dists[name]) for name in dists}
 
 

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.layout import Layout
 from autotune.report.tables import format_table
+from autotune.storage.db import Storage
 from autotune.storage.judged import AnyTrial
 from autotune.storage.keys import SKIPPED, TrialAttr
 from autotune.storage.records import trial_layout_key, trial_outcome, trial_reason
@@ -78,11 +79,31 @@ class Progress:
     def message(self, text: str) -> None:
         self._print(f"[autotune] {text}")
 
+    def resume(self, judged: int) -> None:
+        """The study already holds ``judged`` trials of its budget (a resume): the counter
+        goes on from there and the ETA covers only the trials that remain."""
+        self.done = judged
+        if judged:
+            left = max(self.total - judged, 0)
+            self.message(f"resuming: {judged} of {self.total} trials measured, {left} to go")
+
     def trial_started(self, number: int, layout: Layout, predicted: float | None) -> None:
         self._trial_started = time.monotonic()
         pred = f" (predicted {predicted:.4g} TFLOPS/device)" if predicted else ""
         self._print(f"[{self.done + 1}/{self.total}] trial #{number} {layout.key()}: "
                     f"running on {layout.world_size} device(s){pred}; {self._clock()}")
+
+    def launch_started(self, members: Sequence[tuple[int, Layout, float | None]]) -> None:
+        """One line for a launch: :meth:`trial_started` for one trial, a batch line for
+        several (``members``: number, layout, predicted TFLOPS)."""
+        if len(members) == 1:
+            self.trial_started(*members[0])
+            return
+        self._trial_started = time.monotonic()
+        first, last = self.done + 1, self.done + len(members)
+        names = ", ".join(f"#{n} {lay.key()}" for n, lay, _ in members)
+        self._print(f"[{first}-{last}/{self.total}] batch of {len(members)}: running {names}"
+                    f" in one launch on {members[0][1].world_size} device(s); {self._clock()}")
 
     def trial_finished(self, number: int, layout: Layout, outcome: Verdict,
                        best: FrozenTrial | None) -> None:
@@ -125,8 +146,11 @@ def trials_table(trials: Sequence[AnyTrial]) -> str | None:
     """
     measured = [t for t in trials if trial_outcome(t) not in (None, SKIPPED)
                 and t.state != TrialState.WAITING]
-    measured.sort(key=lambda t: (t.value is None, -(t.value or 0.0), t.number))
-    rows = [[t.number, trial_layout_key(t), trial_outcome(t), t.value,
+    from autotune.report.measured import measured_value
+
+    values = {id(t): measured_value(t) for t in measured}  # stopped ones too
+    measured.sort(key=lambda t: (values[id(t)] is None, -(values[id(t)] or 0.0), t.number))
+    rows = [[t.number, trial_layout_key(t), trial_outcome(t), values[id(t)],
              t.user_attrs.get(TrialAttr.STEP_TIME_S), t.user_attrs.get(TrialAttr.PEAK_MEMORY_GIB),
              _first_line(trial_reason(t), 60) if trial_outcome(t) != Outcome.COMPLETE else ""]
             for t in measured]
@@ -138,3 +162,12 @@ def trials_table(trials: Sequence[AnyTrial]) -> str | None:
 
 def _first_line(text: str, width: int) -> str:
     return (text.splitlines() or [""])[0][:width]
+
+
+def judged_claims(storage: Storage, study_name: str) -> int:
+    """The study's budget already spent and judged: layouts claimed, less those waiting
+    for a retry or being measured (they are still to be counted when they finish)."""
+    from autotune.storage.claims import claim_counts
+
+    counts = claim_counts(storage, study_name)
+    return max(counts.claimed - counts.retries - counts.live, 0)

@@ -61,6 +61,7 @@ import optuna
 from autotune.errors import UsageError
 from autotune.feasibility import Constraints
 from autotune.launchers.base import Launcher
+from autotune.planning.empty import empty_message
 from autotune.runner import stop_early
 from autotune.runner.confirm import confirm_best
 from autotune.runner.learning import (
@@ -71,7 +72,8 @@ from autotune.runner.learning import (
 )
 from autotune.runner.lifecycle import Busy, StopSignals
 from autotune.runner.optuna_io import open_study
-from autotune.runner.progress import Progress
+from autotune.runner.progress import Progress, judged_claims
+from autotune.runner.verdict_note import publish_verdict
 from autotune.runner.worker import RunSummary, Worker
 from autotune.spec import StudySpec
 from autotune.storage.db import Storage
@@ -124,16 +126,17 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
                              table=table, enabled=learn)
     candidates = learning.candidates()
     if not candidates:
-        raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search space;"
-                         f" run `autotune plan {spec.source or 'STUDY'}` to see why")
+        raise UsageError(empty_message(spec, constraints, table is not None))
     # once, before worker threads could race to create it
     study = storage.retrying("opening the study", lambda: open_study(spec, storage))
     refusal = stop_early.resume_refusal(study, spec, storage, retry_failed=retry_failed)
     if refusal is not None:
         raise UsageError(refusal)
+    learning.refit(storage)  # a resume's header states the correction its study's trials give
     record = learned_from_record(learning.calibration, enabled=learn)
     set_user_attrs(study, {StudyAttr.LEARNED_FROM: record})
     progress = progress or Progress(total=n_trials, enabled=False)
+    progress.resume(judged_claims(storage, spec.name))
     progress.message(f"calibration: {learned_from_line(record)}")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
     busy = Busy()
@@ -158,6 +161,8 @@ def _confirm(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: L
     done = confirm_best(spec, storage, study, launcher, worker=worker, signals=signals,
                         say=progress.message)
     progress.message(done.line)
+    if done.record is not None:  # the verdict where a person reads it (dashboard, attrs)
+        storage.retrying("storing the verdict", lambda: publish_verdict(study, done.line))
     summary.confirmation = done.record
     winner = (done.record or {}).get("winner_trial")
     summary.trials = judged_trials(storage, study.study_name, states=None, keys=SUMMARY_KEYS)

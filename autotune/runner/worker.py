@@ -220,7 +220,9 @@ class Worker:
         results (the strategy decides again on them; the budget is met again at once)."""
         batch: list[tuple[Claimed, Layout]] = []
         idle = 0
-        left = self.n_trials - len(self._claimed_keys())
+        # Retries (an interrupted batch's members) are claimed, still to measure: one launch.
+        waiting = len(self._retrying(lambda: retry_keys(self.storage, self.spec.name)))
+        left = self.n_trials - len(self._claimed_keys()) + waiting
         size = max(1, min(self.batch_size, -(-left // self.siblings)))
         while len(batch) < size:
             step = self._retrying(self._step)
@@ -430,8 +432,8 @@ class Worker:
                                               claimed.number, key))
             specs.append(TrialSpec(model=spec.model, layout=layout, run=run_cfg))
             cands.append(cand)
-            self.progress.trial_started(claimed.number, layout,
-                                        cand.predicted_tflops if cand else None)
+        self.progress.launch_started([(c.number, lay, cand.predicted_tflops if cand else None)
+                                      for (c, lay), cand in zip(batch, cands, strict=True)])
         t0 = utcnow()
         outcomes: list[Verdict] = []
         with ExitStack() as beats:

@@ -14,7 +14,13 @@ from typing import Any
 
 from autotune.errors import SpecError
 from autotune.scaling.sizes import ScalingRequest, default_sizes, parse_sizes
-from autotune.scaling.table import ScalingRow, format_scaling, scaling_csv, scaling_table
+from autotune.scaling.table import (
+    ScalingRow,
+    _pct,
+    format_scaling,
+    scaling_csv,
+    scaling_table,
+)
 from autotune.spec import StudySpec
 
 __all__ = ["request_of", "run_command", "plan_command", "write_report", "parse_references",
@@ -63,12 +69,14 @@ def write_report(rows: Sequence[ScalingRow], request: ScalingRequest, spec: Stud
     scaling_plot(rows, request, out_dir / "scaling.png",
                  title=f"{spec.name}: {request.mode} scaling over {request.axis}")
     text = scaling_csv(rows, request)
-    write_text_atomic(csv_path or out_dir / "scaling.csv", text)
+    write_text_atomic(out_dir / "scaling.csv", text)  # the report's, beside its plot
+    if csv_path is not None:
+        write_text_atomic(csv_path, text)
     frame = pd.DataFrame([{
         request.axis: r.size, "devices": r.devices, "global batch": r.global_batch,
         "source": r.source, "best layout": r.best_layout,
         "TFLOPS/device": r.model_tflops_per_device, "tokens/s": r.tokens_per_s,
-        "efficiency": r.efficiency, "calibrated on": r.calibrated_on or None} for r in rows])
+        "efficiency": _pct(r.efficiency), "calibrated on": r.calibrated_on or None} for r in rows])
     report = Report(f"Scaling: {spec.name} ({request.mode})", meta=[
         f"model: {spec.model.name}", f"device: {spec.cluster.device}",
         f"sizes ({request.axis}): {', '.join(map(str, request.sizes))}",
@@ -162,6 +170,10 @@ def plan_command(spec: StudySpec, args: Any) -> str:
             storage.close()
     if args.format == "csv":
         return scaling_csv(rows, request).rstrip("\n")
+    if args.format == "json":
+        from autotune.scaling.table import scaling_json
+
+        return scaling_json(rows, request)
     return format_scaling(rows, request, references=parse_references(args.reference))
 
 

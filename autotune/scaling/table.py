@@ -32,7 +32,7 @@ from autotune.spec import StudySpec
 from autotune.storage.db import Storage
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
-           "format_scaling", "scaling_csv", "CSV_COLUMNS", "Z_95"]
+           "scaling_json", "format_scaling", "scaling_csv", "CSV_COLUMNS", "Z_95"]
 
 Z_95 = 1.959964
 CSV_COLUMNS = ("nodes", "devices", "best_layout", "model_tflops_per_device", "tokens_per_s",
@@ -261,16 +261,31 @@ def _error(pred: ScalingRow, meas: ScalingRow) -> float:
     return pred.model_tflops_per_device / meas.model_tflops_per_device - 1.0
 
 
+def _values(r: ScalingRow) -> tuple[object, ...]:
+    """A row's values in the order of :data:`CSV_COLUMNS`."""
+    return (r.nodes, r.devices, r.best_layout, r.model_tflops_per_device, r.tokens_per_s,
+            r.efficiency, r.mode, r.source, r.global_batch, r.study, r.trials,
+            r.tflops_low, r.tflops_high, r.efficiency_low, r.efficiency_high,
+            r.calibrated_on, r.energy_j_per_step, r.energy_source, r.joules_per_token,
+            r.model_tflops_per_watt)
+
+
 def scaling_csv(rows: Sequence[ScalingRow], request: ScalingRequest) -> str:
     """The table as CSV with :data:`CSV_COLUMNS` (empty cells: not known, never 0)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for r in rows:
-        writer.writerow(["" if v is None else v for v in (
-            r.nodes, r.devices, r.best_layout, r.model_tflops_per_device, r.tokens_per_s,
-            r.efficiency, r.mode, r.source, r.global_batch, r.study, r.trials,
-            r.tflops_low, r.tflops_high, r.efficiency_low, r.efficiency_high,
-            r.calibrated_on, r.energy_j_per_step, r.energy_source, r.joules_per_token,
-            r.model_tflops_per_watt)])
+        writer.writerow(["" if v is None else v for v in _values(r)])
     return buf.getvalue()
+
+
+def scaling_json(rows: Sequence[ScalingRow], request: ScalingRequest) -> str:
+    """The table as JSON: the request and one object per row with the CSV's columns
+    (``null``: not known)."""
+    import json
+
+    return json.dumps({"mode": request.mode, "axis": request.axis,
+                       "sizes": list(request.sizes),
+                       "rows": [dict(zip(CSV_COLUMNS, _values(r), strict=True))
+                                for r in rows]}, indent=2, default=str)

@@ -33,6 +33,7 @@ from autotune.storage.keys import (
 )
 from autotune.trial import TrialResult
 from autotune.trial.outcome import Verdict
+from autotune.trial.reason_text import tail_at_word
 
 if TYPE_CHECKING:
     import optuna
@@ -129,7 +130,7 @@ def user_attrs(facts: TrialFacts) -> dict[str, Any]:
         TrialAttr.ELAPSED_S: round(facts.elapsed_s, 2),
     }
     if facts.outcome.reason:
-        attrs[TrialAttr.REASON] = facts.outcome.reason[-1500:]
+        attrs[TrialAttr.REASON] = tail_at_word(facts.outcome.reason, 1500)
     if facts.predicted_tflops_per_device is not None:
         attrs[TrialAttr.PREDICTED_TFLOPS] = facts.predicted_tflops_per_device
     if facts.predicted_memory_bytes is not None:

@@ -1,0 +1,57 @@
+"""Where a SQLite storage URL's file is, and the two rules about it.
+
+A study file's relative SQLite URL names a file next to the study file, not in whatever
+folder the command runs from (:func:`next_to`): ``studies/x.yaml`` with
+``sqlite:///x.db`` always means ``studies/x.db``. A command that only reads (``status``,
+``best``, ``report``, ``dashboard``) refuses a SQLite file that does not exist
+(:func:`require_existing`): opening it would create an empty database with the full schema
+and then report that the study is not there, leaving the typo behind as a file.
+
+>>> next_to("sqlite:///autotune.db", "/work/studies")
+'sqlite:////work/studies/autotune.db'
+>>> next_to("sqlite:////tmp/a.db", "/work/studies")
+'sqlite:////tmp/a.db'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from autotune.errors import UsageError
+
+__all__ = ["sqlite_path", "next_to", "require_existing"]
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite`` URL as written (``None``: not SQLite, in memory, or an
+    URL with ``${VAR}`` still to expand)."""
+    if not url.startswith("sqlite") or "${" in url:
+        return None
+    try:
+        database = make_url(url).database
+    except ArgumentError:
+        return None
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def next_to(url: str, base_dir: str | Path) -> str:
+    """``url`` with a relative SQLite file made absolute under ``base_dir``."""
+    path = sqlite_path(url)
+    if path is None or path.is_absolute():
+        return url
+    absolute = (Path(base_dir) / path).resolve()
+    return make_url(url).set(database=str(absolute)).render_as_string(hide_password=False)
+
+
+def require_existing(url: str, command: str) -> None:
+    """A :class:`UsageError` naming the absolute path when ``url`` is a SQLite file that
+    does not exist (``command``: who refuses, for the message)."""
+    path = sqlite_path(url)
+    if path is not None and not path.is_file():
+        raise UsageError(f"{command}: no database at {path.resolve()} (from {url}); give "
+                         "the study file, or the --storage URL the study was run with")

@@ -1,0 +1,57 @@
+"""Read-only commands refuse a SQLite file that is not there, naming its absolute path and
+creating nothing; a study file's relative SQLite URL names a file next to the study file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.cli import main
+from autotune.config.sqlite_file import next_to, require_existing
+from autotune.errors import UsageError
+from autotune.spec import load_study
+from tests.helpers import write_study
+
+
+@pytest.mark.parametrize("argv", [["status"], ["best", "cpu-demo"], ["report", "cpu-demo"],
+                                  ["report", "--all"]])
+def test_read_only_commands_refuse_a_missing_file(argv: list[str], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--storage", "sqlite:///typo.db"]) == 2
+    err = capsys.readouterr().err
+    assert f"no database at {tmp_path / 'typo.db'}" in err, err
+    assert list(tmp_path.iterdir()) == []  # no database, no report folder
+
+
+def test_a_study_file_names_its_missing_database(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    study = write_study(tmp_path / "s.yaml", db=tmp_path / "gone" / "s.db")
+    assert main(["best", str(study)]) == 2
+    assert f"no database at {tmp_path / 'gone' / 's.db'}" in capsys.readouterr().err
+    assert not (tmp_path / "gone").exists()
+
+
+def test_relative_sqlite_url_resolves_next_to_the_study_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "studies"
+    folder.mkdir()
+    study = write_study(folder / "s.yaml")
+    data = yaml.safe_load(study.read_text())
+    data["storage"]["url"] = "sqlite:///rel.db"
+    study.write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    assert load_study(Path("studies") / "s.yaml").storage.url == \
+        f"sqlite:///{folder.resolve() / 'rel.db'}"
+
+
+def test_urls_left_alone_and_memory_databases() -> None:
+    assert next_to("sqlite:////abs/x.db", "/b") == "sqlite:////abs/x.db"
+    assert next_to("postgresql+psycopg://u@h/db", "/b") == "postgresql+psycopg://u@h/db"
+    assert next_to("sqlite:///${DIR}/x.db", "/b") == "sqlite:///${DIR}/x.db"
+    require_existing("sqlite://", "status")  # in memory: nothing to find
+    with pytest.raises(UsageError, match=r"no database at /nowhere/x\.db"):
+        require_existing("sqlite:////nowhere/x.db", "status")

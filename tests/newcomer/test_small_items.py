@@ -1,0 +1,84 @@
+"""The smaller first-day items: scaling's report CSV and JSON, percent efficiency,
+``--help`` and ``--version``, help texts, the reason truncated at a word."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import build_parser, main
+from autotune.scaling.sizes import ScalingRequest
+from autotune.scaling.table import ScalingRow
+from tests.helpers import REPO
+
+
+def test_plan_scaling_json(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    study = str(REPO / "studies" / "lrz_gpt175b.yaml")
+    assert main(["plan", study, "--scaling", "weak", "--nodes", "16,128", "--format", "json",
+                 "--no-learn"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mode"] == "weak" and [r["nodes"] for r in data["rows"]] == [16, 128]
+    assert data["rows"][0]["efficiency"] == 1.0
+
+
+def test_scaling_report_writes_its_csv_beside_the_plot_and_percent(tmp_path: Path) -> None:
+    from autotune.scaling.command import write_report
+    from autotune.spec import load_study
+
+    spec = load_study(REPO / "studies" / "cpu_demo.yaml")
+    request = ScalingRequest("weak", "nodes", (1, 2))
+    rows = [ScalingRow(size=n, study=f"s{n}", nodes=n, devices=4 * n,
+                       best_layout="tp1-pp1-dp4-mb4-ga1-z1-none",
+                       model_tflops_per_device=1.0 / n, tokens_per_s=100.0, mode="weak",
+                       source="measured", global_batch=16 * n, efficiency=e)
+            for n, e in ((1, 1.0), (2, 0.4139))]
+    other = tmp_path / "other.csv"
+    report = write_report(rows, request, spec, tmp_path / "rep", "md", csv_path=other)
+    assert (tmp_path / "rep" / "scaling.csv").read_text() == other.read_text()
+    text = report.read_text()
+    assert "41%" in text and "0.4139" not in text
+
+
+def test_help_opens_for_users_and_version() -> None:
+    parser = build_parser()
+    text = parser.format_help()
+    assert "Thin: parse" not in text
+    assert text.splitlines()[2].startswith("Find the fastest parallel layout")
+    assert "first steps:" in text
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--version"])
+    assert exit_.value.code == 0
+
+
+@pytest.mark.parametrize(("command", "flag"), [("status", "--storage"), ("best", "--storage"),
+                                               ("report", "--storage"), ("plan", "--top"),
+                                               ("dashboard", "--port")])
+def test_flags_have_help(command: str, flag: str) -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._subparsers._group_actions  # type: ignore[union-attr]
+               ).choices[command]
+    action = next(a for a in sub._actions if flag in a.option_strings)
+    assert action.help, (command, flag)
+
+
+def test_a_stored_reason_starts_at_a_word_with_an_ellipsis() -> None:
+    from autotune.trial.reason_text import tail_at_word
+
+    text = "Traceback ... " + "x" * 10 + " ERROR? " * 300 + "8 step(s) of 10 ran"
+    cut = tail_at_word(text, 1500)
+    assert len(cut) <= 1500 and cut.startswith("… ERROR?") and cut.endswith("10 ran")
+    assert tail_at_word("y" * 20, 10) == "… " + "y" * 8  # one long word: cut where it must
+
+
+def test_long_text_cells_of_html_tables_wrap() -> None:
+    import pandas as pd
+
+    from autotune.report.render import Report, Section, Table, render
+
+    frame = pd.DataFrame({"trial": [1], "where": ["start-up 31%; " * 8]})
+    page = render(Report("t", meta=[], sections=[Section("s", [Table(frame)])]), "html")
+    assert "<td class='text'>start-up 31%" in page and "td.text { min-width" in page
