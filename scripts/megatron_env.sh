@@ -142,6 +142,24 @@ def init(*args, **kwargs):
     raise RuntimeError("wandb stub: no wandb here (autotune test scaffolding)")
 EOF2
 fi
+# ezpz/distributed.py runs `from mpi4py import MPI` at import, and megatron/checkpointing.py
+# calls ez.get_world_size(): mpi4py needs an MPI library to load. mpi4py's binary wheel
+# dlopens one at import (mpi4py/_mpiabi.py), and MPICH's runtime wheel ships it. --prefix,
+# not --target: --target drops the wheel's data files, lib/libmpi.so.12 among them. The
+# tests give the argonne trials $ENV_DIR/mpi/site on PYTHONPATH and MPI4PY_LIBMPI (the file
+# named in $ENV_DIR/mpi/libmpi), never the deepspeedai fork's.
+MPI_PINS=(mpi4py==4.1.2 mpich==5.0.2)
+if [ "$(cat "$ENV_DIR/mpi/.ok" 2>/dev/null)" != "${MPI_PINS[*]}" ]; then
+  echo "[megatron-env] ${MPI_PINS[*]} into $ENV_DIR/mpi"
+  rm -rf "$ENV_DIR/mpi"
+  "$PY" -m pip install -q --no-deps --prefix "$ENV_DIR/mpi/prefix" "${MPI_PINS[@]}"
+  site=$(ls -d "$ENV_DIR"/mpi/prefix/lib/python3*/site-packages)
+  ln -s "$site" "$ENV_DIR/mpi/site"
+  echo "$ENV_DIR/mpi/prefix/lib/libmpi.so.12" > "$ENV_DIR/mpi/libmpi"
+  MPI4PY_LIBMPI=$(cat "$ENV_DIR/mpi/libmpi") PYTHONPATH="$ENV_DIR/mpi/site" "$PY" -c \
+    "from mpi4py import MPI; assert MPI.Get_library_version().startswith('MPICH')"
+  echo "${MPI_PINS[*]}" > "$ENV_DIR/mpi/.ok"
+fi
 # The argonne-lcf fork imports ezpz (not the index's unrelated `ezpz`): its src/ on the path.
 for ez in "$SRC"/ezpz-*/src; do
   [ -d "$ez" ] && [ ! -d "$ENV_DIR/ezpz/ezpz" ] && { rm -rf "$ENV_DIR/ezpz"; mkdir -p "$ENV_DIR/ezpz"; cp -r "$ez"/. "$ENV_DIR/ezpz"/; }

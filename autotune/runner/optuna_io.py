@@ -190,7 +190,10 @@ def layout_params(layout: Layout, spec: StudySpec) -> dict[str, tuple[Any, BaseD
         "micro_batch": IntDistribution(1, gb), "zero_stage": IntDistribution(0, 3),
         # 'selective' appended (issue 22): the old choices keep their indices.
         "recompute": CategoricalDistribution(["none", "full", "selective"]),
-        "sequence_parallel": CategoricalDistribution([False, True])}
+        "sequence_parallel": CategoricalDistribution([False, True]),
+        # Appended after the axes above, so stored trials keep their parameters' meaning.
+        "zero_variant": CategoricalDistribution(["none", "mics", "hpz"]),
+        "zero_shard": IntDistribution(1, ws), "ulysses": IntDistribution(1, ws)}
     return {name: (params[name], dists[name]) for name in dists}
 
 
