@@ -13,6 +13,10 @@ the rules that need the model, the layout's group sizes or the DeepSpeed the tri
   all heads into all positions of ``heads / ulysses`` heads (Jacobs et al. 2023, section
   3.1; ``deepspeed/sequence/layer.py``, ``single_all_to_all``), so the degree divides the
   heads of one TP rank (the key/value heads too) and the sequence length.
+* ``ulysses_tp_pp``: Ulysses only with ``tp = pp = 1``: both Megatron-DeepSpeed forks
+  assert it (``megatron/core/parallel_state.py``, ``initialize_model_parallel``: "DeepSpeed's
+  sequence parallel does not work with tensor parallel or pipeline parallel"; deepspeedai
+  4efb479 line 146, argonne-lcf ffa3456 line 146), and the built-in trainer follows them.
 * ``mics_deepspeed``: DeepSpeed 0.19 removed MiCS (``zero_optimization.mics_shard_size``
   is refused), so a MiCS layout is feasible only where the trials' DeepSpeed is older.
 
@@ -44,6 +48,7 @@ STRATEGY_REASON_CODES: dict[str, str] = {
     "zero_shard": "the MiCS shard / hpZ partition size does not divide the ZeRO group",
     "ulysses_heads": "the Ulysses degree does not divide the attention heads per TP rank",
     "ulysses_seq_len": "the Ulysses degree does not divide the sequence length",
+    "ulysses_tp_pp": "Ulysses with tensor or pipeline parallelism (Megatron-DeepSpeed refuses it)",
     "mics_deepspeed": "MiCS with a DeepSpeed that has none (removed in 0.19)",
 }
 
@@ -76,6 +81,10 @@ def strategy_reasons(lay: Layout, model: ModelConfig,
         out.append(("zero_shard", f"zero_variant {lay.zero_variant} with shard size "
                           f"{lay.zero_shard}: it does not divide the ZeRO group dp*ulysses = "
                           f"{lay.dp}*{lay.ulysses} = {lay.zero_group}"))
+    if lay.ulysses > 1 and (lay.tp > 1 or lay.pp > 1):
+        out.append(("ulysses_tp_pp", f"ulysses={lay.ulysses} with tp={lay.tp}, pp={lay.pp}: "
+                    "DeepSpeed-Ulysses runs only with tp = pp = 1 (Megatron-DeepSpeed's "
+                    "initialize_model_parallel asserts it)"))
     if lay.ulysses > 1:
         heads = model.n_head // lay.tp if model.n_head % lay.tp == 0 else model.n_head
         kv = model.kv_heads // lay.tp if model.kv_heads % lay.tp == 0 else model.kv_heads

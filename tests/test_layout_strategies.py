@@ -95,14 +95,18 @@ def test_each_rule_has_a_reason() -> None:
     shard = Layout(tp=1, pp=1, dp=6, micro_batch=1, grad_accum=1, zero_stage=3,
                    zero_variant="hpz", zero_shard=4)
     assert [r.code for r in check_layout(shard, _model(), world_size=6)] == ["zero_shard"]
-    heads = Layout(tp=2, pp=1, dp=1, micro_batch=1, grad_accum=1, ulysses=4)
-    assert [r.code for r in check_layout(heads, _model(n_head=4))] == ["ulysses_heads"]
+    heads = Layout(tp=1, pp=1, dp=1, micro_batch=1, grad_accum=1, ulysses=4)
+    assert [r.code for r in check_layout(heads, _model(n_head=6, hidden=60))] == \
+        ["ulysses_heads"]
+    tp = Layout(tp=2, pp=1, dp=1, micro_batch=1, grad_accum=1, ulysses=2)
+    assert [r.code for r in check_layout(tp, _model())] == ["ulysses_tp_pp"]
     seq = Layout(tp=1, pp=1, dp=1, micro_batch=1, grad_accum=1, ulysses=4)
     assert [r.code for r in check_layout(seq, _model(seq_len=66))] == ["ulysses_seq_len"]
     ok = Layout(tp=1, pp=1, dp=2, micro_batch=1, grad_accum=1, zero_stage=3,
                 zero_variant="mics", zero_shard=2, ulysses=2)
     assert check_layout(ok, _model(), world_size=4) == []
-    for code in ("zero_shard", "ulysses_heads", "ulysses_seq_len", "mics_deepspeed"):
+    for code in ("zero_shard", "ulysses_heads", "ulysses_seq_len", "ulysses_tp_pp",
+                 "mics_deepspeed"):
         assert code in REASON_CODES
 
 
