@@ -33,6 +33,7 @@ from trainer.distributed import DeviceInfo
 from trainer.model import GPT, LossFn
 from trainer.pipeline import build_pipeline_module
 from trainer.tp_context import TPContext
+from trainer.zero_variants import check_zero3_variant, zero3_variant_init
 
 __all__ = ["TrainEngine", "LEARNING_RATE"]
 
@@ -62,12 +63,14 @@ class TrainEngine:
             grid = PipelineParallelGrid(topology=self.topology)
             self.tp.group = grid.get_slice_parallel_group()
             self.dp_group = grid.get_data_parallel_group()
-            module = GPT(model, self.tp, run.seed, recompute=recompute)
+            with zero3_variant_init(layout, config, self.dp_group):
+                module = GPT(model, self.tp, run.seed, recompute=recompute)
             self.n_params_local = _count(module)
             self.loss_fn = LossFn(model, self.tp)
             self.engine, *_ = deepspeed.initialize(
                 model=module, model_parameters=[p for p in module.parameters()],
                 config=config, mpu=grid)
+            check_zero3_variant(self.engine, layout)
 
     def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
         """One optimizer step; returns the global-batch mean loss (same on every rank)."""
@@ -100,4 +103,5 @@ class TrainEngine:
 def _count(module: torch.nn.Module) -> int:
     # Counted before deepspeed.initialize: with ZeRO-3 the engine partitions them later,
     # but what a rank *owns by layout* (its TP shard of its PP stage) is this count.
-    return sum(p.numel() for p in module.parameters())
+    # Built under MiCS_Init a parameter is already partitioned: ds_numel is its full size.
+    return sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
