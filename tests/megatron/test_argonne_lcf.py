@@ -35,6 +35,11 @@ LAYOUTS: list[dict[str, Any]] = [
     {"id": "argonne-lcf-dp2", "tp": 1, "pp": 1, "micro_batch": 1, "zero_stage": 0,
      "recompute": "none"},
 ]
+# AuroraGPT's norm (ALCF's launch scripts pass it). With the default layernorm, off CUDA the
+# fork's LayerNorm is torch.nn.LayerNorm (megatron/model/__init__.py line 26), to which
+# GPTModelPipe passes sequence_parallel= (megatron/model/gpt_model.py line 470): every
+# pp > 1 trial stops there (test_a_layout_the_fork_rejects_keeps_its_own_error_line).
+RMSNORM = ("--normalization", "rmsnorm")
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 _PRINTED_MS = re.compile(r"elapsed_time_per_iteration_ms=([0-9.]+)")
 
@@ -48,11 +53,11 @@ def argonne_env() -> dict[str, str]:
             "MPI4PY_LIBMPI": (ENV_DIR / "mpi" / "libmpi").read_text().strip()}
 
 
-def _run(tmp_path: Path, env: MegatronEnv, dataset: Path, layout: dict[str, Any]
-         ) -> tuple[Any, optuna.trial.FrozenTrial, Path]:
+def _run(tmp_path: Path, env: MegatronEnv, dataset: Path, layout: dict[str, Any],
+         extra_args: tuple[str, ...] = RMSNORM) -> tuple[Any, optuna.trial.FrozenTrial, Path]:
     name = f"real-{layout['id']}"
     path = megatron_study(tmp_path / f"{name}.yaml", env, dataset, name=name, layout=layout,
-                          fork=FORK, env_extra=argonne_env())
+                          fork=FORK, env_extra=argonne_env(), extra_args=extra_args)
     proc = run_cli("run", str(path), timeout=900, cwd=REPO)
     (trial,) = optuna.load_study(study_name=name,
                                  storage=f"sqlite:///{tmp_path / 'm.db'}").get_trials()
@@ -96,6 +101,18 @@ def _ends_as_the_fork_ends_it(proc: Any, trial: optuna.trial.FrozenTrial, folder
     first = trial.user_attrs["reason"].splitlines()[0]
     assert expected_error in first, first
     assert "ChildFailedError" not in first
+
+
+def test_a_layout_the_fork_rejects_keeps_its_own_error_line(
+        tmp_path: Path, megatron_env: MegatronEnv, data: Path) -> None:  # noqa: F811
+    """pp = 2 with the default layernorm: the fork's GPTModelPipe gives torch's LayerNorm a
+    ``sequence_parallel`` argument (see :data:`RMSNORM`); the trial's reason is that line."""
+    layout = {**LAYOUTS[1], "id": "argonne-lcf-pp2-layernorm"}
+    proc, trial, folder = _run(tmp_path, megatron_env, data, layout, extra_args=())
+    assert proc.returncode == 1 and trial.user_attrs["outcome"] == "error"
+    first = trial.user_attrs["reason"].splitlines()[0]
+    assert first == ("TypeError: LayerNorm.__init__() got an unexpected keyword argument "
+                     "'sequence_parallel'"), first
 
 
 def test_the_argonne_lcf_forks_sequence_parallelism_on_cpu(
