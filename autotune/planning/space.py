@@ -71,13 +71,16 @@ def space_size(search: SearchConfig, world_size: int, global_batch: int) -> tupl
     its layouts), and how that number is made up (for messages)."""
     axes = axis_choices(search, world_size, global_batch)
     tps = [tp for tp in axes["tp"] if world_size % tp == 0]
-    pairs = sum(1 for tp in tps for pp in axes["pp"] if (world_size // tp) % pp == 0)
-    rest = {k: len(axes[k]) for k in ("micro_batch", "zero_stage", "recompute",
-                                      "sequence_parallel", "zero_variant", "ulysses")}
-    rest["zero_shard_size"] = len(search.zero_shard_size or (1,))
-    n = pairs * math.prod(rest.values())
-    how = (f"{pairs} (tp, pp) pairs dividing the world size {world_size} (of "
-           f"{len(axes['tp'])} tp x {len(axes['pp'])} pp values) x "
+    pairs = sum(1 for tp in tps for pp in axes["pp"] for u in axes["ulysses"]
+                if (world_size // tp) % (pp * u) == 0)
+    # The variants only at ZeRO stage 3: (stage, variant, shard) triples, not a product.
+    zero = sum(len(_zero_choices(search, z, 2)) for z in axes["zero_stage"])
+    rest = {k: len(axes[k]) for k in ("micro_batch", "recompute", "sequence_parallel")}
+    n = pairs * zero * math.prod(rest.values())
+    uly = f" x {len(axes['ulysses'])} ulysses" if len(axes["ulysses"]) > 1 else ""
+    how = (f"{pairs} (tp, pp{', ulysses' if uly else ''}) combinations dividing the world "
+           f"size {world_size} (of {len(axes['tp'])} tp x {len(axes['pp'])} pp values{uly})"
+           f" x {zero} (zero_stage, zero_variant, shard) choices x "
            + " x ".join(f"{v} {k}" for k, v in rest.items()))
     return n, how
 
