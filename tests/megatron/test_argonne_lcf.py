@@ -108,7 +108,7 @@ def test_a_layout_the_fork_rejects_keeps_its_own_error_line(
     """pp = 2 with the default layernorm: the fork's GPTModelPipe gives torch's LayerNorm a
     ``sequence_parallel`` argument (see :data:`RMSNORM`); the trial's reason is that line."""
     layout = {**LAYOUTS[1], "id": "argonne-lcf-pp2-layernorm"}
-    proc, trial, folder = _run(tmp_path, megatron_env, data, layout, extra_args=())
+    proc, trial, _folder = _run(tmp_path, megatron_env, data, layout, extra_args=())
     assert proc.returncode == 1 and trial.user_attrs["outcome"] == "error"
     first = trial.user_attrs["reason"].splitlines()[0]
     assert first == ("TypeError: LayerNorm.__init__() got an unexpected keyword argument "
