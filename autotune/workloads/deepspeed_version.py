@@ -56,11 +56,11 @@ def deepspeed_for_study(search: SearchConfig, workload: WorkloadConfig,
     launcher_python = launcher.local.python if launcher.kind == "local" else None
     env = {**launcher.local.env, **workload.env} if launcher.kind == "local" else workload.env
     if workload.kind == "builtin":
-        python = launcher_python or sys.executable
-        runtime = deepspeed_in(python, env.get("PYTHONPATH"))
+        trainer_python = launcher_python or sys.executable
+        runtime = deepspeed_in(trainer_python, env.get("PYTHONPATH"))
         if launcher_python is None and "PYTHONPATH" not in env:
             return DeepSpeedRuntime(runtime.version, "the project environment, "
-                                    f"{Path(python).name}")
+                                    f"{Path(trainer_python).name}")
         return runtime
     python = workload.python
     if python is None and workload.argv and Path(workload.argv[0]).name.startswith(
