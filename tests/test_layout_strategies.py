@@ -183,3 +183,17 @@ def test_the_optuna_distributions_are_appended() -> None:
     recompute = params["recompute"][1]
     assert recompute.choices == ("none", "full", "selective")  # type: ignore[attr-defined]
     assert params["zero_variant"][1].choices == ("none", "mics", "hpz")  # type: ignore
+
+
+def test_the_space_size_counts_variants_at_stage_3_only() -> None:
+    """GPT-175B on 1,024 tiles with every new axis: the (stage, variant, shard) triples and
+    the (tp, pp, ulysses) combinations that divide the world are counted, not the product
+    of the axes' lengths (156,816, over the limit), and the count bounds the enumeration."""
+    from autotune.planning.space import MAX_LAYOUTS, space_size
+
+    search = SearchConfig(zero_stage=(0, 1, 3), zero_variant=("none", "mics", "hpz"),
+                          ulysses=(1, 2, 4, 8), recompute=("none", "selective", "full"),
+                          sequence_parallel=(False, True))
+    n, how = space_size(search, 1024, 1536)
+    assert n <= MAX_LAYOUTS and "(zero_stage, zero_variant, shard)" in how
+    assert len(enumerate_layouts(search, 1024, 1536, devices_per_node=8)) <= n
