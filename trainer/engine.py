@@ -66,7 +66,8 @@ class TrainEngine:
             self.tp.group = grid.get_slice_parallel_group()
             self.dp_group = grid.get_data_parallel_group()
             if layout.ulysses > 1:  # tp = pp = 1: the sequence groups replace the grid's
-                self.tp.ulysses, grid = ulysses_groups(layout.ulysses, layout.dp)
+                self.tp.ulysses, grid = ulysses_groups(layout.ulysses, layout.dp,
+                                                       zero3=layout.zero_stage == 3)
                 self.dp_rank, self.dp_group = grid.dp_rank, grid.seq_dp_group
             with zero3_variant_init(layout, config, self.dp_group):
                 module = GPT(model, self.tp, run.seed, recompute=recompute)

@@ -50,12 +50,19 @@ class UlyssesMpu:
     over the ranks ``u`` apart, sequence parallelism over ``u`` consecutive ranks."""
 
     def __init__(self, ctx: UlyssesContext, dp_group: Any, dp_rank: int, dp_size: int,
-                 seq_dp_group: Any, own_group: Any):
+                 seq_dp_group: Any, own_group: Any, *, zero3: bool = False):
         self.ctx, self.dp_group, self.dp_rank, self.dp_size = ctx, dp_group, dp_rank, dp_size
-        self.seq_dp_group, self.own_group = seq_dp_group, own_group
+        self.seq_dp_group, self.own_group, self.zero3 = seq_dp_group, own_group, zero3
 
     def get_data_parallel_group(self) -> Any:
-        return self.dp_group
+        """The data-parallel ranks; under ZeRO-3 the sequence-data-parallel ones. DeepSpeed
+        partitions a model not built under ``zero.Init`` over this group
+        (``deepspeed/runtime/zero/parameter_offload.py`` line 268, ``Init(module=module,
+        data_parallel_group=mpu.get_data_parallel_group())``, 0.19.8) and reduces each
+        parameter's gradient in its partition group: over the plain data-parallel ranks the
+        sequence ranks' gradients were never summed (the losses drifted by 2e-3 at the
+        second step). The batch arithmetic keeps ``dp`` (:meth:`get_data_parallel_world_size`)."""
+        return self.seq_dp_group if self.zero3 else self.dp_group
 
     def get_data_parallel_world_size(self) -> int:
         return self.dp_size
@@ -98,7 +105,8 @@ class UlyssesMpu:
         return dist.get_rank(self.seq_dp_group)
 
 
-def ulysses_groups(ulysses: int, dp: int) -> tuple[UlyssesContext, UlyssesMpu]:
+def ulysses_groups(ulysses: int, dp: int, *, zero3: bool = False
+                   ) -> tuple[UlyssesContext, UlyssesMpu]:
     """Every rank's groups (``new_group`` is collective: all ranks create all groups in the
     same order); this rank's context and mpu."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -116,7 +124,8 @@ def ulysses_groups(ulysses: int, dp: int) -> tuple[UlyssesContext, UlyssesMpu]:
         if r == rank:
             mine["own"] = group
     ctx = UlyssesContext(rank=rank % ulysses, size=ulysses, group=mine["sp"])
-    mpu = UlyssesMpu(ctx, mine["dp"], rank // ulysses, dp, dist.group.WORLD, mine["own"])
+    mpu = UlyssesMpu(ctx, mine["dp"], rank // ulysses, dp, dist.group.WORLD, mine["own"],
+                     zero3=zero3)
     return ctx, mpu
 
 
