@@ -22,7 +22,8 @@ from typing import Any
 
 from autotune.layout import Layout
 
-__all__ = ["deepspeed_config", "batch_config", "pipeline_partitioning", "LEARNING_RATE"]
+__all__ = ["deepspeed_config", "batch_config", "pipeline_partitioning", "zero_variant_keys",
+           "LEARNING_RATE"]
 
 LEARNING_RATE = 1e-3
 """Trials measure speed, not convergence: any stable learning rate will do."""
@@ -42,7 +43,7 @@ def batch_config(layout: Layout, dtype: str) -> dict[str, Any]:
         "train_batch_size": layout.global_batch,
         "train_micro_batch_size_per_gpu": layout.micro_batch,
         "gradient_accumulation_steps": layout.grad_accum,
-        "zero_optimization": {"stage": layout.zero_stage},
+        "zero_optimization": {"stage": layout.zero_stage, **zero_variant_keys(layout)},
         "bf16": {"enabled": dtype == "bf16"},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
@@ -50,6 +51,26 @@ def batch_config(layout: Layout, dtype: str) -> dict[str, Any]:
     if layout.sequence_parallel and layout.pp > 1:
         config["pipeline"] = pipeline_partitioning(layout)
     return config
+
+
+def zero_variant_keys(layout: Layout) -> dict[str, Any]:
+    """The ``zero_optimization`` keys of a ZeRO-3 variant (DeepSpeed's
+    ``deepspeed/runtime/zero/config.py``): ``mics_shard_size`` (MiCS; DeepSpeed < 0.19,
+    which removed it, and the model built under ``deepspeed.zero.MiCS_Init``:
+    ``MiCS_Optimizer`` refuses parameters partitioned otherwise) or
+    ``zero_hpz_partition_size`` (hpZ). Ulysses has no key: DeepSpeed takes its sequence
+    group from the ``mpu`` it is given (``deepspeed/utils/groups.py``,
+    ``_get_sequence_parallel_world_size``).
+
+    >>> zero_variant_keys(Layout(tp=1, pp=1, dp=8, micro_batch=1, grad_accum=1,
+    ...                          zero_stage=3, zero_variant="hpz", zero_shard=4))
+    {'zero_hpz_partition_size': 4}
+    """
+    if layout.zero_variant == "mics":
+        return {"mics_shard_size": layout.zero_shard, "mics_hierarchical_params_gather": False}
+    if layout.zero_variant == "hpz":
+        return {"zero_hpz_partition_size": layout.zero_shard}
+    return {}
 
 
 def pipeline_partitioning(layout: Layout) -> dict[str, bool]:

@@ -28,6 +28,7 @@ from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.hardware import GiB
 from autotune.layout import Layout, needs_no_less_memory
+from autotune.strategy_rules import STRATEGY_REASON_CODES, DeepSpeedRuntime, strategy_reasons
 
 if TYPE_CHECKING:  # the models stay out of the trainer's import path (see check_layout)
     from autotune.models.memory_uncertainty import MemoryVerdict
@@ -49,6 +50,7 @@ REASON_CODES: dict[str, str] = {
     "tp_cross_card": "tensor-parallel group spans cards",
     "memory": "predicted memory exceeds the device beyond its error bar",
     "oom_dominated": "a less memory-hungry sibling ran out of memory",
+    **STRATEGY_REASON_CODES,
 }
 
 
@@ -164,18 +166,23 @@ def check_layout(
     global_batch: int | None = None,
     placement: Placement | None = None,
     memory: MemoryBudget | None = None,
+    deepspeed: DeepSpeedRuntime | None = None,
 ) -> list[Reason]:
     """Every reason why ``layout`` cannot run ``model``; empty when it can.
 
     Structural rules always apply; ``world_size``/``global_batch`` when given; the TP
     placement rules with a ``placement``; the memory rule with a ``memory`` budget (it
-    uses :func:`autotune.models.memory.estimate_memory`).
+    uses :func:`autotune.models.memory.estimate_memory`); the ZeRO-3 variants' and
+    Ulysses' rules (:mod:`autotune.strategy_rules`) always, MiCS's DeepSpeed version with
+    ``deepspeed``, the trials' DeepSpeed.
     """
     reasons: list[Reason] = []
     lay = layout
     if world_size is not None and lay.world_size != world_size:
-        reasons.append(Reason("world_size", f"tp*pp*dp = {lay.tp}*{lay.pp}*{lay.dp} = "
-                              f"{lay.world_size}, but the world size is {world_size}"))
+        uly = ("*ulysses", f"*{lay.ulysses}") if lay.ulysses > 1 else ("", "")
+        reasons.append(Reason("world_size", f"tp*pp*dp{uly[0]} = {lay.tp}*{lay.pp}*{lay.dp}"
+                              f"{uly[1]} = {lay.world_size}, but the world size is "
+                              f"{world_size}"))
     if global_batch is not None and lay.global_batch != global_batch:
         reasons.append(Reason("global_batch", f"dp*micro_batch*grad_accum = {lay.dp}*"
                               f"{lay.micro_batch}*{lay.grad_accum} = {lay.global_batch}, "
@@ -199,6 +206,7 @@ def check_layout(
     if lay.pp > 1 and lay.zero_stage >= 2:
         reasons.append(Reason("zero_pp", f"zero_stage={lay.zero_stage} with pp={lay.pp}: "
                               "DeepSpeed allows only ZeRO 0-1 with pipeline parallelism"))
+    reasons.extend(Reason(code, text) for code, text in strategy_reasons(lay, model, deepspeed))
     if placement is not None:
         reasons.extend(_placement_reasons(lay, placement))
     if memory is not None and not reasons:
@@ -243,13 +251,18 @@ class Constraints:
     """TP placement rules; ``None`` for a replayed table (it holds what ran)."""
     memory: MemoryBudget | None
     """The memory rule; ``None`` for a replayed table (it answers OOMs itself)."""
+    deepspeed: DeepSpeedRuntime | None = None
+    """The trials' DeepSpeed, where the space depends on it (MiCS); ``None``: unchecked."""
 
     @classmethod
     def from_configs(cls, cluster: ClusterConfig, training: TrainingConfig,
                      search: SearchConfig, trial: TrialConfig, *,
-                     profile: LayerProfile | None = None) -> Constraints:
+                     profile: LayerProfile | None = None,
+                     deepspeed: DeepSpeedRuntime | None = None) -> Constraints:
         """A study's constraints; ``profile``: its measured layer profile, which the memory
-        rule uses where it has a layout's layer bytes (:class:`MemoryBudget`)."""
+        rule uses where it has a layout's layer bytes (:class:`MemoryBudget`);
+        ``deepspeed``: the trials' DeepSpeed
+        (:func:`autotune.workloads.deepspeed_version.deepspeed_for_study`)."""
         device = cluster.device_spec()
         return cls(
             world_size=cluster.world_size,
@@ -259,13 +272,14 @@ class Constraints:
                                 allow_tp_across_nodes=search.tp_across_nodes,
                                 allow_tp_across_cards=search.tp_across_cards),
             memory=MemoryBudget.for_study(cluster, training, trial, profile=profile),
+            deepspeed=deepspeed,
         )
 
     def structural_only(self) -> Constraints:
         """These constraints without the placement and memory rules: what a replayed table
         needs, since its rows say themselves what ran, what ran out of memory and what is
         no candidate at all (:class:`autotune.launchers.replay.ReplayLauncher`)."""
-        return replace(self, placement=None, memory=None)
+        return replace(self, placement=None, memory=None, deepspeed=None)
 
     def with_memory_correction(self, correction: float, sigma: float, *,
                                by_stage: tuple[tuple[int, float, float], ...] = ()
@@ -283,7 +297,7 @@ class Constraints:
         """:func:`check_layout` under these constraints."""
         return check_layout(layout, model, world_size=self.world_size,
                             global_batch=self.global_batch, placement=self.placement,
-                            memory=self.memory)
+                            memory=self.memory, deepspeed=self.deepspeed)
 
     def memory_verdict(self, layout: Layout, model: ModelConfig, *,
                        ooms: Iterable[Layout] = ()) -> MemoryVerdict | None:

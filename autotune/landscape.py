@@ -32,6 +32,8 @@ licences of the two published tables shipped there: :func:`shipped_landscape`):
   grouped also by the ``table`` column, because the tables were measured with different
   software (PyTorch 2.5 vs 2.8, a second operator's stack): one layout gave 10.3 and
   54.7 TFLOPS per tile across them, so mixing tables would compare software, not layouts.
+  Its ``zero_variant`` column (``mics``, ``hpz12``) is the layout's ZeRO-3 variant
+  (:mod:`autotune.landscape_zero`: a bare ``mics`` shards over the devices of a node).
 
 Within a group, rows with the same layout are merged: the mean of the ``ok`` rows' values
 (an ``oom`` row of a layout that also ran ``ok`` is dropped: it ran), else the first row.
@@ -63,6 +65,7 @@ from autotune.config._fields import check_choice
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS, ModelConfig
 from autotune.errors import SpecError
+from autotune.landscape_zero import ZERO_VARIANT_FORM, zero_variant_of
 from autotune.layout import Layout
 from autotune.models.flops import (
     hardware_flops_per_step,
@@ -351,9 +354,14 @@ def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: s
             groups[key] = {"name": f"{name}-{devices}dev-gb{gb}-{table}", "model": model,
                            "cluster": cluster, "global_batch": gb, "rows": []}
         g = groups[key]
+        try:
+            variant, shard = zero_variant_of(row.values.get("zero_variant", ""), devices // nodes)
+        except ValueError:
+            raise row._err("zero_variant", ZERO_VARIANT_FORM) from None
         layout = row.build("layout", Layout, tp=tp, pp=pp, dp=dp, micro_batch=mb,
                            grad_accum=ga, zero_stage=row.integer("zero_stage", minimum=0),
-                           recompute="full" if recompute else "none")
+                           recompute="full" if recompute else "none",
+                           zero_variant=variant, zero_shard=shard)
         tflops = iter_s = None
         if status == "ok":
             hw = row.number("tflops_per_device")

@@ -63,6 +63,7 @@ from autotune.search import cost_model_predictor
 from benchmarks import _common as common
 from benchmarks import _online as online
 from benchmarks._common import spearman
+from benchmarks._zero3_rows import print_zero3_variants, zero3_variant_report
 
 
 def _flagged(group: LandscapeGroup, margin: float, status: str = "oom") -> int:
@@ -322,9 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n(the online row's cost model is told every link has {args.link_factor:g} "
               "times its bandwidth)")
     online.print_online(online_row.get("after", {}), args.cost_model_error)
+    zero3 = zero3_variant_report(ev.loaded)  # the Aurora MiCS/hpZ rows (_zero3_rows.py)
+    print_zero3_variants(zero3)
     if args.json:
         doc = to_json(ev, analytic, profiled, args.profile if given is not None else None,
                       online_row)
+        doc["zero3_variants"] = zero3
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 

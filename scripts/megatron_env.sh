@@ -94,6 +94,12 @@ if [ ! -f "$EXT_DIR/.ok" ]; then
   touch "$EXT_DIR/.ok"
 fi
 
+# torch's JIT loader takes a plain lock file in the op's build folder at every load
+# (torch/utils/file_baton.py) and a rank killed while holding it leaves it behind: every
+# later trial then waits on it for ever (found: a MiCS trial killed by torchrun). No trial
+# runs while this script does, so a lock here is stale.
+find "$EXT_DIR" -name lock -type f -delete 2>/dev/null || true
+
 # The forks: SRC itself when it is a checkout, else each sub-folder that is one.
 if [ -f "$SRC/pretrain_gpt.py" ]; then forks=("$SRC"); else forks=("$SRC"/*/); fi
 mkdir -p "$ENV_DIR/forks"
@@ -141,6 +147,37 @@ def log(*args, **kwargs):
 def init(*args, **kwargs):
     raise RuntimeError("wandb stub: no wandb here (autotune test scaffolding)")
 EOF2
+fi
+# ezpz/distributed.py runs `from mpi4py import MPI` at import, and megatron/checkpointing.py
+# calls ez.get_world_size(): mpi4py needs an MPI library to load. mpi4py's binary wheel
+# dlopens one at import (mpi4py/_mpiabi.py), and MPICH's runtime wheel ships it. --prefix,
+# not --target: --target drops the wheel's data files, lib/libmpi.so.12 among them. The
+# tests give the argonne trials $ENV_DIR/mpi/site on PYTHONPATH and MPI4PY_LIBMPI (the file
+# named in $ENV_DIR/mpi/libmpi), never the deepspeedai fork's.
+MPI_PINS=(mpi4py==4.1.2 mpich==5.0.2)
+if [ "$(cat "$ENV_DIR/mpi/.ok" 2>/dev/null)" != "${MPI_PINS[*]}" ]; then
+  echo "[megatron-env] ${MPI_PINS[*]} into $ENV_DIR/mpi"
+  rm -rf "$ENV_DIR/mpi"
+  "$PY" -m pip install -q --no-deps --prefix "$ENV_DIR/mpi/prefix" "${MPI_PINS[@]}"
+  site=$(ls -d "$ENV_DIR"/mpi/prefix/lib/python3*/site-packages)
+  ln -s "$site" "$ENV_DIR/mpi/site"
+  echo "$ENV_DIR/mpi/prefix/lib/libmpi.so.12" > "$ENV_DIR/mpi/libmpi"
+  MPI4PY_LIBMPI=$(cat "$ENV_DIR/mpi/libmpi") PYTHONPATH="$ENV_DIR/mpi/site" "$PY" -c \
+    "from mpi4py import MPI; assert MPI.Get_library_version().startswith('MPICH')"
+  echo "${MPI_PINS[*]}" > "$ENV_DIR/mpi/.ok"
+fi
+# What ezpz imports at `import ezpz` (ezpz/configs.py: rich; ezpz/log: rich, omegaconf), on
+# the argonne trials' PYTHONPATH only ($ENV_DIR/argonne-site). Without rich, ezpz's lazy
+# __getattr__ skips the module that failed and megatron/timers.py line 15 stops at
+# "module 'ezpz' has no attribute 'get_logger'".
+EZPZ_PINS=(rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0 omegaconf==2.4.0
+           antlr4-python3-runtime==4.9.3)
+if [ "$(cat "$ENV_DIR/argonne-site/.ok" 2>/dev/null)" != "${EZPZ_PINS[*]}" ]; then
+  echo "[megatron-env] ${EZPZ_PINS[*]} into $ENV_DIR/argonne-site"
+  rm -rf "$ENV_DIR/argonne-site"
+  "$PY" -m pip install -q --no-deps -c constraints/cpu.txt --target "$ENV_DIR/argonne-site" \
+    "${EZPZ_PINS[@]}"
+  echo "${EZPZ_PINS[*]}" > "$ENV_DIR/argonne-site/.ok"
 fi
 # The argonne-lcf fork imports ezpz (not the index's unrelated `ezpz`): its src/ on the path.
 for ez in "$SRC"/ezpz-*/src; do

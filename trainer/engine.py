@@ -19,6 +19,7 @@ stage's replicated parameters only on the replica's first rank.
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import deepspeed
 import torch
@@ -33,6 +34,8 @@ from trainer.distributed import DeviceInfo
 from trainer.model import GPT, LossFn
 from trainer.pipeline import build_pipeline_module
 from trainer.tp_context import TPContext
+from trainer.ulysses import shard_sequence, ulysses_groups
+from trainer.zero_variants import check_zero3_variant, zero3_variant_init
 
 __all__ = ["TrainEngine", "LEARNING_RATE"]
 
@@ -44,7 +47,7 @@ class TrainEngine:
         rank = dist.get_rank()
         self.layout = layout
         self.topology = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp,
-                                                      num_dp=layout.dp)
+                                                      num_dp=layout.zero_group)
         coord = self.topology.get_coord(rank)
         self.dp_rank: int = coord.data
         self.tp = TPContext(rank=coord.model, size=layout.tp,
@@ -59,15 +62,21 @@ class TrainEngine:
             self.engine, *_ = deepspeed.initialize(
                 model=module, model_parameters=[p for p in module.parameters()], config=config)
         else:
-            grid = PipelineParallelGrid(topology=self.topology)
+            grid: Any = PipelineParallelGrid(topology=self.topology)
             self.tp.group = grid.get_slice_parallel_group()
             self.dp_group = grid.get_data_parallel_group()
-            module = GPT(model, self.tp, run.seed, recompute=recompute)
+            if layout.ulysses > 1:  # tp = pp = 1: the sequence groups replace the grid's
+                self.tp.ulysses, grid = ulysses_groups(layout.ulysses, layout.dp,
+                                                       zero3=layout.zero_stage == 3)
+                self.dp_rank, self.dp_group = grid.dp_rank, grid.seq_dp_group
+            with zero3_variant_init(layout, config, self.dp_group):
+                module = GPT(model, self.tp, run.seed, recompute=recompute)
             self.n_params_local = _count(module)
             self.loss_fn = LossFn(model, self.tp)
             self.engine, *_ = deepspeed.initialize(
                 model=module, model_parameters=[p for p in module.parameters()],
                 config=config, mpu=grid)
+            check_zero3_variant(self.engine, layout)
 
     def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
         """One optimizer step; returns the global-batch mean loss (same on every rank)."""
@@ -77,15 +86,17 @@ class TrainEngine:
             return float(self.engine.train_batch(iter(micro_batches)))
         total = torch.zeros((), dtype=torch.float32, device=self.device.torch_device)
         for inputs, labels in micro_batches:
+            if self.tp.ulysses is not None:
+                inputs, labels = shard_sequence(inputs, labels, self.tp.ulysses)
             logits = self.engine(inputs.to(self.device.torch_device))
             loss = self.loss_fn(logits, labels.to(self.device.torch_device))
             self.engine.backward(loss)
             self.engine.step()  # steps the optimizer only at the accumulation boundary
             total += loss.detach().float()
         total /= len(micro_batches)
-        if self.layout.dp > 1:
+        if self.layout.zero_group > 1:  # with Ulysses over the sequence ranks too
             dist.all_reduce(total, group=self.dp_group)
-            total /= self.layout.dp
+            total /= self.layout.zero_group
         return float(total)
 
     def close(self) -> None:
@@ -100,4 +111,5 @@ class TrainEngine:
 def _count(module: torch.nn.Module) -> int:
     # Counted before deepspeed.initialize: with ZeRO-3 the engine partitions them later,
     # but what a rank *owns by layout* (its TP shard of its PP stage) is this count.
-    return sum(p.numel() for p in module.parameters())
+    # Built under MiCS_Init a parameter is already partitioned: ds_numel is its full size.
+    return sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())

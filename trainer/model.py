@@ -41,6 +41,7 @@ from trainer.tensor_parallel import (
     init_normal,
     vocab_parallel_cross_entropy,
 )
+from trainer.ulysses import distributed_attention
 
 __all__ = ["Embedding", "LayerNorm", "Block", "Head", "GPT", "LossFn", "padded_vocab",
            "build_layers"]
@@ -70,7 +71,9 @@ class Embedding(nn.Module):
         self.tp = tp
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tokens(tokens) + self.positions[: tokens.shape[1]]
+        # A Ulysses rank holds positions [r s/u, (r+1) s/u) of the sequence.
+        at = self.tp.ulysses.rank * tokens.shape[1] if self.tp.ulysses else 0
+        x = self.tokens(tokens) + self.positions[at: at + tokens.shape[1]]
         # Megatron-DeepSpeed's Embedding: all-reduced, then split (its backward gathers).
         return scatter_to_sequence(x, self.tp) if self.tp.sp else x
 
@@ -111,6 +114,8 @@ class Block(nn.Module):
         self.ln2 = LayerNorm(h, tp)
         self.swiglu = model.mlp == "swiglu"
         self.explicit_attention = model.attention == "explicit"
+        self.ulysses = (distributed_attention(self._checkpointed_core, tp.ulysses)
+                        if tp.ulysses is not None else None)
         if self.swiglu:
             # Gate and up are column-parallel over f, fused in one GEMM: each group is
             # sharded separately (like Q, K, V), so a rank holds its gate and up columns.
@@ -129,12 +134,22 @@ class Block(nn.Module):
         q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.ulysses is not None:  # [b, s/u, heads, d] behind the all-to-alls
+            y = self.ulysses(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            x = x + self.proj(y.reshape(b, s, -1))
+            return x + self.fc2(self._activation(self.fc1(self.ln2(x))))
         if self.checkpoint_attention:
             y = checkpoint(self._core_attention, q, k, v, use_reentrant=False)
         else:
             y = self._core_attention(q, k, v)
         x = x + self.proj(y.transpose(1, 2).reshape(b, s, -1))
         return x + self.fc2(self._activation(self.fc1(self.ln2(x))))
+
+    def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint_attention:
+            return checkpoint(self._core_attention, q, k, v, use_reentrant=False)
+        return self._core_attention(q, k, v)
 
     def _core_attention(self, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,11 @@ class TPContext:
     """Between the TP regions the activations are split along the sequence
     (:mod:`trainer.sequence_parallel`); only with ``size > 1``."""
 
+    ulysses: Any = None
+    """This rank's DeepSpeed-Ulysses group (:class:`trainer.ulysses.UlyssesContext`), or
+    ``None``: the layers then hold ``s / u`` positions and attention runs behind
+    all-to-alls."""
+
     @property
     def sp(self) -> bool:
         """Whether sequence parallelism is in effect (``size > 1``)."""

@@ -18,6 +18,7 @@ from autotune.config._fields import (
     check_keys,
     check_list,
 )
+from autotune.config._strategy_axes import check_strategy_axes, parse_strategy_axes
 from autotune.config.cluster import MAX_DEVICES_PER_NODE, MAX_NODES
 from autotune.config.run_defaults import MAX_STEPS
 from autotune.errors import SpecError
@@ -118,6 +119,13 @@ class SearchConfig:
     """Sequence parallelism choices (``[false, true]`` makes it an axis; Korthikanti et al.
     2022, section 4.2.2). ``true`` only applies to layouts with ``tp > 1``: a ``tp = 1``
     layout is enumerated once, without it."""
+    zero_variant: tuple[str, ...] = ("none",)
+    """ZeRO-3 variants: ``none``, ``mics`` (Zhang et al. 2022), ``hpz`` (ZeRO++, Wang et
+    al. 2023); the variants only with 3 in ``zero_stage`` (docs/models.md)."""
+    zero_shard_size: tuple[int, ...] | None = None
+    """MiCS shard / hpZ partition sizes (>= 2); ``null``: the devices of a node."""
+    ulysses: tuple[int, ...] = (1,)
+    """DeepSpeed-Ulysses degrees (Jacobs et al. 2023); multiply into the world size."""
     tp_across_nodes: bool = False
     """Allow TP groups to span nodes (slow: LRZ; Narayanan et al. 2021, fig. 13)."""
     tp_across_cards: bool = True
@@ -193,6 +201,8 @@ class SearchConfig:
         for i, sp in enumerate(self.sequence_parallel):
             if not isinstance(sp, bool):
                 raise SpecError(f"search.sequence_parallel[{i}]", sp, "allowed: true or false")
+        check_strategy_axes(self.zero_variant, self.zero_shard_size, self.ulysses,
+                            self.zero_stage, self.sequence_parallel)
         check_choice("search.strategy", self.strategy, STRATEGIES)
         check_int("search.n_trials", self.n_trials, maximum=MAX_N_TRIALS)
         if self.min_improvement is not None:
@@ -241,6 +251,7 @@ class SearchConfig:
                     raise SpecError(f"search.sequence_parallel[{i}]", v,
                                     "allowed: true or false")
             data["sequence_parallel"] = tuple(dict.fromkeys(sp))
+        parse_strategy_axes(data, max_degree=MAX_DEGREE)
         return cls(**data)
 
 

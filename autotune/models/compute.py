@@ -13,6 +13,7 @@ from autotune.config.model import ModelConfig
 from autotune.hardware import DeviceSpec
 from autotune.layout import Layout
 from autotune.models.memory import dtype_bytes
+from autotune.models.zero_variants import zero_partition_size
 
 __all__ = [
     "GEMM_RAMP_S",
@@ -196,6 +197,6 @@ def optimizer_time_s(n_params: int, layout: Layout, spec: DeviceSpec, dtype: str
     """Adam step over the rank's shard: memory-bound, ~28-30 bytes read or written per
     parameter (fp32 master, momentum, variance read and written; gradient read; 16-bit
     weight written). ZeRO-1 and above update only ``1/dp`` of the parameters."""
-    shard = n_params / layout.dp if layout.zero_stage >= 1 else n_params
+    shard = n_params / zero_partition_size(layout) if layout.zero_stage >= 1 else n_params
     per_param = 28 if dtype == "fp32" else 30
     return shard * per_param / (spec.hbm_gbps * 1e9)

@@ -57,6 +57,13 @@ from autotune.models.flops import (
 from autotune.models.memory import params_per_rank
 from autotune.models.profile import LayerProfile
 from autotune.models.profile_blend import layer_terms
+from autotune.models.ulysses import ulysses_layer_time_s, ulysses_share
+from autotune.models.zero_variants import (
+    replica_reduce_time_s,
+    uses_own_zero_groups,
+    zero3_traffic_time_s,
+    zero_group_reduce_time_s,
+)
 
 __all__ = ["StepEstimate", "estimate_step", "pipeline_time_s"]
 
@@ -132,12 +139,16 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     layers = math.ceil(model.n_layer / p)
 
     layer = layer_terms(model, lay, cluster, dtype, profile=profile)
-    layer_compute, tp_comm, exposed_host = layer.compute_s, layer.tp_comm_s, layer.host_s
-    logits = 3.0 * logits_forward_time_s(model, lay, peak, spec)
+    # Ulysses: each rank computes s/u positions and adds its all-to-alls (models/ulysses).
+    layer_compute = ulysses_share(layer.compute_s, lay)
+    tp_comm = layer.tp_comm_s + ulysses_layer_time_s(model, lay, cluster, dtype)
+    exposed_host = layer.host_s
+    logits = 3.0 * ulysses_share(logits_forward_time_s(model, lay, peak, spec), lay)
     p2p = stage_p2p_times_s(model, lay, cluster, dtype)
 
     names = ["only"] if p == 1 else ["first", *["middle"] * (p - 2), "last"]
-    gathers = {n: zero3_gather_time_s(params_per_rank(model, lay, n), lay, cluster, dtype)
+    zero3 = zero3_traffic_time_s if uses_own_zero_groups(lay) else zero3_gather_time_s
+    gathers = {n: zero3(params_per_rank(model, lay, n), lay, cluster, dtype)
                for n in set(names) - {"middle"}}
     gathers["middle"] = gathers.get("first", 0.0)  # its layers; no embedding: conservative
     stages: list[_Stage] = []
@@ -152,10 +163,12 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     # Data-parallel reduction and optimizer step of the largest shard.
     n_max = max(params_per_rank(model, lay, n) for n in set(names) - {"middle"})
     dp = 0.0
-    if lay.dp > 1 and lay.zero_stage < 3:
+    if lay.zero_group > 1 and lay.zero_stage < 3:
         window = layers * layer_compute * (2.0 + rc) / (3.0 + rc)  # last backward + recompute
-        dp = dp_exposed_time_s(dp_reduce_time_s(n_max, lay, cluster, dtype), window,
+        reduce = zero_group_reduce_time_s if uses_own_zero_groups(lay) else dp_reduce_time_s
+        dp = dp_exposed_time_s(reduce(n_max, lay, cluster, dtype), window,
                                dp_overlaps_backward(lay))
+    dp += replica_reduce_time_s(n_max, lay, cluster, dtype)  # MiCS's second hop
     opt = optimizer_time_s(n_max, lay, spec, dtype)
     step = pipe + dp + opt
 

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING
 from autotune.config.model import ModelConfig
 from autotune.hardware import DEFAULT_RUNTIME_BYTES, HARDWARE
 from autotune.layout import Layout
+from autotune.models.ulysses import ulysses_share
+from autotune.models.zero_variants import hpz_secondary_bytes, zero_partition_size
 
 if TYPE_CHECKING:  # only its lookup is called: the models stay free of the file format
     from autotune.models.profile import LayerProfile
@@ -134,7 +136,8 @@ def model_state_bytes(n_params: int, layout: Layout, dtype: str) -> tuple[int, i
     weights are their own master copy). Stage 1 shards the optimizer states over ``dp``,
     stage 2 the gradients too, stage 3 the weights too.
     """
-    dp, z = layout.dp, layout.zero_stage
+    # ZeRO partitions over dp * ulysses, MiCS over its partition group (zero_variants).
+    dp, z = zero_partition_size(layout), layout.zero_stage
     w_b, g_b, o_b = (4, 4, 8) if dtype == "fp32" else (2, 2, 12)
     if dtype == "bf16" and z <= 1:
         # DeepSpeed's BF16_Optimizer (used for bf16 below ZeRO-2) accumulates gradients in
@@ -143,7 +146,7 @@ def model_state_bytes(n_params: int, layout: Layout, dtype: str) -> tuple[int, i
         # Which wrapper DeepSpeed picks depends on the recipe (``data_types``): see
         # :func:`autotune.models.memory_uncertainty.grad_accumulation_sigma_bytes`.
         g_b = 6
-    weights = n_params * w_b / (dp if z >= 3 else 1)
+    weights = n_params * w_b / (dp if z >= 3 else 1) + hpz_secondary_bytes(n_params, layout, dtype)
     grads = n_params * g_b / (dp if z >= 2 else 1)
     optim = n_params * o_b / (dp if z >= 1 or _bf16_pipeline_optimizer(layout, dtype) else 1)
     return int(weights), int(grads), int(optim)
@@ -358,7 +361,7 @@ def optimizer_temp_bytes(n_params: int, layout: Layout) -> int:
     """Temporaries of the optimizer step: torch's multi-tensor AdamW allocates
     ``sqrt(v)`` for every parameter it updates (``torch/optim/adamw.py``,
     ``_multi_tensor_adamw``), 4 bytes each in fp32; ZeRO-1+ updates ``1/dp`` of them."""
-    updated = n_params / layout.dp if layout.zero_stage >= 1 else n_params
+    updated = n_params / zero_partition_size(layout) if layout.zero_stage >= 1 else n_params
     return int(4 * updated)
 
 
@@ -487,12 +490,14 @@ def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
     w, g, o = model_state_bytes(n, layout, dtype)
     per_layer = measured.activation_bytes if measured is not None else None
     act = activation_bytes(model, layout, dtype, stage, measured_layer_bytes=per_layer)
+    act = int(ulysses_share(act, layout))  # each Ulysses rank holds s/u of every sequence
     logit = 0
     if stage in ("last", "only"):
         # The output layer's phase and one layer's working set (part of ``act``) never
         # coexist: the peak adds the larger one, i.e. the output layer only beyond it.
-        logit = max(0, output_layer_bytes(model, layout, dtype)
-                    - one_layer_working_bytes(model, layout, dtype))
+        logit = max(0, int(ulysses_share(output_layer_bytes(model, layout, dtype)
+                                         - one_layer_working_bytes(model, layout, dtype),
+                                         layout)))
     buf = buffer_bytes(model, layout, dtype, n) + optimizer_temp_bytes(n, layout)
     rt = runtime_bytes(device)
     dynamic = w + g + o + act + logit + buf

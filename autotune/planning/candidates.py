@@ -67,7 +67,8 @@ def partition_space(model: ModelConfig, cluster: ClusterConfig, training: Traini
     ``training``'s global batch), split into feasible ones and excluded ones with the
     reasons ``constraints`` gives."""
     feasible, excluded = [], []
-    for layout in enumerate_layouts(search, cluster.world_size, training.global_batch):
+    for layout in enumerate_layouts(search, cluster.world_size, training.global_batch,
+                                    devices_per_node=cluster.devices_per_node):
         reasons = constraints.check(layout, model)
         if reasons:
             excluded.append((layout, reasons))

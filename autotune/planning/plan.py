@@ -40,6 +40,7 @@ from autotune.models.memory_uncertainty import Verdict
 from autotune.planning.candidates import Candidate, partition_space, rank_layouts
 from autotune.planning.empty import empty_space_reasons
 from autotune.spec import StudySpec
+from autotune.workloads.deepspeed_version import deepspeed_for_study
 
 __all__ = ["PlanRow", "Exclusion", "PlanResult", "plan_study", "render_plan", "FORMATS"]
 
@@ -113,8 +114,9 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
     ``calibration``, under its corrections and conditioned on the measured ``ooms``."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise SpecError("--top", top, "allowed: an integer >= 1")
-    constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
-                                           spec.trial, profile=spec.profile)
+    constraints = Constraints.from_configs(
+        spec.cluster, spec.training, spec.search, spec.trial, profile=spec.profile,
+        deepspeed=deepspeed_for_study(spec.search, spec.workload, spec.launcher))
     factor = 1.0
     if calibration is not None:
         constraints = constraints.with_memory_correction(

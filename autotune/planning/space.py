@@ -2,7 +2,7 @@
 
 ``dp`` follows from the world size and ``grad_accum`` from the global batch, so a layout
 is chosen by (tp, pp, micro_batch, zero_stage, recompute,
-sequence_parallel). :func:`enumerate_layouts`
+sequence_parallel, zero_variant with its shard size, ulysses). :func:`enumerate_layouts`
 lists every such combination with integral dp and grad_accum; the feasibility check then
 decides which can run. The search, the planner and the replay launcher all draw from it.
 
@@ -53,7 +53,17 @@ def axis_choices(search: SearchConfig, world_size: int, global_batch: int) -> di
         mb = search.micro_batch
     return {"tp": tuple(tp), "pp": tuple(pp), "micro_batch": tuple(mb),
             "zero_stage": tuple(search.zero_stage), "recompute": tuple(search.recompute),
-            "sequence_parallel": tuple(search.sequence_parallel)}
+            "sequence_parallel": tuple(search.sequence_parallel),
+            "zero_variant": tuple(search.zero_variant), "ulysses": tuple(search.ulysses)}
+
+
+def _zero_choices(search: SearchConfig, zero_stage: int,
+                  devices_per_node: int) -> list[tuple[str, int]]:
+    """(variant, shard size) pairs for one ZeRO stage: the variants only at stage 3, each
+    with ``search.zero_shard_size`` (default: the devices of a node)."""
+    shards = search.zero_shard_size or (devices_per_node,)
+    return [(v, 1 if v == "none" else s) for v in search.zero_variant
+            if v == "none" or zero_stage == 3 for s in (shards if v != "none" else (1,))]
 
 
 def space_size(search: SearchConfig, world_size: int, global_batch: int) -> tuple[int, str]:
@@ -61,12 +71,16 @@ def space_size(search: SearchConfig, world_size: int, global_batch: int) -> tupl
     its layouts), and how that number is made up (for messages)."""
     axes = axis_choices(search, world_size, global_batch)
     tps = [tp for tp in axes["tp"] if world_size % tp == 0]
-    pairs = sum(1 for tp in tps for pp in axes["pp"] if (world_size // tp) % pp == 0)
-    rest = {k: len(axes[k]) for k in ("micro_batch", "zero_stage", "recompute",
-                                      "sequence_parallel")}
-    n = pairs * math.prod(rest.values())
-    how = (f"{pairs} (tp, pp) pairs dividing the world size {world_size} (of "
-           f"{len(axes['tp'])} tp x {len(axes['pp'])} pp values) x "
+    pairs = sum(1 for tp in tps for pp in axes["pp"] for u in axes["ulysses"]
+                if (world_size // tp) % (pp * u) == 0)
+    # The variants only at ZeRO stage 3: (stage, variant, shard) triples, not a product.
+    zero = sum(len(_zero_choices(search, z, 2)) for z in axes["zero_stage"])
+    rest = {k: len(axes[k]) for k in ("micro_batch", "recompute", "sequence_parallel")}
+    n = pairs * zero * math.prod(rest.values())
+    uly = f" x {len(axes['ulysses'])} ulysses" if len(axes["ulysses"]) > 1 else ""
+    how = (f"{pairs} (tp, pp{', ulysses' if uly else ''}) combinations dividing the world "
+           f"size {world_size} (of {len(axes['tp'])} tp x {len(axes['pp'])} pp values{uly})"
+           f" x {zero} (zero_stage, zero_variant, shard) choices x "
            + " x ".join(f"{v} {k}" for k, v in rest.items()))
     return n, how
 
@@ -82,26 +96,39 @@ def check_space_size(search: SearchConfig, world_size: int, global_batch: int) -
     return n
 
 
-def enumerate_layouts(search: SearchConfig, world_size: int, global_batch: int) -> list[Layout]:
-    """All layouts of the space with integral dp and grad_accum, in a stable order."""
+def enumerate_layouts(search: SearchConfig, world_size: int, global_batch: int, *,
+                      devices_per_node: int = 1) -> list[Layout]:
+    """All layouts of the space with integral dp and grad_accum, in a stable order (a
+    ZeRO-3 variant's shard size defaults to ``devices_per_node``). Layouts without the new
+    axes (no variant, ``ulysses = 1``) come in the order they had before those axes."""
     check_space_size(search, world_size, global_batch)
     axes = axis_choices(search, world_size, global_batch)
     out: list[Layout] = []
     for tp in axes["tp"]:
         for pp in axes["pp"]:
-            if world_size % (tp * pp):
-                continue
-            dp = world_size // (tp * pp)
-            for mb in axes["micro_batch"]:
-                if global_batch % (dp * mb):
+            for uly in axes["ulysses"]:
+                if world_size % (tp * pp * uly):
                     continue
-                ga = global_batch // (dp * mb)
-                for z in axes["zero_stage"]:
-                    for rc in axes["recompute"]:
-                        # tp = 1 has nothing to shard: one layout, without SP.
-                        sps = sorted({sp and tp > 1 for sp in axes["sequence_parallel"]})
-                        for sp in sps:
-                            out.append(Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb,
-                                              grad_accum=ga, zero_stage=z, recompute=rc,
-                                              sequence_parallel=sp))
+                dp = world_size // (tp * pp * uly)
+                for mb in axes["micro_batch"]:
+                    if global_batch % (dp * mb):
+                        continue
+                    out.extend(_cell(search, axes, tp, pp, dp, uly, mb,
+                                     global_batch // (dp * mb), devices_per_node))
+    return out
+
+
+def _cell(search: SearchConfig, axes: dict[str, tuple], tp: int, pp: int, dp: int, uly: int,
+          mb: int, ga: int, devices_per_node: int) -> list[Layout]:
+    out = []
+    for z in axes["zero_stage"]:
+        for variant, shard in _zero_choices(search, z, devices_per_node):
+            for rc in axes["recompute"]:
+                # tp = 1 has nothing to shard: one layout, without SP; SP never with Ulysses.
+                sps = sorted({sp and tp > 1 and uly == 1 for sp in axes["sequence_parallel"]})
+                for sp in sps:
+                    out.append(Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, grad_accum=ga,
+                                      zero_stage=z, recompute=rc, sequence_parallel=sp,
+                                      zero_variant=variant,  # type: ignore[arg-type]
+                                      zero_shard=shard, ulysses=uly))
     return out

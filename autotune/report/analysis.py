@@ -149,8 +149,9 @@ class Importance:
     """How it was computed, or why it could not be."""
 
 
-_CORE_AXES = tuple(a for a in Layout.SEARCH_AXES if a != "sequence_parallel")
-"""The axes every autotune trial has (``sequence_parallel`` came with issue 22)."""
+_CORE_AXES = tuple(a for a in Layout.SEARCH_AXES
+                   if a not in ("sequence_parallel", "zero_variant", "zero_shard", "ulysses"))
+"""The axes every autotune trial has (the others came later: older trials lack them)."""
 
 
 def param_importance(study: optuna.Study) -> Importance:

@@ -43,10 +43,17 @@ def megatron_deepspeed_args(layout: Layout, *, dtype: str,
     :func:`~autotune.workloads.megatron.model_args`, the flags its trials ran with; the
     fused-attention flag is the study ``device``'s
     (:func:`~autotune.workloads.megatron.flash_attention_flag`)."""
-    args = megatron.layout_args(layout, dtype=dtype)
+    # MiCS runs only under argonne-lcf's pretrain_gpt_alcf.py --use-mics (strategy_flags).
+    args = megatron.layout_args(layout, dtype=dtype, use_mics=layout.zero_variant == "mics")
     if model:
         args += megatron.model_args(_model(model), device=device)
     return args
+
+
+def _script_for(layout: Layout) -> str:
+    """The Megatron-DeepSpeed script that runs ``layout``: MiCS needs argonne-lcf's
+    ``pretrain_gpt_alcf.py`` (:mod:`autotune.workloads.strategy_flags`)."""
+    return "pretrain_gpt_alcf.py" if layout.zero_variant == "mics" else "pretrain_gpt.py"
 
 
 def _model(data: dict[str, Any]) -> ModelConfig:
@@ -84,8 +91,10 @@ def command_line(study: optuna.Study, layout: Layout, *, out_dir: Path,
     if record["kind"] == "command":
         return fill(list(record.get("argv") or []), values)
     user = fill(list(record.get("args") or []), values)
-    return [record.get("python") or "python", str(record.get("script")), *user,
-            *megatron.layout_args(layout, dtype=dtype),
+    script = str(record.get("script"))
+    return [record.get("python") or "python", script, *user,
+            *megatron.layout_args(layout, dtype=dtype,
+                                  use_mics=megatron.script_has_use_mics(script)),
             *megatron.model_args(spec.model, given=user, kernels=False),
             "--train-iters", str(iters), "--deepspeed", "--deepspeed_config",
             str(paths.ds_config)]
@@ -191,7 +200,7 @@ def emit_best(study: optuna.Study, layout: Layout, trial: FrozenTrial, *, fmt: s
             f"wrote {path} for {layout.key()} "
             f"({trial.value:.4g} model TFLOPS/device, trial #{trial.number})",
             "launch (Megatron-DeepSpeed):",
-            f"  {env}deepspeed pretrain_gpt.py " + shlex.join(mega + deepspeed_args),
+            f"  {env}deepspeed {_script_for(layout)} " + shlex.join(mega + deepspeed_args),
             f"tensor parallel {layout.tp} x pipeline {layout.pp} x data parallel {layout.dp}"
             f" = {layout.world_size} devices",
         ])

@@ -61,7 +61,8 @@ DEFAULT_MEMORY_LOG_SD = 0.15
 model's stated error from (a replayed table has no memory rule)."""
 
 _COLUMNS = ("study_name", "outcome", "tp", "pp", "dp", "micro_batch", "grad_accum",
-            "zero_stage", "recompute", "sequence_parallel", "predicted_memory_bytes",
+            "zero_stage", "recompute", "sequence_parallel", "layout_key",
+            "predicted_memory_bytes",
             "peak_memory_bytes", "predicted_tflops_per_device", "model_tflops_per_device")
 _OUTCOMES = (Outcome.COMPLETE.value, Outcome.OOM.value)
 _SAMPLE = 256  # layouts whose stated error the prior sd is the median of
@@ -82,10 +83,8 @@ def key_of(spec: StudySpec, workload: str) -> CalibrationKey:
 
 
 def _measured(row: dict[str, Any]) -> MeasuredRow:
-    layout = Layout(tp=row["tp"], pp=row["pp"], dp=row["dp"], micro_batch=row["micro_batch"],
-                    grad_accum=row["grad_accum"], zero_stage=row["zero_stage"],
-                    recompute=row["recompute"],
-                    sequence_parallel=bool(row["sequence_parallel"]))
+    # The key carries the axes that have no column of their own (ZeRO-3 variant, Ulysses).
+    layout = Layout.from_key(row["layout_key"])
     return MeasuredRow(row["study_name"], layout, row["outcome"] == Outcome.OOM,
                        row["predicted_memory_bytes"], row["peak_memory_bytes"],
                        row["predicted_tflops_per_device"], row["model_tflops_per_device"])

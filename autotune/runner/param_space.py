@@ -29,11 +29,14 @@ from autotune.layout import Layout
 from autotune.planning.space import axis_choices
 from autotune.spec import StudySpec
 
-__all__ = ["RECOMPUTE_ORDER", "layout_distributions"]
+__all__ = ["RECOMPUTE_ORDER", "ZERO_VARIANT_ORDER", "layout_distributions"]
 
 RECOMPUTE_ORDER = ("none", "full", "selective")
 """The categorical order of ``recompute`` ('selective' appended later: old choices keep
 their indices)."""
+
+ZERO_VARIANT_ORDER = ("none", "mics", "hpz")
+"""The categorical order of ``zero_variant``."""
 
 
 def layout_distributions(layout: Layout, spec: StudySpec) -> dict[str, BaseDistribution]:
@@ -52,4 +55,15 @@ def layout_distributions(layout: Layout, spec: StudySpec) -> dict[str, BaseDistr
     sp: set[Any] = {bool(v) for v in axes["sequence_parallel"]}
     sp |= {bool(params["sequence_parallel"])}
     out["sequence_parallel"] = CategoricalDistribution(sorted(sp))
+    # The ZeRO-3 variants and Ulysses come after the axes above, so a study stored before
+    # them keeps its parameters' meaning; a variant's shard size follows from the variant.
+    variants = set(axes["zero_variant"]) | {params["zero_variant"]}
+    out["zero_variant"] = CategoricalDistribution(
+        [v for v in ZERO_VARIANT_ORDER if v in variants]
+        + sorted(v for v in variants if v not in ZERO_VARIANT_ORDER))
+    shards = {int(s) for s in (spec.search.zero_shard_size or (spec.cluster.devices_per_node,))}
+    shards |= {1, int(params["zero_shard"])}
+    out["zero_shard"] = IntDistribution(min(shards), max(shards))
+    ulysses = {int(u) for u in axes["ulysses"]} | {int(params["ulysses"])}
+    out["ulysses"] = IntDistribution(min(ulysses), max(ulysses))
     return out

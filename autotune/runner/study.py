@@ -81,6 +81,7 @@ from autotune.storage.judged import SUMMARY_KEYS, highest, judged_trials, whole
 from autotune.storage.keys import StudyAttr
 from autotune.storage.records import set_user_attrs
 from autotune.storage.study_records import learned_from_line, learned_from_record
+from autotune.workloads.deepspeed_version import deepspeed_for_study
 
 T = TypeVar("T")
 
@@ -109,8 +110,9 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
          n_trials: int | None, timeout_s: float | None,
          progress: Progress | None, retry_failed: bool = False) -> RunSummary:
     n_trials = n_trials or spec.search.n_trials
-    constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
-                                           profile=spec.profile)
+    constraints = Constraints.from_configs(
+        spec.cluster, spec.training, spec.search, spec.trial, profile=spec.profile,
+        deepspeed=deepspeed_for_study(spec.search, spec.workload, spec.launcher))
     table = launchers[0].fixed_layouts()
     replay = spec.launcher.replay
     if table is not None and not (replay is not None and replay.study_check):

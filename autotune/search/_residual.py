@@ -71,8 +71,9 @@ from autotune.search._simple import log_fit_probabilities, log_predictions
 
 __all__ = ["ResidualStrategy", "expected_improvement"]
 
-NUMERIC_AXES: tuple[str, ...] = ("tp", "pp", "dp", "micro_batch", "grad_accum")
-CATEGORICAL_AXES: tuple[str, ...] = ("zero_stage", "recompute", "sequence_parallel")
+NUMERIC_AXES: tuple[str, ...] = ("tp", "pp", "dp", "micro_batch", "grad_accum", "ulysses")
+CATEGORICAL_AXES: tuple[str, ...] = ("zero_stage", "recompute", "sequence_parallel",
+                                     "zero_variant")
 INTERCEPT_SD = 1.0
 SLOPE_SD = 0.5
 TREND_SD = 0.15

@@ -215,7 +215,8 @@ class MegatronWorkload(ForeignWorkload):
         user = fill(self.config.args, values)
         python = self.config.python or placement.python
         return [*self._prefix(placement), python, str(self.config.script), *user,
-                *megatron.layout_args(spec.layout, dtype=spec.run.dtype),
+                *megatron.layout_args(spec.layout, dtype=spec.run.dtype, use_mics=(
+                    megatron.script_has_use_mics(self.config.script))),
                 *megatron.model_args(spec.model, given=user, kernels=False),
                 *megatron.trial_args(train_iters=train_iters(spec),
                                      ds_config=str(paths.ds_config))]

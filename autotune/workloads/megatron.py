@@ -76,10 +76,11 @@ from collections.abc import Sequence
 
 from autotune.config.model import ModelConfig
 from autotune.layout import Layout
+from autotune.workloads.strategy_flags import script_has_use_mics, strategy_args
 
 __all__ = ["layout_args", "recompute_args", "trial_args", "model_args", "conflicting_flag",
            "model_mismatch", "flash_attention_flag", "OWNED_FLAGS", "MODEL_FLAGS", "FLASH_FLAGS",
-           "SP_ENV"]
+           "SP_ENV", "script_has_use_mics"]
 
 SP_ENV: dict[str, str] = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 """The environment Megatron-DeepSpeed requires on CUDA with ``--sequence-parallel``
@@ -105,7 +106,8 @@ OWNED_FLAGS: dict[str, str] = {
     "--checkpoint-num-layers": "--recompute-num-layers",
     "--distribute-saved-activations": "--recompute-granularity",
     "--sequence-parallel": "--sequence-parallel",
-    "--ds-sequence-parallel-size": "--sequence-parallel",
+    "--ds-sequence-parallel-size": "--ds-sequence-parallel-size",
+    "--use-mics": "--use-mics",
     "--bf16": "--bf16",
     "--fp16": "--bf16",
     "--train-iters": "--train-iters",
@@ -133,8 +135,12 @@ MODEL_FLAGS: dict[str, str] = {
 when given they must agree with it (the score's FLOPs are the study model's)."""
 
 
-def layout_args(layout: Layout, *, dtype: str) -> list[str]:
-    """The flags that say the layout (and the precision) in Megatron-DeepSpeed's words."""
+def layout_args(layout: Layout, *, dtype: str, use_mics: bool = False) -> list[str]:
+    """The flags that say the layout (and the precision) in Megatron-DeepSpeed's words;
+    ``use_mics``: the script builds its model under ``MiCS_Init`` on ``--use-mics``
+    (:func:`script_has_use_mics`). ZeRO-3's variants are DeepSpeed config keys
+    (:func:`autotune.dsconfig.zero_variant_keys`), Ulysses is ``--ds-sequence-parallel-size``
+    (both forks, ``_add_distributed_args``; :mod:`autotune.workloads.strategy_flags`)."""
     args = ["--tensor-model-parallel-size", str(layout.tp),
             "--pipeline-model-parallel-size", str(layout.pp),
             "--micro-batch-size", str(layout.micro_batch),
@@ -145,6 +151,7 @@ def layout_args(layout: Layout, *, dtype: str) -> list[str]:
     args += recompute_args(layout)
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
+    args += strategy_args(layout, use_mics=use_mics)
     if dtype == "bf16":
         args.append("--bf16")
     return args

@@ -37,6 +37,7 @@ from autotune.models.flops import (
     tflops_per_device,
 )
 from autotune.trial import TrialResult
+from autotune.workloads.log_text import strip_ansi
 
 __all__ = ["StepRecord", "Readback", "ADAPTERS", "read_metrics_file", "parse_log_line",
            "read_back", "measure", "step_of_line", "record_of_line", "best_source",
@@ -191,7 +192,7 @@ def parse_log_line(line: str) -> StepRecord | tuple[str, float] | None:
     Megatron memory report, or ``None``. The numbers are as printed (a step time of 0.0 ms
     included): :func:`measure` judges them."""
     try:
-        return _parse_log_line(line)
+        return _parse_log_line(strip_ansi(line))  # argonne-lcf's rich colours (log_text)
     except ValueError:  # a step number of more digits than int() converts (4300)
         return None
 

@@ -63,18 +63,20 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def megatron_study(path: Path, env: MegatronEnv, data: Path, *, name: str, layout: dict[str, Any],
                    extra_args: tuple[str, ...] = (), python: str | None = None,
                    n_trials: int = 1, search: dict[str, Any] | None = None,
-                   global_batch: int = 4) -> Path:
+                   global_batch: int = 4, fork: str = "deepspeedai",
+                   env_extra: dict[str, str] | None = None) -> Path:
     args = ["--data-path", str(data), "--tokenizer-type", "NullTokenizer", "--vocab-size",
             "255", "--split", "100,0,0", "--lr", "1e-4", *CPU_FLAGS, *extra_args]
     workload: dict[str, Any] = {
         "kind": "megatron-deepspeed",
-        "script": str(env.fork("deepspeedai") / "pretrain_gpt.py"), "args": args,
-        "env": {**env.env, "LOCAL_SIZE": "2"}, "no_progress_s": 300}
+        "script": str(env.fork(fork) / "pretrain_gpt.py"), "args": args,
+        "env": {**env.env, "LOCAL_SIZE": "2", **(env_extra or {})}, "no_progress_s": 300}
     if python:
         workload["python"] = python
     axes = {"tp": [layout["tp"]], "pp": [layout["pp"]], "micro_batch": [layout["micro_batch"]],
             "zero_stage": [layout["zero_stage"]], "recompute": [layout["recompute"]],
             "sequence_parallel": [layout.get("sequence_parallel", False)],
+            "ulysses": [layout.get("ulysses", 1)],
             "strategy": "cost-model-only", "n_trials": n_trials}
     return write_study(path, name=name, devices=2, n_trials=n_trials, db=path.parent / "m.db",
                        model=MODEL, training={"global_batch": global_batch, "dtype": "fp32"},

@@ -29,9 +29,11 @@ def spec(tp: int = 1, pp: int = 1, dp: int = 1, *, zero: int = 0, recompute: str
 
 
 def launch(tmp: Path, nproc: int, specs: dict[str, dict], *, timeout_s: float = 300,
-           torchrun: bool = True,
+           torchrun: bool = True, pythonpath: str | None = None,
+           env_extra: dict[str, str] | None = None, output: list[str] | None = None,
            preexec_fn: Callable[[], None] | None = None) -> tuple[int, dict[str, Any]]:
-    """Run all ``specs`` (name -> spec) in one launch; return (exit code, name -> result)."""
+    """Run all ``specs`` (name -> spec) in one launch; return (exit code, name -> result).
+    ``pythonpath``: folders before the repository (another DeepSpeed, e.g. 0.18.9)."""
     args: list[str] = []
     for name, sp in specs.items():
         (tmp / f"{name}.json").write_text(json.dumps(sp))
@@ -41,9 +43,12 @@ def launch(tmp: Path, nproc: int, specs: dict[str, dict], *, timeout_s: float = 
                f"--nproc-per-node={nproc}", "-m", "trainer", *args]
     else:
         cmd = [sys.executable, "-m", "trainer", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    path = f"{pythonpath}:{REPO}" if pythonpath else str(REPO)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **(env_extra or {})}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout_s, preexec_fn=preexec_fn)
+    if output is not None:  # the launch's own text, for a test that reads a rank's error
+        output.append(proc.stdout + proc.stderr)
     results = {}
     for name in specs:
         out = tmp / f"{name}.out.json"
