@@ -292,14 +292,6 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
                                                               spec.training.dtype))
         # Refused here, before any command works with the study: a space too large to plan.
         check_space_size(spec.search, spec.world_size, spec.training.global_batch)
-        if (spec.model.dropout > 0 and spec.launcher.kind != "replay"
-                and not spec.workload.foreign):
-            # Local and SLURM trials of the built-in trainer have no dropout: a study must
-            # not tune (and predict memory for) a model it will not run.
-            raise SpecError("model.dropout", spec.model.dropout,
-                            "allowed: 0 with the built-in trainer (launcher.kind "
-                            f"{spec.launcher.kind!r}); dropout describes replayed runs or "
-                            "a workload of your own (workload.kind)")
         return spec
     except SpecError as err:
         raise SpecError(err.field, err.value, err.allowed, source=source) from None
