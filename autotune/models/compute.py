@@ -18,6 +18,7 @@ __all__ = [
     "GEMM_RAMP_S",
     "HOST_SERIAL_FRACTION",
     "attention_core_time_s",
+    "batched_gemm_time_s",
     "gemm_efficiency",
     "gemm_time_s",
     "host_exposed_time_s",
@@ -52,6 +53,26 @@ def gemm_time_s(flops: float, peak_flops: float, spec: DeviceSpec) -> float:
     if flops <= 0:
         return 0.0
     return flops / (peak_flops * gemm_efficiency(flops, peak_flops, spec))
+
+
+def batched_gemm_time_s(batch: int, m: int, n: int, k: int, peak_flops: float,
+                        spec: DeviceSpec, dtype: str) -> float:
+    """Time of ``batch`` GEMMs of ``(m x k) @ (k x n)`` in one batched kernel: the compute
+    time at :func:`gemm_efficiency` of the kernel's work, or, where longer, the time to
+    read both operands and write the result from HBM once each (the roofline: a kernel's
+    time is at least its bytes over the memory bandwidth; Williams, Waterman and Patterson
+    2009, "Roofline", CACM 52(4)). A GEMM's arithmetic intensity is
+    ``2 m n k / (bytes (m k + k n + m n))``: for the attention scores, ``Q K^T`` per head
+    (``m = n = s``, ``k = h / a``) and ``P V`` (``m = s``, ``n = h / a``, ``k = s``), it is
+    about ``h / a`` FLOP per 16-bit element, 64-128 in GPT models, at or below the ridge
+    of an A100 (312 TFLOPS / 2.0 TB/s = 153 FLOP/B): those GEMMs are bound by memory,
+    which one large GEMM of the same FLOPs is not (NVIDIA, "Matrix Multiplication
+    Background User's Guide", section "Math and memory bounds")."""
+    flops = 2.0 * batch * m * n * k
+    if flops <= 0:
+        return 0.0
+    moved = batch * (m * k + k * n + m * n) * dtype_bytes(dtype)
+    return max(gemm_time_s(flops, peak_flops, spec), moved / (spec.hbm_gbps * 1e9))
 
 
 def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
@@ -90,12 +111,18 @@ def attention_core_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     2022, section 5). The two attention matmuls ``2*2 s^2 h / t`` (one fused kernel with
     flash attention) and, with ``model.attention == "explicit"``, the score matrix
     written, soft-maxed and dropped out (~5 passes over ``a s^2 b / t`` elements; 3
-    without dropout)."""
+    without dropout). Explicit attention runs the matmuls as Megatron does, ``b a / t``
+    batched GEMMs of inner dimension ``h / a`` each (``torch.baddbmm`` and
+    ``torch.bmm`` in ``CoreAttention.forward``, deepspeedai/Megatron-DeepSpeed@4efb479
+    ``megatron/model/transformer.py``): :func:`batched_gemm_time_s`."""
     b, s, h, t = layout.micro_batch, model.seq_len, model.hidden, layout.tp
     attn = 4 * b * s * s * h / t
     if model.attention == "flash":
         return gemm_time_s(attn, peak_flops, spec)
-    time = 2 * gemm_time_s(attn / 2, peak_flops, spec)
+    heads = max(1, model.n_head // t)
+    hd = model.head_dim
+    time = (batched_gemm_time_s(b * heads, s, s, hd, peak_flops, spec, dtype)  # Q K^T
+            + batched_gemm_time_s(b * heads, s, hd, s, peak_flops, spec, dtype))  # P V
     # scores written, soft-maxed (read, write); dropout reads them, writes output + mask
     passes = 5 if model.dropout > 0 else 3
     elem_bytes = passes * model.n_head * s * s * b / t * dtype_bytes(dtype)
