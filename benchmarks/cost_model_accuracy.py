@@ -61,6 +61,7 @@ from autotune.feasibility import MemoryBudget, check_layout
 from autotune.landscape import LandscapeGroup
 from autotune.models.cost import estimate_step
 from autotune.models.profile import LayerProfile, load_profile
+from autotune.models.stacks import REPLAY_STACK
 from autotune.search import cost_model_predictor
 from benchmarks import _common as common
 from benchmarks import _errors as errors
@@ -72,7 +73,7 @@ def _flagged(group: LandscapeGroup, margin: float, status: str = "oom") -> int:
     """Rows of ``status`` that the memory model alone predicts do not fit the device."""
     spec = group.cluster.device_spec()
     budget = MemoryBudget(spec.memory_bytes, margin=margin, dtype=group.dtype,
-                          device=group.cluster.device)
+                          device=group.cluster.device, stack=REPLAY_STACK)
     return sum(1 for m in group.measurements if m.status == status
                and any(r.code == "memory"
                        for r in check_layout(m.layout, group.model, memory=budget)))

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from autotune.config.model import ModelConfig
 from autotune.hardware import DEFAULT_RUNTIME_BYTES, HARDWARE
 from autotune.layout import Layout
+from autotune.models import stacks
 from autotune.models.activations import (
     activation_bytes,
     attention_score_bytes,
@@ -308,9 +309,10 @@ class MemoryEstimate:
 
 def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
                     device: str | None, measured: MeasuredActivation | None,
-                    ) -> MemoryEstimate:
+                    stack: str = "deepspeed") -> MemoryEstimate:
     n = params_per_rank(model, layout, stage)
-    w, g, o = model_state_bytes(n, layout, dtype)
+    w, g, o = (stacks.megatron_state_bytes(n, layout, dtype, stack) if stacks.is_megatron(stack)
+               else model_state_bytes(n, layout, dtype))
     per_layer = measured.activation_bytes if measured is not None else None
     act = activation_bytes(model, layout, dtype, stage, measured_layer_bytes=per_layer)
     logit = 0
@@ -319,7 +321,11 @@ def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
         # coexist: the peak adds the larger one, i.e. the output layer only beyond it.
         logit = max(0, output_layer_bytes(model, layout, dtype)
                     - one_layer_working_bytes(model, layout, dtype))
-    buf = buffer_bytes(model, layout, dtype, n) + optimizer_temp_bytes(n, layout)
+    # The stack's own buffers (autotune.models.stacks): DeepSpeed's buckets, torch AdamW's
+    # temporary; Megatron's DDP reduces its fp32 grad buffer (counted in ``g``) in place.
+    buf = buffer_bytes(model, layout, dtype, n) if stacks.has_deepspeed_buckets(stack) else 0
+    if stacks.has_torch_adam_temp(stack):
+        buf += optimizer_temp_bytes(n, layout)
     rt = runtime_bytes(device)
     dynamic = w + g + o + act + logit + buf
     if device == "cpu":
@@ -337,7 +343,8 @@ def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
 
 def estimate_memory(model: ModelConfig, layout: Layout, *, dtype: str = "bf16",
                     device: str | None = None,
-                    profile: LayerProfile | None = None) -> MemoryEstimate:
+                    profile: LayerProfile | None = None,
+                    stack: str = "deepspeed") -> MemoryEstimate:
     """Predicted peak memory per device of ``layout`` training ``model``.
 
     ``device`` picks the runtime allowance (``"cpu"`` or an accelerator name);
@@ -352,9 +359,9 @@ def estimate_memory(model: ModelConfig, layout: Layout, *, dtype: str = "bf16",
     if measured is not None and not measured.usable:
         measured = None
     if layout.pp == 1:
-        return _stage_estimate(model, layout, dtype, "only", device, measured)
-    first = _stage_estimate(model, layout, dtype, "first", device, measured)
-    last = _stage_estimate(model, layout, dtype, "last", device, measured)
+        return _stage_estimate(model, layout, dtype, "only", device, measured, stack)
+    first = _stage_estimate(model, layout, dtype, "first", device, measured, stack)
+    last = _stage_estimate(model, layout, dtype, "last", device, measured, stack)
     worst = first if first.peak_bytes >= last.peak_bytes else last
     return MemoryEstimate(**{**worst.__dict__,
                              "stage_peak_bytes": (first.peak_bytes, last.peak_bytes)})

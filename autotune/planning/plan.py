@@ -167,7 +167,7 @@ def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate,
                    estimate_step(spec.model, cand.layout, spec.cluster, dtype=dtype,
                                  profile=spec.profile),
                    estimate_memory(spec.model, cand.layout, dtype=dtype, device=device,
-                                   profile=spec.profile),
+                                   profile=spec.profile, stack=spec.training.stack),
                    cand.memory_verdict, cand.p_fit, fit.sigma_bytes if fit else 0,
                    fit.corrected_bytes if fit else None,
                    cand.predicted_tflops * throughput_factor, band)
