@@ -18,7 +18,10 @@ __all__ = [
     "GEMM_RAMP_S",
     "HOST_SERIAL_FRACTION",
     "attention_core_time_s",
+    "GEMM_TILES",
     "batched_gemm_time_s",
+    "shaped_gemm_time_s",
+    "wave_efficiency",
     "gemm_efficiency",
     "gemm_time_s",
     "host_exposed_time_s",
@@ -55,6 +58,41 @@ def gemm_time_s(flops: float, peak_flops: float, spec: DeviceSpec) -> float:
     return flops / (peak_flops * gemm_efficiency(flops, peak_flops, spec))
 
 
+GEMM_TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64),
+                                          (64, 128), (64, 64))
+"""Output-tile shapes (rows x columns) the GEMM library chooses among: CUTLASS's and
+cuBLAS's common threadblock tiles for 16-bit tensor-core GEMMs (NVIDIA, "Matrix
+Multiplication Background User's Guide", "Tile quantization" and "Wave quantization":
+256x128 is the guide's worked example on the A100)."""
+
+
+def wave_efficiency(m: int, n: int, spec: DeviceSpec, batch: int = 1) -> float:
+    """Fraction of the device's compute units busy, averaged over a GEMM's waves: an
+    ``m x n`` output of ``t`` tiles on ``u`` units runs ``ceil(t / u)`` waves, the last one
+    partly idle, so ``t / (ceil(t / u) u)`` (wave quantization, NVIDIA's guide above: 108
+    SMs on an A100, so a GEMM of 109 tiles takes two waves). The library is taken to pick
+    the tile of :data:`GEMM_TILES` that fills the device best (its heuristics weigh this
+    with each tile's own efficiency, which :func:`gemm_efficiency`'s ramp prices); partial
+    tiles at the edges count as whole ones (tile quantization). 1 where the device's units
+    are not modelled (``spec.gemm_units`` is ``None``)."""
+    units = spec.gemm_units
+    if not units or m <= 0 or n <= 0:
+        return 1.0
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        useful = batch * m * n / (tm * tn)  # whole tiles' worth of real output
+        best = max(best, useful / (math.ceil(tiles / units) * units))
+    return min(1.0, best)
+
+
+def shaped_gemm_time_s(m: int, n: int, k: int, peak_flops: float, spec: DeviceSpec) -> float:
+    """Time of one ``(m x k) @ (k x n)`` GEMM: :func:`gemm_time_s` of its FLOPs over its
+    :func:`wave_efficiency`. The backward's two GEMMs of a linear layer (input and weight
+    gradients) are priced at the forward's shape (``3x`` the forward, as elsewhere)."""
+    return gemm_time_s(2.0 * m * n * k, peak_flops, spec) / wave_efficiency(m, n, spec)
+
+
 def batched_gemm_time_s(batch: int, m: int, n: int, k: int, peak_flops: float,
                         spec: DeviceSpec, dtype: str) -> float:
     """Time of ``batch`` GEMMs of ``(m x k) @ (k x n)`` in one batched kernel: the compute
@@ -72,7 +110,8 @@ def batched_gemm_time_s(batch: int, m: int, n: int, k: int, peak_flops: float,
     if flops <= 0:
         return 0.0
     moved = batch * (m * k + k * n + m * n) * dtype_bytes(dtype)
-    return max(gemm_time_s(flops, peak_flops, spec), moved / (spec.hbm_gbps * 1e9))
+    compute = gemm_time_s(flops, peak_flops, spec) / wave_efficiency(m, n, spec, batch)
+    return max(compute, moved / (spec.hbm_gbps * 1e9))
 
 
 def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
@@ -81,7 +120,8 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
 
     GEMMs (per token: QKV ``2h(h+2kv)/t``, projection ``2h^2/t``, MLP ``2hf/t`` per
     matrix: up and down for GELU, gate, up and down for SwiGLU: :mod:`autotune.models.flops`),
-    each timed with :func:`gemm_efficiency`; the attention core
+    each timed by its shape (:func:`shaped_gemm_time_s`: :func:`gemm_efficiency` and
+    :func:`wave_efficiency`); the attention core
     (:func:`attention_core_time_s`); plus the memory-bound element-wise kernels
     (LayerNorm, bias+dropout+residual: ``11`` tensors of ``s b h``, ``s b h / t`` each with
     sequence parallelism, which runs them on a sequence shard (Korthikanti et al. 2022,
@@ -92,9 +132,11 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     b, s, h, f, t = layout.micro_batch, model.seq_len, model.hidden, model.ffn, layout.tp
     kv = model.kv_heads * model.head_dim
     tokens = b * s
-    mlp = [2 * tokens * h * f / t] * model.mlp_matrices
-    gemms = [2 * tokens * h * (h + 2 * kv) / t, 2 * tokens * h * h / t, *mlp]
-    time = sum(gemm_time_s(w, peak_flops, spec) for w in gemms)
+    # (m, n, k) of each GEMM: QKV and the MLP's up (and gate) column-parallel (n / t), the
+    # projection and the MLP's down row-parallel (k / t); Shoeybi et al. 2019, section 3.
+    ups = [(tokens, f // t, h)] * (model.mlp_matrices - 1)
+    gemms = [(tokens, (h + 2 * kv) // t, h), (tokens, h, h // t), *ups, (tokens, h, f // t)]
+    time = sum(shaped_gemm_time_s(m, n, k, peak_flops, spec) for m, n, k in gemms)
     swiglu = model.mlp == "swiglu"
     mlp_elem = (5 if swiglu else 2) * f / t  # per token: elements read + written
     replicated = 11 * h / t if layout.sequence_parallel else 11 * h

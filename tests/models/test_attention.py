@@ -57,7 +57,9 @@ def test_explicit_attention_costs_score_passes_and_two_gemms() -> None:
                                          perf, "bf16")
     s, b, a, t = 1024, 2, 16, 2
     attn = 4 * b * s * s * 2048 / t
-    expected = (2 * compute.gemm_time_s(attn / 2, peak, perf)
+    hd, heads = 2048 // a, a // t  # Megatron's b * a / t batched GEMMs of inner dim h / a
+    expected = (compute.batched_gemm_time_s(b * heads, s, s, hd, peak, perf, "bf16")
+                + compute.batched_gemm_time_s(b * heads, s, hd, s, peak, perf, "bf16")
                 - compute.gemm_time_s(attn, peak, perf)
                 + 5 * a * s * s * b / t * 2 / (perf.hbm_gbps * 1e9)
                 + 2 * perf.kernel_overhead_s)
@@ -113,5 +115,29 @@ def test_explicit_attention_matmuls_are_batched_small_gemms() -> None:
     flops = 2.0 * batch * s * s * hd
     assert small > 1.2 * gemm_time_s(flops, peak, spec)
     assert small == pytest.approx(batch * (2 * s * hd + s * s) * 2 / (spec.hbm_gbps * 1e9))
+    from autotune.models.compute import wave_efficiency
+
     big = batched_gemm_time_s(1, 8192, 8192, 8192, peak, spec, "bf16")
-    assert big == pytest.approx(gemm_time_s(2.0 * 8192**3, peak, spec))
+    waves = wave_efficiency(8192, 8192, spec)  # 2,048 tiles on 108 SMs: 19 waves, ~full
+    assert waves > 0.99
+    assert big == pytest.approx(gemm_time_s(2.0 * 8192**3, peak, spec) / waves)
+
+
+def test_wave_quantization_by_shape() -> None:
+    """An A100 has 108 SMs: an output of exactly 108 256x128 tiles fills one wave; one of
+    109 such tiles would leave the second wave almost empty, unless another tile shape of
+    the library fills the device better (it picks the best of GEMM_TILES)."""
+    from autotune.hardware import get_device
+    from autotune.models.compute import shaped_gemm_time_s, wave_efficiency
+
+    a100 = get_device("a100-80gb")
+    assert wave_efficiency(256 * 12, 128 * 9, a100) == pytest.approx(1.0)
+    # 4 x 27 = 108 tiles of 128x128 (or 216 of 128x64): a full wave either way.
+    assert wave_efficiency(512, 128 * 27, a100) == pytest.approx(1.0)
+    # 96 of 108 SMs busy whatever the tile (12 x 8 of 128x128, 6 x 16 of 256x64 ...).
+    odd = wave_efficiency(1536, 1024, a100)
+    assert 0.85 < odd < 1.0
+    assert wave_efficiency(1536, 1024, get_device("max1550-tile")) == 1.0  # not modelled
+    peak = a100.peak_flops_or_fallback("bf16")
+    assert shaped_gemm_time_s(1536, 1024, 4096, peak, a100) == pytest.approx(
+        compute.gemm_time_s(2.0 * 1536 * 1024 * 4096, peak, a100) / odd)
