@@ -18,7 +18,10 @@ __all__ = [
     "GEMM_RAMP_S",
     "HOST_SERIAL_FRACTION",
     "attention_core_time_s",
+    "FLASH_BACKWARD_FACTOR",
     "GEMM_TILES",
+    "flash_backward_extra_s",
+    "flash_forward_time_s",
     "batched_gemm_time_s",
     "shaped_gemm_time_s",
     "wave_efficiency",
@@ -160,7 +163,7 @@ def attention_core_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     b, s, h, t = layout.micro_batch, model.seq_len, model.hidden, layout.tp
     attn = 4 * b * s * s * h / t
     if model.attention == "flash":
-        return gemm_time_s(attn, peak_flops, spec)
+        return flash_forward_time_s(attn, peak_flops, spec)
     heads = max(1, model.n_head // t)
     hd = model.head_dim
     time = (batched_gemm_time_s(b * heads, s, s, hd, peak_flops, spec, dtype)  # Q K^T
@@ -170,6 +173,35 @@ def attention_core_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     elem_bytes = passes * model.n_head * s * s * b / t * dtype_bytes(dtype)
     n_elementwise = 2 if model.dropout > 0 else 1
     return time + elem_bytes / (spec.hbm_gbps * 1e9) + n_elementwise * spec.kernel_overhead_s
+
+
+FLASH_BACKWARD_FACTOR = 2.5
+"""A fused attention kernel's backward over its forward, in FLOPs: it stores no score
+matrix, so the backward recomputes ``S = Q K^T`` before ``dV = P^T dO``, ``dP = dO V^T``,
+``dQ = dS K`` and ``dK = dS^T Q``: 5 matmuls of ``s^2 d`` against the forward's 2 (Dao et
+al. 2022, FlashAttention, Algorithm 4), not the 2x of an ordinary layer."""
+
+
+def flash_forward_time_s(score_flops: float, peak_flops: float, spec: DeviceSpec) -> float:
+    """Forward time of a fused attention kernel whose two matmuls are ``score_flops`` over
+    the full ``s x s`` square. Where the device has a published kernel efficiency
+    (``spec.flash_efficiency``), the causal kernel skips the blocks above the diagonal
+    (FlashAttention-2, section 3.1.1: half the square's FLOPs) and runs at that efficiency;
+    elsewhere it is priced as one GEMM of the full square (what the model knows)."""
+    if spec.flash_efficiency is None:
+        return gemm_time_s(score_flops, peak_flops, spec)
+    return 0.5 * score_flops / (peak_flops * spec.flash_efficiency)
+
+
+def flash_backward_extra_s(model: ModelConfig, layout: Layout, peak_flops: float,
+                           spec: DeviceSpec, dtype: str) -> float:
+    """What a fused attention kernel's backward costs beyond the 2 forwards charged for
+    every layer (:data:`FLASH_BACKWARD_FACTOR` - 2 forwards of the kernel); zero with
+    explicit attention, whose backward is ordinary GEMMs."""
+    if model.attention != "flash":
+        return 0.0
+    core = attention_core_time_s(model, layout, peak_flops, spec, dtype)
+    return (FLASH_BACKWARD_FACTOR - 2.0) * core
 
 
 def recompute_time_s(model: ModelConfig, layout: Layout, peak_flops: float,

@@ -60,7 +60,7 @@ def test_explicit_attention_costs_score_passes_and_two_gemms() -> None:
     hd, heads = 2048 // a, a // t  # Megatron's b * a / t batched GEMMs of inner dim h / a
     expected = (compute.batched_gemm_time_s(b * heads, s, s, hd, peak, perf, "bf16")
                 + compute.batched_gemm_time_s(b * heads, s, hd, s, peak, perf, "bf16")
-                - compute.gemm_time_s(attn, peak, perf)
+                - compute.flash_forward_time_s(attn, peak, perf)
                 + 5 * a * s * s * b / t * 2 / (perf.hbm_gbps * 1e9)
                 + 2 * perf.kernel_overhead_s)
     assert explicit - flash == pytest.approx(expected, rel=1e-9)
@@ -141,3 +141,31 @@ def test_wave_quantization_by_shape() -> None:
     peak = a100.peak_flops_or_fallback("bf16")
     assert shaped_gemm_time_s(1536, 1024, 4096, peak, a100) == pytest.approx(
         compute.gemm_time_s(2.0 * 1536 * 1024 * 4096, peak, a100) / odd)
+
+
+def test_flash_attention_backward_recomputes_and_a_published_kernel_skips_the_mask() -> None:
+    from autotune.hardware import get_device
+    from autotune.models.compute import (
+        FLASH_BACKWARD_FACTOR,
+        attention_core_time_s,
+        flash_backward_extra_s,
+    )
+    from autotune.models.profile_blend import analytic_layer
+
+    a100, tile = get_device("a100-80gb"), get_device("max1550-tile")
+    peak = a100.peak_flops_or_fallback("bf16")
+    s, b, t, h = 1024, 2, 2, 2048
+    score = 4 * b * s * s * h / t
+    core = attention_core_time_s(M, LAY, peak, a100, "bf16")
+    assert core == pytest.approx(0.5 * score / (peak * 0.50))  # FlashAttention-2 on an A100
+    tile_peak = tile.peak_flops_or_fallback("bf16")  # no published figure: the full square
+    assert attention_core_time_s(M, LAY, tile_peak, tile, "bf16") == pytest.approx(
+        compute.gemm_time_s(score, tile_peak, tile))
+    assert FLASH_BACKWARD_FACTOR == 2.5
+    assert flash_backward_extra_s(M, LAY, peak, a100, "bf16") == pytest.approx(0.5 * core)
+    assert flash_backward_extra_s(replace(M, attention="explicit"), LAY, peak, a100,
+                                  "bf16") == 0.0
+    cluster = ClusterConfig(devices_per_node=2, device="a100-80gb")
+    layer = analytic_layer(M, LAY, cluster)
+    fwd = compute.layer_forward_time_s(M, LAY, peak, a100, "bf16")
+    assert layer.compute_s == pytest.approx(3 * fwd + 0.5 * core)
