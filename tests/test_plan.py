@@ -182,3 +182,16 @@ def test_cli_plan_formats_and_usage_errors(tmp_path: Path) -> None:
     out = run_cli("plan", str(bad), timeout=120)
     assert out.returncode == 2 and "cluster.nodes" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_cpu_demo_plans_with_dropout() -> None:
+    """``model.dropout: 0.1`` on the built-in trainer: the study loads (every launcher
+    runs dropout now) and plans, its layouts storing the dropout masks as well."""
+    spec = load_study(REPO / "studies" / "cpu_demo.yaml")
+    dropped = replace(spec, model=replace(spec.model, dropout=0.1))
+    plain, with_dropout = plan_study(spec, top=3), plan_study(dropped, top=3)
+    assert with_dropout.n_feasible > 0
+    by_key = {r.layout: r for r in plain.rows}
+    shared = [r for r in with_dropout.rows if r.layout in by_key]
+    assert shared and all(r.memory.activations_bytes > by_key[r.layout].memory.activations_bytes
+                          for r in shared)
