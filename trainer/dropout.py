@@ -106,7 +106,7 @@ class DropoutRNG:
         keep = self._keep((b, full, h), x.device, layer, count, site)
         if shard:
             keep = keep[:, shard[0]:shard[1]]
-        return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
+        return self._apply(x, keep)
 
     def attention(self, probs: torch.Tensor, layer: int, count: int,
                   first_head: int) -> torch.Tensor:
@@ -117,7 +117,12 @@ class DropoutRNG:
         b, heads, s, k = probs.shape
         keep = torch.stack([self._keep((b, s, k), probs.device, layer, count, SITE_ATTENTION,
                                        first_head + i) for i in range(heads)], dim=1)
-        return probs * keep.to(probs.dtype) * (1.0 / (1.0 - self.p))
+        return self._apply(probs, keep)
+
+    def _apply(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        # ``where`` keeps only the boolean mask for the backward (1 byte an element, as
+        # torch's and Megatron's dropout do: the memory model's mask term).
+        return torch.where(keep, x, x.new_zeros(())) * (1.0 / (1.0 - self.p))
 
     @contextmanager
     def fused_stream(self, device: torch.device, layer: int, count: int,
