@@ -53,7 +53,6 @@ from autotune.layout import Layout
 from autotune.models.profile import LayerProfile
 from autotune.models.profile_fit import fit_layer_profile, landscape_samples
 from autotune.models.stacks import REPLAY_STACK
-from autotune.models.stacks import REPLAY_STACK
 from autotune.search import (
     FitProbability,
     Observation,
