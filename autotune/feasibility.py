@@ -105,6 +105,9 @@ class MemoryBudget:
     layer shape, the memory model's stored activations per layer are the measured ones,
     with the measured error bar (:func:`autotune.models.memory.measured_layer_activation`).
     The ``correction`` applies on top, to the whole peak."""
+    stack: str = "deepspeed"
+    """The training stack that allocates (``training.stack``, resolved:
+    :mod:`autotune.models.stacks`)."""
     stage_corrections: tuple[tuple[int, float, float], ...] = ()
     """``(zero stage, correction, correction_sigma)``: a stage's own correction, which
     replaces the two above for its layouts (:mod:`autotune.models.calibration`)."""
@@ -126,9 +129,12 @@ class MemoryBudget:
         """The budget a study's settings give (what :meth:`Constraints.from_configs` uses);
         ``profile``: the study's measured layer profile (:attr:`autotune.spec.StudySpec.
         profile`), if any."""
+        from autotune.models.stacks import resolve_stack  # local: keeps the trainer light
+
         return cls(capacity_bytes=cluster.device_spec().memory_bytes,
                    margin=trial.memory_margin, dtype=training.dtype, device=cluster.device,
-                   min_p_fit=trial.memory_min_p_fit, profile=profile)
+                   min_p_fit=trial.memory_min_p_fit, profile=profile,
+                   stack=resolve_stack(training.stack, "builtin"))
 
     def verdict(self, model: ModelConfig, layout: Layout) -> MemoryVerdict:
         """The memory check of a structurally valid ``layout``: the prediction, its error
@@ -143,8 +149,9 @@ class MemoryBudget:
         )
 
         est = estimate_memory(model, layout, dtype=self.dtype, device=self.device,
-                              profile=self.profile)
-        unc = estimate_uncertainty(model, layout, est, dtype=self.dtype, device=self.device)
+                              profile=self.profile, stack=self.stack)
+        unc = estimate_uncertainty(model, layout, est, dtype=self.dtype, device=self.device,
+                                   stack=self.stack)
         correction, correction_sigma = self.correction_of(layout)
         p = fit_probability(est.peak_bytes, self.usable_bytes, unc.relative_sigma,
                             correction=correction, correction_sigma=correction_sigma)

@@ -116,6 +116,14 @@ class DeviceSpec:
     """One device's reach into the network, GB/s per direction: what it can drive while
     fewer of its node's devices use the NICs (one NIC: NCCL binds a device to its nearest
     NIC). ``None``: ``inter_node.gbps`` (sharing less gains nothing)."""
+    flash_efficiency: float | None = None
+    """Fraction of the dense peak a fused (flash) attention kernel reaches on the FLOPs it
+    executes, published for the kernel PyTorch's SDPA runs there; ``None``: none is
+    published (the model then prices the kernel as one GEMM of the full score square)."""
+    gemm_units: int | None = None
+    """Compute units a GEMM's output tiles are spread over, one tile per unit per wave
+    (NVIDIA: streaming multiprocessors; NVIDIA, "Matrix Multiplication Background User's
+    Guide", "Wave quantization"); ``None``: not modelled (the tiling is not published)."""
     torch_names: tuple[str, ...] = ()
     """Substrings of ``torch.<device>.get_device_name()``, most specific first."""
     source: str = ""
@@ -164,7 +172,13 @@ _SLINGSHOT_NIC_GBPS = 25.0
 # tile with the node busy (ALCF, data/landscapes/README.md). HBM (hbm_gbps): A100-40GB
 # 1,555 GB/s, A100-80GB 2,039, H100 3,350, H200 4,800 (NVIDIA datasheets); Max 1550 3,277
 # GB/s per card, half per tile (Intel datasheet). CPU: a rank's share of a small host
-# (estimate).
+# (estimate). GEMM units (gemm_units): 108 SMs on an A100, 132 on an H100/H200 SXM (NVIDIA
+# A100 and H100 whitepapers); the Max 1550's oneMKL tiling is not published: None.
+# Flash attention (flash_efficiency): FlashAttention-2 reaches 50-73% of the A100's peak in
+# the forward (Dao 2023, arXiv 2307.08691, abstract and section 4.1), the low end for the
+# causal, short-sequence and backward cases: 0.50; on the H100, without Hopper-specific
+# instructions, up to 335 of 989 TFLOPS (same paper, section 4.1): 0.34. The Max 1550's
+# kernel (DeepSpeed's op builder) has no published figure: None.
 # Runtime allowance (runtime_bytes) on CPU, measured here: `python -c "import torch,
 # deepspeed, torch.distributed"` peaks at ~245 MiB RSS (torch 2.13 CPU, DeepSpeed 0.19); a
 # trainer rank adds the gloo process group, the DeepSpeed engine and autograd bookkeeping.
@@ -193,7 +207,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="a100-40gb", peak_bf16_tflops=312.0, peak_fp32_tflops=19.5,
         memory_bytes=40 * GiB, devices_per_card=1,
         intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR, nic_gbps=_HDR_NIC_GBPS,
-        gemm_efficiency_max=0.80, hbm_gbps=1555.0,
+        gemm_efficiency_max=0.80, hbm_gbps=1555.0, gemm_units=108, flash_efficiency=0.50,
         torch_names=("A100-SXM4-40GB", "A100-PCIE-40GB"),
         source="NVIDIA A100 datasheet",
     ),
@@ -201,7 +215,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="a100-80gb", peak_bf16_tflops=312.0, peak_fp32_tflops=19.5,
         memory_bytes=80 * GiB, devices_per_card=1,
         intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR, nic_gbps=_HDR_NIC_GBPS,
-        gemm_efficiency_max=0.80, hbm_gbps=2039.0,
+        gemm_efficiency_max=0.80, hbm_gbps=2039.0, gemm_units=108, flash_efficiency=0.50,
         torch_names=("A100",),
         source="NVIDIA A100 datasheet",
     ),
@@ -209,7 +223,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="h100", peak_bf16_tflops=989.0, peak_fp32_tflops=67.0,
         memory_bytes=80 * GiB, devices_per_card=1,
         intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR, nic_gbps=_NDR_NIC_GBPS,
-        gemm_efficiency_max=0.72, hbm_gbps=3350.0,
+        gemm_efficiency_max=0.72, hbm_gbps=3350.0, gemm_units=132, flash_efficiency=0.34,
         torch_names=("H100",),
         source="NVIDIA H100 SXM datasheet (dense, without sparsity)",
     ),
@@ -217,7 +231,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="h200", peak_bf16_tflops=989.0, peak_fp32_tflops=67.0,
         memory_bytes=141 * 10**9, devices_per_card=1,
         intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR, nic_gbps=_NDR_NIC_GBPS,
-        gemm_efficiency_max=0.72, hbm_gbps=4800.0,
+        gemm_efficiency_max=0.72, hbm_gbps=4800.0, gemm_units=132, flash_efficiency=0.34,
         torch_names=("H200",),
         source="NVIDIA H200 SXM datasheet (dense, without sparsity)",
     ),

@@ -42,6 +42,7 @@ from autotune.config.study import (
 from autotune.config.workload import WorkloadConfig
 from autotune.errors import SpecError
 from autotune.models.profile import LayerProfile, load_cluster_profile
+from autotune.models.stacks import resolve_stack
 from autotune.planning.space import check_space_size
 from autotune.trial import RunConfig
 
@@ -287,20 +288,15 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             source=source,
         )
         check_megatron_flags(spec.workload, spec.model)
+        # training.stack: auto is the workload's (the memory model never sees "auto").
+        spec = replace(spec, training=replace(spec.training, stack=resolve_stack(
+            spec.training.stack, spec.workload.kind, replay=spec.launcher.kind == "replay")))
         if read_profile:
             # Read once, here: a bad file fails the load, before any database or launcher.
             spec = replace(spec, profile=load_cluster_profile(spec.cluster, spec.model,
                                                               spec.training.dtype))
         # Refused here, before any command works with the study: a space too large to plan.
         check_space_size(spec.search, spec.world_size, spec.training.global_batch)
-        if (spec.model.dropout > 0 and spec.launcher.kind != "replay"
-                and not spec.workload.foreign):
-            # Local and SLURM trials of the built-in trainer have no dropout: a study must
-            # not tune (and predict memory for) a model it will not run.
-            raise SpecError("model.dropout", spec.model.dropout,
-                            "allowed: 0 with the built-in trainer (launcher.kind "
-                            f"{spec.launcher.kind!r}); dropout describes replayed runs or "
-                            "a workload of your own (workload.kind)")
         return spec
     except SpecError as err:
         raise SpecError(err.field, err.value, err.allowed, source=source) from None

@@ -52,6 +52,7 @@ from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
 from autotune.models.profile import LayerProfile
 from autotune.models.profile_fit import fit_layer_profile, landscape_samples
+from autotune.models.stacks import REPLAY_STACK
 from autotune.search import (
     FitProbability,
     Observation,
@@ -112,7 +113,7 @@ def study_constraints(group: LandscapeGroup, *, memory_margin: float | None = No
     cluster and the default ``search`` and ``trial`` sections (as ``autotune/study.py``
     builds it for a study that runs trials, before any table is replayed)."""
     trial = TrialConfig() if memory_margin is None else TrialConfig(memory_margin=memory_margin)
-    training = TrainingConfig(global_batch=group.global_batch, dtype=group.dtype)
+    training = TrainingConfig(group.global_batch, group.dtype, REPLAY_STACK)  # the table's
     return Constraints.from_configs(group.cluster, training, SearchConfig(), trial)
 
 
@@ -289,7 +290,7 @@ def replay_spec(group: LandscapeGroup, strategy: str, *, seed: int, n_trials: in
     trial = TrialConfig() if memory_margin is None else TrialConfig(memory_margin=memory_margin)
     return StudySpec(
         name=name, model=group.model, cluster=group.cluster,
-        training=TrainingConfig(global_batch=group.global_batch, dtype=group.dtype),
+        training=TrainingConfig(group.global_batch, group.dtype, REPLAY_STACK),
         search=SearchConfig(strategy=strategy, seed=seed, n_trials=n_trials), trial=trial,
         storage=StorageConfig(url=f"sqlite:///{workdir}/study.db"),
         launcher=LauncherConfig(kind="replay", run_dir=f"{workdir}/runs",

@@ -2,7 +2,9 @@
 
 For every landscape group with at least ``--min-layouts`` measured (``ok``) layouts, the
 Spearman rank correlation between predicted and measured model TFLOPS per device, and
-whether the measured best is among the predicted top 3. OOM rows are left out of the
+whether the measured best is among the predicted top 3; per file, the median and maximum
+absolute percentage error of the predicted TFLOPS over its ok rows and the share of them
+inside the 90% band ``plan`` prints (``benchmarks/_errors.py``). OOM rows are left out of the
 correlation; the memory model's verdict on them is reported (``oom_flagged``). Every group
 also goes through the feasibility check a real study of it would apply (default settings,
 memory rule and placement included: ``benchmarks/_common.py``, ``study_check``): the
@@ -59,8 +61,10 @@ from autotune.feasibility import MemoryBudget, check_layout
 from autotune.landscape import LandscapeGroup
 from autotune.models.cost import estimate_step
 from autotune.models.profile import LayerProfile, load_profile
+from autotune.models.stacks import REPLAY_STACK
 from autotune.search import cost_model_predictor
 from benchmarks import _common as common
+from benchmarks import _errors as errors
 from benchmarks import _online as online
 from benchmarks._common import spearman
 from benchmarks._zero3_rows import print_zero3_variants, zero3_variant_report
@@ -70,7 +74,7 @@ def _flagged(group: LandscapeGroup, margin: float, status: str = "oom") -> int:
     """Rows of ``status`` that the memory model alone predicts do not fit the device."""
     spec = group.cluster.device_spec()
     budget = MemoryBudget(spec.memory_bytes, margin=margin, dtype=group.dtype,
-                          device=group.cluster.device)
+                          device=group.cluster.device, stack=REPLAY_STACK)
     return sum(1 for m in group.measurements if m.status == status
                and any(r.code == "memory"
                        for r in check_layout(m.layout, group.model, memory=budget)))
@@ -154,13 +158,18 @@ class Evaluation:
     oom_flagged: int = 0
     ok_rows: int = 0
     ok_flagged: int = 0
+    tables: list[errors.TableErrors] = field(default_factory=list)
+    """Absolute error and band coverage of each file's ok rows (all groups read)."""
 
 
 def evaluate(args: argparse.Namespace) -> Evaluation:
     """Read every file and evaluate each group; keep those with ``--min-layouts`` ok rows."""
     ev = Evaluation()
-    for _, groups in common.load_groups(args):
+    for path, groups in common.load_groups(args):
+        table = errors.TableErrors(str(path))
+        ev.tables.append(table)
         for g in groups:
+            table.add(errors.group_errors(g))
             check = common.study_check(g, memory_margin=args.memory_margin)
             res = evaluate_group(g, margin=args.memory_margin, check=check)
             ev.loaded.append(g)
@@ -235,6 +244,15 @@ def print_groups(ev: Evaluation, analytic: dict[str, Any], min_layouts: int) -> 
     print(f"ok rows: {ev.ok_rows}, predicted infeasible by the memory model: {ev.ok_flagged}")
     common.print_study_check(list(zip(ev.loaded, ev.checks, strict=True)),
                              f"all {len(ev.loaded)} groups read")
+    print(f"\n{'table (all ok rows)':44s} {'rows':>5s} {'median |err|':>12s} "
+          f"{'max |err|':>9s} {'median err':>10s} {'too high':>8s} {'in 90% band':>11s}")
+    for t in (t.to_dict() for t in ev.tables):
+        if not t["n_rows"]:
+            continue
+        print(f"{Path(t['path']).name:44s} {t['n_rows']:5d} "
+              f"{t['median_abs_pct_error']:11.1f}% {t['max_abs_pct_error']:8.1f}% "
+              f"{t['median_pct_error']:+9.1f}% {t['predicted_high']:8d} "
+              f"{t['band_coverage']:11.0%} {t['median_band_width']:10.2f}")
 
 
 def _print_comparison(variants: dict[str, dict[str, Any]]) -> None:
@@ -263,7 +281,8 @@ def to_json(ev: Evaluation, analytic: dict[str, Any], profiled: dict[str, dict[s
         "top3_hits": analytic["top3_hits"],
         "ok_excluded": sum(c.ok_excluded for c in ev.checks),
         "best_excluded_groups": [g.name for g, c in pairs if c.best_excluded],
-        "excluded_groups": common.excluded_groups(pairs)}
+        "excluded_groups": common.excluded_groups(pairs),
+        "tables": [t.to_dict() for t in ev.tables]}
     if profiled:
         out["profiled"] = profiled
         if profile_source is not None:

@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 from autotune.config.study import SearchConfig
 from autotune.errors import SpecError
 from autotune.feasibility import Constraints
-from autotune.planning.plan import plan_study, render_plan
+from autotune.planning.band import tflops_bands
+from autotune.planning.candidates import Candidate, partition_space, rank_layouts
+from autotune.planning.plan import PlanResult, plan_study, render_plan
 from autotune.planning.space import enumerate_layouts
 from autotune.spec import load_study, parse_study
 
@@ -59,6 +61,19 @@ def test_175b_on_1024_devices_plans_in_under_a_second() -> None:
     assert {e.code for e in result.excluded} >= {"memory", "tp_heads"}
 
 
+def _ranked(result: PlanResult) -> list[Candidate]:
+    """The study's whole ranking (the band is over every candidate, not the top rows)."""
+    spec = load_study(REPO / "studies" / "lrz_gpt175b.yaml")
+    constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
+                                           spec.trial, profile=spec.profile)
+    feasible, _ = partition_space(spec.model, spec.cluster, spec.training, spec.search,
+                                  constraints)
+    ranked = rank_layouts(spec.model, spec.cluster, feasible, dtype=spec.training.dtype,
+                          profile=spec.profile, constraints=constraints)
+    assert len(ranked) == result.n_feasible
+    return ranked
+
+
 def test_render_table_csv_json() -> None:
     result = plan_study(load_study(REPO / "studies" / "lrz_gpt175b.yaml"), top=3)
     table = render_plan(result, "table")
@@ -69,6 +84,16 @@ def test_render_table_csv_json() -> None:
     data = json.loads(render_plan(result, "json"))
     assert data["n_feasible"] == result.n_feasible and len(data["feasible"]) == 3
     assert {"code", "count", "example"} <= set(data["excluded"][0])
+    # Every predicted throughput carries its 90% band: the search's posterior interval.
+    bands = tflops_bands({c.layout: c.predicted_tflops for c in _ranked(result)},
+                         layouts=[r.layout for r in result.rows])
+    for row, csv_row, js in zip(result.rows, rows, data["feasible"], strict=True):
+        lo, hi = row.tflops_band or (0.0, 0.0)
+        assert lo < row.step.model_tflops_per_device < hi
+        assert (lo, hi) == pytest.approx(bands[row.layout])
+        assert float(csv_row["model_tflops_band_low"]) == pytest.approx(lo, abs=1e-4)
+        assert js["model_tflops_band"] == pytest.approx([lo, hi])
+    assert "90% band" in table
     with pytest.raises(SpecError):
         render_plan(result, "xml")
     with pytest.raises(SpecError):
@@ -157,3 +182,16 @@ def test_cli_plan_formats_and_usage_errors(tmp_path: Path) -> None:
     out = run_cli("plan", str(bad), timeout=120)
     assert out.returncode == 2 and "cluster.nodes" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_cpu_demo_plans_with_dropout() -> None:
+    """``model.dropout: 0.1`` on the built-in trainer: the study loads (every launcher
+    runs dropout now) and plans, its layouts storing the dropout masks as well."""
+    spec = load_study(REPO / "studies" / "cpu_demo.yaml")
+    dropped = replace(spec, model=replace(spec.model, dropout=0.1))
+    plain, with_dropout = plan_study(spec, top=3), plan_study(dropped, top=3)
+    assert with_dropout.n_feasible > 0
+    by_key = {r.layout: r for r in plain.rows}
+    shared = [r for r in with_dropout.rows if r.layout in by_key]
+    assert shared and all(r.memory.activations_bytes > by_key[r.layout].memory.activations_bytes
+                          for r in shared)

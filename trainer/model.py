@@ -20,17 +20,23 @@ checkpoints the attention core, ``softmax(Q K^T / sqrt(d)) V``, as Megatron's
 ``--recompute-granularity selective`` does (``ParallelAttention._checkpointed_attention_
 forward``, deepspeedai/Megatron-DeepSpeed@4efb479 ``megatron/model/transformer.py``):
 its score matrix and probabilities are recomputed in the backward instead of stored.
+With ``model.dropout > 0`` the embedding's output, each layer's two bias-dropout-adds and
+(explicit path) the attention probabilities are dropped out as Megatron places them, the
+masks seeded by layer and micro-batch so that every layout trains the same model
+(:mod:`trainer.dropout`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autotune.config.model import ModelConfig
+from trainer.dropout import SITE_AFTER_ATTENTION, SITE_AFTER_MLP, SITE_EMBEDDING, DropoutRNG
 from trainer.sequence_parallel import scatter_to_sequence, sum_grad_over_tp
 from trainer.tensor_parallel import (
     INIT_STD,
@@ -60,8 +66,10 @@ def _generator(seed: int, layer_index: int) -> torch.Generator:
 class Embedding(nn.Module):
     """Token (vocabulary-parallel) plus learned position embeddings."""
 
-    def __init__(self, model: ModelConfig, tp: TPContext, seed: int):
+    def __init__(self, model: ModelConfig, tp: TPContext, seed: int,
+                 rng: DropoutRNG | None = None):
         super().__init__()
+        self.rng = rng or DropoutRNG(0.0, seed)
         gen = _generator(seed, 0)
         v_pad = padded_vocab(model.vocab_size, tp.size)
         full = torch.zeros(v_pad, model.hidden)
@@ -74,8 +82,15 @@ class Embedding(nn.Module):
         # A Ulysses rank holds positions [r s/u, (r+1) s/u) of the sequence.
         at = self.tp.ulysses.rank * tokens.shape[1] if self.tp.ulysses else 0
         x = self.tokens(tokens) + self.positions[at: at + tokens.shape[1]]
-        # Megatron-DeepSpeed's Embedding: all-reduced, then split (its backward gathers).
-        return scatter_to_sequence(x, self.tp) if self.tp.sp else x
+        s = x.shape[1]
+        # Megatron-DeepSpeed's Embedding: all-reduced, then split (its backward gathers),
+        # then the embedding dropout (hidden dropout's probability).
+        if self.tp.sp:
+            x = scatter_to_sequence(x, self.tp)
+        if not (self.training and self.rng.active):
+            return x
+        return self.rng.hidden(x, 0, self.rng.next_key(0), SITE_EMBEDDING,
+                               shard=sequence_shard(self.tp, s))
 
 
 class LayerNorm(nn.LayerNorm):
@@ -98,10 +113,13 @@ class Block(nn.Module):
     """One pre-LN transformer layer: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
 
     def __init__(self, model: ModelConfig, tp: TPContext, seed: int, layer_index: int, *,
-                 checkpoint_attention: bool = False):
+                 checkpoint_attention: bool = False, rng: DropoutRNG | None = None):
         super().__init__()
         gen = _generator(seed, layer_index)
         self.checkpoint_attention = checkpoint_attention
+        self.rng = rng or DropoutRNG(0.0, seed)
+        self.layer_index = layer_index
+        self.tp = tp
         h, f, hd = model.hidden, model.ffn, model.head_dim
         kv = model.kv_heads * hd
         out_std = INIT_STD / math.sqrt(2 * model.n_layer)  # GPT-2's residual scaling
@@ -127,6 +145,8 @@ class Block(nn.Module):
             self.fc2 = RowParallelLinear(init_normal((h, f), gen, out_std), tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        drop = self.training and self.rng.active
+        count = self.rng.next_key(self.layer_index) if drop else 0
         qkv = self.qkv(self.ln1(x))  # [b, s, .]: the whole sequence, also with SP
         b, s, _ = qkv.shape
         q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
@@ -135,31 +155,52 @@ class Block(nn.Module):
         k = k.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.ulysses is not None:  # [b, s/u, heads, d] behind the all-to-alls
-            y = self.ulysses(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-            x = x + self.proj(y.reshape(b, s, -1))
-            return x + self.fc2(self._activation(self.fc1(self.ln2(x))))
-        if self.checkpoint_attention:
-            y = checkpoint(self._core_attention, q, k, v, use_reentrant=False)
+            y = self.ulysses(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), count)
+            out = self.proj(y.reshape(b, s, -1))
         else:
-            y = self._core_attention(q, k, v)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, s, -1))
-        return x + self.fc2(self._activation(self.fc1(self.ln2(x))))
+            out = self.proj(self._checkpointed_core(q, k, v, count).transpose(1, 2)
+                            .reshape(b, s, -1))
+        shard = sequence_shard(self.tp, s)
+        if drop:  # Megatron's bias-dropout-add: dropout(out + bias) + residual
+            out = self.rng.hidden(out, self.layer_index, count, SITE_AFTER_ATTENTION,
+                                  shard=shard)
+        x = x + out
+        out = self.fc2(self._activation(self.fc1(self.ln2(x))))
+        if drop:
+            out = self.rng.hidden(out, self.layer_index, count, SITE_AFTER_MLP, shard=shard)
+        return x + out
 
-    def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor,
-                           v: torch.Tensor) -> torch.Tensor:
-        if self.checkpoint_attention:
-            return checkpoint(self._core_attention, q, k, v, use_reentrant=False)
-        return self._core_attention(q, k, v)
+    def _checkpointed_core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           count: int = 0) -> torch.Tensor:
+        if self.checkpoint_attention:  # the count travels as an argument: same masks
+            return checkpoint(self._core_attention, q, k, v, count, use_reentrant=False)
+        return self._core_attention(q, k, v, count)
 
-    def _core_attention(self, q: torch.Tensor, k: torch.Tensor,
-                        v: torch.Tensor) -> torch.Tensor:
-        """``softmax(Q K^T / sqrt(d)) V`` per head: what selective recompute recomputes."""
+    def _core_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        count: int = 0) -> torch.Tensor:
+        """``softmax(Q K^T / sqrt(d)) V`` per head, its probabilities dropped out: what
+        selective recompute recomputes. ``count``: the forward's micro-batch count."""
         if self.kv_heads != self.heads:  # grouped-query attention
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        drop = self.training and self.rng.active
         if self.explicit_attention:
-            return _explicit_attention(q, k, v)
-        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            def dropout(probs: torch.Tensor) -> torch.Tensor:
+                return self.rng.attention(probs, self.layer_index, count,
+                                          self._first_head(q.shape[1]))
+            return _explicit_attention(q, k, v, dropout if drop else None)
+        if not drop:
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        stream = self.tp.rank + self.tp.size * (self.tp.ulysses.rank if self.tp.ulysses else 0)
+        with self.rng.fused_stream(q.device, self.layer_index, count, stream):
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                              dropout_p=self.rng.p)
+
+    def _first_head(self, local_heads: int) -> int:
+        """The global index of the first head this rank attends over: its TP shard's, and
+        within it, behind Ulysses' all-to-all, the ``rank``-th slice of ``local_heads``."""
+        first = self.tp.rank * self.heads
+        return first + (self.tp.ulysses.rank * local_heads if self.tp.ulysses else 0)
 
     def _activation(self, u: torch.Tensor) -> torch.Tensor:
         if self.swiglu:  # Shazeer 2020: silu(x W_gate) * (x W_up), on this rank's f/t columns
@@ -168,19 +209,36 @@ class Block(nn.Module):
         return nn.functional.gelu(u)
 
 
-def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def sequence_shard(tp: TPContext, s: int) -> tuple[int, int, int] | None:
+    """``(start, stop, length)`` of the sequence positions this rank's ``[b, s, h]``
+    activations hold, for dropout masks drawn over the whole sequence: Megatron's sequence
+    parallelism splits the TP group's ``s`` positions; a Ulysses rank holds its ``s`` of
+    ``s * u``; ``None`` when the rank holds the whole sequence."""
+    if tp.sp:
+        return (*tp.shard(s), s)
+    if tp.ulysses is not None:
+        return tp.ulysses.rank * s, (tp.ulysses.rank + 1) * s, s * tp.ulysses.size
+    return None
+
+
+def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        dropout: Callable[[torch.Tensor], torch.Tensor] | None = None
+                        ) -> torch.Tensor:
     """Causal attention over a materialised ``s x s`` score matrix per head.
 
     What Megatron ran before FlashAttention (``FusedScaleMaskSoftmax``): the scores are a
     GEMM, masked and soft-maxed in fp32 (for 16-bit inputs; the max-subtraction keeps it
     stable), and autograd keeps the probabilities for the backward pass, which is the
     ``5 a s / h`` activation term of :func:`autotune.models.memory.layer_activation_bytes`.
+    ``dropout``: applied to the probabilities (Megatron's attention dropout).
     """
     s = q.shape[-2]
     scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
     causal = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
     scores = scores.masked_fill(causal, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    if dropout is not None:
+        probs = dropout(probs)
     return torch.matmul(probs, v)
 
 
@@ -223,11 +281,12 @@ class LossFn:
 
 
 def build_layers(model: ModelConfig, tp: TPContext, seed: int, *,
-                 checkpoint_attention: bool = False) -> list[nn.Module]:
+                 checkpoint_attention: bool = False,
+                 rng: DropoutRNG | None = None) -> list[nn.Module]:
     """The whole model as a flat list (for ``pp = 1``)."""
-    return ([Embedding(model, tp, seed)]
-            + [Block(model, tp, seed, i + 1, checkpoint_attention=checkpoint_attention)
-               for i in range(model.n_layer)]
+    return ([Embedding(model, tp, seed, rng)]
+            + [Block(model, tp, seed, i + 1, checkpoint_attention=checkpoint_attention,
+                     rng=rng) for i in range(model.n_layer)]
             + [Head(model, tp, seed)])
 
 
@@ -237,15 +296,16 @@ class GPT(nn.Module):
 
     def __init__(self, model: ModelConfig, tp: TPContext, seed: int, *, recompute: str):
         super().__init__()
+        self.rng = DropoutRNG(model.dropout, seed)
         self.layers = nn.ModuleList(build_layers(
-            model, tp, seed, checkpoint_attention=recompute == "selective"))
+            model, tp, seed, checkpoint_attention=recompute == "selective", rng=self.rng))
         self.recompute = recompute == "full"
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = tokens
         for layer in self.layers:
             if self.recompute and isinstance(layer, Block):
-                x = checkpoint(layer, x, use_reentrant=False)
+                x = self.rng.checkpoint(layer, x)
             else:
                 x = layer(x)
         return x

@@ -5,18 +5,18 @@ over ``grad_accum`` micro-batches. Stages are balanced by transformer blocks
 (``partition_method="type:Block"``): the embedding joins the first stage and the output
 layer the last, as in Megatron. With ``recompute: full`` every block is checkpointed
 (``activation_checkpoint_interval=1``) with PyTorch's non-reentrant checkpoint, the same
-function :class:`trainer.model.GPT` uses without a pipeline.
+function :class:`trainer.model.GPT` uses without a pipeline, through
+:meth:`trainer.dropout.DropoutRNG.checkpoint` so that a recomputed block draws the dropout
+masks of its forward.
 """
 
 from __future__ import annotations
 
-import functools
-
 from deepspeed.pipe import LayerSpec, PipelineModule
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
-from torch.utils.checkpoint import checkpoint
 
 from autotune.config.model import ModelConfig
+from trainer.dropout import DropoutRNG
 from trainer.model import Block, Embedding, Head, LossFn
 from trainer.tp_context import TPContext
 
@@ -28,15 +28,16 @@ def build_pipeline_module(model: ModelConfig, topology: PipeModelDataParallelTop
     """Build this rank's stage; binds ``tp.group`` to the module's tensor-parallel group.
     ``recompute`` as in :class:`trainer.model.GPT`."""
     selective = recompute == "selective"
-    specs = ([LayerSpec(Embedding, model, tp, seed)]
-             + [LayerSpec(Block, model, tp, seed, i + 1, checkpoint_attention=selective)
-                for i in range(model.n_layer)]
+    rng = DropoutRNG(model.dropout, seed)
+    specs = ([LayerSpec(Embedding, model, tp, seed, rng)]
+             + [LayerSpec(Block, model, tp, seed, i + 1, checkpoint_attention=selective,
+                          rng=rng) for i in range(model.n_layer)]
              + [LayerSpec(Head, model, tp, seed)])
     module = PipelineModule(
         layers=specs, topology=topology, loss_fn=LossFn(model, tp),
         partition_method="type:Block",
         activation_checkpoint_interval=1 if recompute == "full" else 0,
-        activation_checkpoint_func=functools.partial(checkpoint, use_reentrant=False),
+        activation_checkpoint_func=rng.checkpoint,
         checkpointable_layers=["Block"],
     )
     # The layers only needed their TP rank to pick their shards; the group the

@@ -101,11 +101,6 @@ def _load(job: _Job, world_size: int) -> None:
     except AutotuneError as err:
         job.error = str(err)
         return
-    if job.spec.model.dropout > 0:  # the spec would describe a model this trainer cannot run
-        job.error = (f"model.dropout: got {job.spec.model.dropout!r}; allowed: 0 (this "
-                     "trainer trains without dropout)")
-        job.spec = None
-        return
     reasons = check_layout(job.spec.layout, job.spec.model, world_size=world_size)
     if reasons:
         job.error = "layout: " + "; ".join(f"[{r.code}] {r.message}" for r in reasons)

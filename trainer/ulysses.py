@@ -136,20 +136,22 @@ def shard_sequence(inputs: torch.Tensor, labels: torch.Tensor,
     return inputs[:, cut].contiguous(), labels[:, cut].contiguous()
 
 
-def distributed_attention(core: Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
-                                         torch.Tensor],
+def distributed_attention(core: Callable[..., torch.Tensor],
                           ctx: UlyssesContext) -> Callable[..., torch.Tensor]:
-    """``core`` (``[b, heads, s, d]`` in and out) behind DeepSpeed's all-to-alls: the result
-    takes and returns ``[b, s / u, heads, d]`` (``batch_dim_idx = 0``: heads scattered,
-    ``scatter_idx = 2``; positions gathered, ``gather_idx = 1``)."""
+    """``core`` (``[b, heads, s, d]`` in and out, then the dropout count) behind DeepSpeed's
+    all-to-alls: the result takes and returns ``[b, s / u, heads, d]`` (``batch_dim_idx =
+    0``: heads scattered, ``scatter_idx = 2``; positions gathered, ``gather_idx = 1``). The
+    count travels as a keyword: DistributedAttention hands keywords through to the local
+    attention, and its next positional parameter is ``rotary_pos_emb``."""
     from deepspeed.sequence.layer import DistributedAttention
 
-    def local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    def local(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              count: int = 0) -> torch.Tensor:
+        out = core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), count)
         return out.transpose(1, 2)
 
     layer = DistributedAttention(_Local(local), ctx.group, scatter_idx=2, gather_idx=1)
-    return lambda q, k, v: layer(q, k, v, 0)
+    return lambda q, k, v, count=0: layer(q, k, v, 0, count=count)
 
 
 class _Local(torch.nn.Module):
@@ -157,5 +159,6 @@ class _Local(torch.nn.Module):
         super().__init__()
         self.fn = fn
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.fn(q, k, v)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                count: int = 0) -> torch.Tensor:
+        return self.fn(q, k, v, count)

@@ -107,13 +107,14 @@ class ReplayOptions:
     after), and divides its TFLOPS and tokens per second by the same, as a neighbour's job
     slowing the machine would. Rules that match multiply. Empty: the table as measured."""
 
-    study_check: bool = False
-    """Check the table's rows as a real study of this cluster would: the placement and
-    memory rules exclude rows (a row that ran may be excluded), and each kept row is
-    weighed by its probability of fitting, conditioned on the study's OOMs. ``false``:
-    only the structural rules (every row of the table is a candidate, each fits with
-    probability 1). ``benchmarks/search_efficiency.py`` replays with ``true`` (the
-    memory check on) unless told ``--no-study-check``."""
+    study_check: bool = True
+    """Check the table's rows as a real study of this cluster would (the default, so that
+    a replay behaves as the study it stands for, and ``autotune run`` on a table gives
+    what ``benchmarks/search_efficiency.py`` does): the placement and memory rules
+    exclude rows (a row that ran may be excluded), and each kept row is weighed by its
+    probability of fitting, conditioned on the study's OOMs. ``false``: only the
+    structural rules (every row of the table is a candidate, each fits with probability
+    1), what ``search_efficiency.py --no-study-check`` replays."""
     build_s: float = 60.0
     """Seconds a replayed trial spends before its first step (process start, imports,
     rendezvous, model build), which a table does not record: a failed build (an OOM)

@@ -69,8 +69,10 @@ class ModelConfig:
     """Dropout probability of the runs described (Megatron's ``--attention-dropout`` and
     ``--hidden-dropout``: 0.1 in its defaults, 0 in most LLM recipes). With dropout the
     layers also keep its masks and, with explicit attention, the dropped-out scores
-    (Korthikanti et al. 2022 count both); without, they do not. The built-in trainer trains
-    without dropout and refuses a value above 0."""
+    (Korthikanti et al. 2022 count both); without, they do not. Every workload runs it: the
+    built-in trainer drops out where Megatron does, seeded (``trainer/dropout.py``), and a
+    Megatron-DeepSpeed trial or export passes it as both ``--hidden-dropout`` and
+    ``--attention-dropout``."""
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "hidden", "n_head", "seq_len", "vocab_size"):

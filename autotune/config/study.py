@@ -79,6 +79,11 @@ def check_min_improvement(value: Any, strategy: str) -> float:
     return float(value)
 
 
+TRAINING_STACKS: tuple[str, ...] = ("auto", "deepspeed", "deepspeed-fused-adam", "megatron",
+                                     "megatron-distributed")
+"""``training.stack`` values (``autotune/models/stacks.py`` says what each allocates)."""
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """What one optimizer step is."""
@@ -87,14 +92,24 @@ class TrainingConfig:
     """Sequences per optimizer step (= dp * micro_batch * grad_accum for every layout)."""
     dtype: str = "bf16"
     """``bf16`` on accelerators; ``fp32`` for CPU studies (bf16 is 3-4x slower there)."""
+    stack: str = "auto"
+    """The training stack whose allocations the memory model predicts: ``deepspeed``
+    (DeepSpeed's engine with torch's AdamW, the built-in trainer), ``deepspeed-fused-adam``
+    (DeepSpeed's engine with a fused Adam: Megatron-DeepSpeed with ``--deepspeed``),
+    ``megatron`` (Megatron's own mixed-precision optimizer, no DeepSpeed engine: 18 bytes
+    per parameter in bf16) or ``megatron-distributed`` (with
+    ``--use-distributed-optimizer``: 6 + 12/dp). ``auto``: the workload's
+    (``builtin``: deepspeed; ``megatron-deepspeed``: deepspeed-fused-adam; ``command``:
+    deepspeed)."""
 
     def __post_init__(self) -> None:
         check_int("training.global_batch", self.global_batch, maximum=MAX_GLOBAL_BATCH)
         check_choice("training.dtype", self.dtype, ("bf16", "fp32"))
+        check_choice("training.stack", self.stack, TRAINING_STACKS)
 
     @classmethod
     def from_dict(cls, data: Any) -> TrainingConfig:
-        data = check_keys("training", data, ("global_batch", "dtype"))
+        data = check_keys("training", data, ("global_batch", "dtype", "stack"))
         if "global_batch" not in data:
             raise SpecError("training.global_batch", None, "required: sequences per step")
         return cls(**data)

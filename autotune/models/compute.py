@@ -19,6 +19,13 @@ __all__ = [
     "GEMM_RAMP_S",
     "HOST_SERIAL_FRACTION",
     "attention_core_time_s",
+    "FLASH_BACKWARD_FACTOR",
+    "GEMM_TILES",
+    "flash_backward_extra_s",
+    "flash_forward_time_s",
+    "batched_gemm_time_s",
+    "shaped_gemm_time_s",
+    "wave_efficiency",
     "gemm_efficiency",
     "gemm_time_s",
     "host_exposed_time_s",
@@ -55,13 +62,70 @@ def gemm_time_s(flops: float, peak_flops: float, spec: DeviceSpec) -> float:
     return flops / (peak_flops * gemm_efficiency(flops, peak_flops, spec))
 
 
+GEMM_TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64),
+                                          (64, 128), (64, 64))
+"""Output-tile shapes (rows x columns) the GEMM library chooses among: CUTLASS's and
+cuBLAS's common threadblock tiles for 16-bit tensor-core GEMMs (NVIDIA, "Matrix
+Multiplication Background User's Guide", "Tile quantization" and "Wave quantization":
+256x128 is the guide's worked example on the A100)."""
+
+
+def wave_efficiency(m: int, n: int, spec: DeviceSpec, batch: int = 1) -> float:
+    """Fraction of the device's compute units busy, averaged over a GEMM's waves: an
+    ``m x n`` output of ``t`` tiles on ``u`` units runs ``ceil(t / u)`` waves, the last one
+    partly idle, so ``t / (ceil(t / u) u)`` (wave quantization, NVIDIA's guide above: 108
+    SMs on an A100, so a GEMM of 109 tiles takes two waves). The library is taken to pick
+    the tile of :data:`GEMM_TILES` that fills the device best (its heuristics weigh this
+    with each tile's own efficiency, which :func:`gemm_efficiency`'s ramp prices); partial
+    tiles at the edges count as whole ones (tile quantization). 1 where the device's units
+    are not modelled (``spec.gemm_units`` is ``None``)."""
+    units = spec.gemm_units
+    if not units or m <= 0 or n <= 0:
+        return 1.0
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        useful = batch * m * n / (tm * tn)  # whole tiles' worth of real output
+        best = max(best, useful / (math.ceil(tiles / units) * units))
+    return min(1.0, best)
+
+
+def shaped_gemm_time_s(m: int, n: int, k: int, peak_flops: float, spec: DeviceSpec) -> float:
+    """Time of one ``(m x k) @ (k x n)`` GEMM: :func:`gemm_time_s` of its FLOPs over its
+    :func:`wave_efficiency`. The backward's two GEMMs of a linear layer (input and weight
+    gradients) are priced at the forward's shape (``3x`` the forward, as elsewhere)."""
+    return gemm_time_s(2.0 * m * n * k, peak_flops, spec) / wave_efficiency(m, n, spec)
+
+
+def batched_gemm_time_s(batch: int, m: int, n: int, k: int, peak_flops: float,
+                        spec: DeviceSpec, dtype: str) -> float:
+    """Time of ``batch`` GEMMs of ``(m x k) @ (k x n)`` in one batched kernel: the compute
+    time at :func:`gemm_efficiency` of the kernel's work, or, where longer, the time to
+    read both operands and write the result from HBM once each (the roofline: a kernel's
+    time is at least its bytes over the memory bandwidth; Williams, Waterman and Patterson
+    2009, "Roofline", CACM 52(4)). A GEMM's arithmetic intensity is
+    ``2 m n k / (bytes (m k + k n + m n))``: for the attention scores, ``Q K^T`` per head
+    (``m = n = s``, ``k = h / a``) and ``P V`` (``m = s``, ``n = h / a``, ``k = s``), it is
+    about ``h / a`` FLOP per 16-bit element, 64-128 in GPT models, at or below the ridge
+    of an A100 (312 TFLOPS / 2.0 TB/s = 153 FLOP/B): those GEMMs are bound by memory,
+    which one large GEMM of the same FLOPs is not (NVIDIA, "Matrix Multiplication
+    Background User's Guide", section "Math and memory bounds")."""
+    flops = 2.0 * batch * m * n * k
+    if flops <= 0:
+        return 0.0
+    moved = batch * (m * k + k * n + m * n) * dtype_bytes(dtype)
+    compute = gemm_time_s(flops, peak_flops, spec) / wave_efficiency(m, n, spec, batch)
+    return max(compute, moved / (spec.hbm_gbps * 1e9))
+
+
 def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
                          spec: DeviceSpec, dtype: str) -> float:
     """Forward time of one transformer layer for one micro-batch on one TP rank.
 
     GEMMs (per token: QKV ``2h(h+2kv)/t``, projection ``2h^2/t``, MLP ``2hf/t`` per
     matrix: up and down for GELU, gate, up and down for SwiGLU: :mod:`autotune.models.flops`),
-    each timed with :func:`gemm_efficiency`; the attention core
+    each timed by its shape (:func:`shaped_gemm_time_s`: :func:`gemm_efficiency` and
+    :func:`wave_efficiency`); the attention core
     (:func:`attention_core_time_s`); plus the memory-bound element-wise kernels
     (LayerNorm, bias+dropout+residual: ``11`` tensors of ``s b h``, ``s b h / t`` each with
     sequence parallelism, which runs them on a sequence shard (Korthikanti et al. 2022,
@@ -72,9 +136,11 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     b, s, h, f, t = layout.micro_batch, model.seq_len, model.hidden, model.ffn, layout.tp
     kv = model.kv_heads * model.head_dim
     tokens = b * s
-    mlp = [2 * tokens * h * f / t] * model.mlp_matrices
-    gemms = [2 * tokens * h * (h + 2 * kv) / t, 2 * tokens * h * h / t, *mlp]
-    time = sum(gemm_time_s(w, peak_flops, spec) for w in gemms)
+    # (m, n, k) of each GEMM: QKV and the MLP's up (and gate) column-parallel (n / t), the
+    # projection and the MLP's down row-parallel (k / t); Shoeybi et al. 2019, section 3.
+    ups = [(tokens, f // t, h)] * (model.mlp_matrices - 1)
+    gemms = [(tokens, (h + 2 * kv) // t, h), (tokens, h, h // t), *ups, (tokens, h, f // t)]
+    time = sum(shaped_gemm_time_s(m, n, k, peak_flops, spec) for m, n, k in gemms)
     swiglu = model.mlp == "swiglu"
     mlp_elem = (5 if swiglu else 2) * f / t  # per token: elements read + written
     replicated = 11 * h / t if layout.sequence_parallel else 11 * h
@@ -91,17 +157,52 @@ def attention_core_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     2022, section 5). The two attention matmuls ``2*2 s^2 h / t`` (one fused kernel with
     flash attention) and, with ``model.attention == "explicit"``, the score matrix
     written, soft-maxed and dropped out (~5 passes over ``a s^2 b / t`` elements; 3
-    without dropout)."""
+    without dropout). Explicit attention runs the matmuls as Megatron does, ``b a / t``
+    batched GEMMs of inner dimension ``h / a`` each (``torch.baddbmm`` and
+    ``torch.bmm`` in ``CoreAttention.forward``, deepspeedai/Megatron-DeepSpeed@4efb479
+    ``megatron/model/transformer.py``): :func:`batched_gemm_time_s`."""
     b, s, h, t = layout.micro_batch, model.seq_len, model.hidden, layout.tp
     attn = 4 * b * s * s * h / t
     if model.attention == "flash":
-        return gemm_time_s(attn, peak_flops, spec)
-    time = 2 * gemm_time_s(attn / 2, peak_flops, spec)
+        return flash_forward_time_s(attn, peak_flops, spec)
+    heads = max(1, model.n_head // t)
+    hd = model.head_dim
+    time = (batched_gemm_time_s(b * heads, s, s, hd, peak_flops, spec, dtype)  # Q K^T
+            + batched_gemm_time_s(b * heads, s, hd, s, peak_flops, spec, dtype))  # P V
     # scores written, soft-maxed (read, write); dropout reads them, writes output + mask
     passes = 5 if model.dropout > 0 else 3
     elem_bytes = passes * model.n_head * s * s * b / t * dtype_bytes(dtype)
     n_elementwise = 2 if model.dropout > 0 else 1
     return time + elem_bytes / (spec.hbm_gbps * 1e9) + n_elementwise * spec.kernel_overhead_s
+
+
+FLASH_BACKWARD_FACTOR = 2.5
+"""A fused attention kernel's backward over its forward, in FLOPs: it stores no score
+matrix, so the backward recomputes ``S = Q K^T`` before ``dV = P^T dO``, ``dP = dO V^T``,
+``dQ = dS K`` and ``dK = dS^T Q``: 5 matmuls of ``s^2 d`` against the forward's 2 (Dao et
+al. 2022, FlashAttention, Algorithm 4), not the 2x of an ordinary layer."""
+
+
+def flash_forward_time_s(score_flops: float, peak_flops: float, spec: DeviceSpec) -> float:
+    """Forward time of a fused attention kernel whose two matmuls are ``score_flops`` over
+    the full ``s x s`` square. Where the device has a published kernel efficiency
+    (``spec.flash_efficiency``), the causal kernel skips the blocks above the diagonal
+    (FlashAttention-2, section 3.1.1: half the square's FLOPs) and runs at that efficiency;
+    elsewhere it is priced as one GEMM of the full square (what the model knows)."""
+    if spec.flash_efficiency is None:
+        return gemm_time_s(score_flops, peak_flops, spec)
+    return 0.5 * score_flops / (peak_flops * spec.flash_efficiency)
+
+
+def flash_backward_extra_s(model: ModelConfig, layout: Layout, peak_flops: float,
+                           spec: DeviceSpec, dtype: str) -> float:
+    """What a fused attention kernel's backward costs beyond the 2 forwards charged for
+    every layer (:data:`FLASH_BACKWARD_FACTOR` - 2 forwards of the kernel); zero with
+    explicit attention, whose backward is ordinary GEMMs."""
+    if model.attention != "flash":
+        return 0.0
+    core = attention_core_time_s(model, layout, peak_flops, spec, dtype)
+    return (FLASH_BACKWARD_FACTOR - 2.0) * core
 
 
 def recompute_time_s(model: ModelConfig, layout: Layout, peak_flops: float,

@@ -70,6 +70,7 @@ from enum import Enum
 
 from autotune.config.model import ModelConfig
 from autotune.layout import Layout
+from autotune.models import stacks
 from autotune.models.memory import (
     MemoryEstimate,
     buffer_bytes,
@@ -78,6 +79,7 @@ from autotune.models.memory import (
     runtime_bytes,
     score_transient_bytes,
 )
+from autotune.models.p_fit import fit_probability, log_sigma, oom_conditioned_p_fit
 
 __all__ = ["Verdict", "MemoryUncertainty", "MemoryVerdict", "estimate_uncertainty",
            "grad_accumulation_sigma_bytes", "flat_partition_sigma_bytes",
@@ -276,7 +278,8 @@ def logits_sigma_bytes(model: ModelConfig, layout: Layout, stage: str) -> int:
     return 4 * model.seq_len * layout.micro_batch * math.ceil(model.vocab_size / layout.tp)
 
 
-def buffer_sigma_bytes(model: ModelConfig, layout: Layout, dtype: str, n_params: int) -> int:
+def buffer_sigma_bytes(model: ModelConfig, layout: Layout, dtype: str, n_params: int, *,
+                       stack: str = "deepspeed") -> int:
     """sd of the communication buffers and the optimizer's temporary: half of each.
 
     Each is configuration-dependent (a two-state term, sd ``B/2``): the second gradient
@@ -286,10 +289,12 @@ def buffer_sigma_bytes(model: ModelConfig, layout: Layout, dtype: str, n_params:
     ``runtime/zero/stage_1_and_2.py``); ZeRO-3's gathered layers depend on
     ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``; torch's foreach
     AdamW allocates ``sqrt(v)`` for every updated parameter (``torch/optim/adamw.py``,
-    ``_multi_tensor_adamw``), the fused one does not.
+    ``_multi_tensor_adamw``), the fused one does not. A ``stack`` that is known to have
+    neither (:mod:`autotune.models.stacks`) has no spread here.
     """
-    buf = buffer_bytes(model, layout, dtype, n_params)
-    temp = optimizer_temp_bytes(n_params, layout)
+    buf = buffer_bytes(model, layout, dtype, n_params) if stacks.has_deepspeed_buckets(
+        stack) else 0
+    temp = optimizer_temp_bytes(n_params, layout) if stacks.has_torch_adam_temp(stack) else 0
     return int(math.hypot(buf / 2, temp / 2))
 
 
@@ -330,8 +335,11 @@ def fragmentation_sigma_bytes(layout: Layout, dynamic_bytes: int) -> int:
 
 
 def estimate_uncertainty(model: ModelConfig, layout: Layout, est: MemoryEstimate, *,
-                         dtype: str = "bf16", device: str | None = None) -> MemoryUncertainty:
-    """Each term's sd for the worst stage of ``est`` and their combination.
+                         dtype: str = "bf16", device: str | None = None,
+                         stack: str = "deepspeed") -> MemoryUncertainty:
+    """Each term's sd for the worst stage of ``est`` and their combination. ``stack``
+    (:mod:`autotune.models.stacks`): under Megatron's own optimizer the gradients have one
+    path (its fp32 buffer) and there is no ZeRO partition copy nor DeepSpeed bucket.
 
     The terms are independent mechanisms (a recipe, a kernel, the allocator), so the
     variances add. The stages' errors are not independent (the same recipe and kernels on
@@ -339,14 +347,15 @@ def estimate_uncertainty(model: ModelConfig, layout: Layout, est: MemoryEstimate
     """
     n = est.params_per_rank
     dynamic = est.peak_bytes - est.runtime_bytes
+    megatron = stacks.is_megatron(stack)
     terms = (
-        ("grad_accumulation", grad_accumulation_sigma_bytes(n, layout, dtype)),
-        ("flat_partition", flat_partition_sigma_bytes(n, layout)),
+        ("grad_accumulation", 0 if megatron else grad_accumulation_sigma_bytes(n, layout, dtype)),
+        ("flat_partition", 0 if megatron else flat_partition_sigma_bytes(n, layout)),
         ("activations", activation_sigma_bytes(
             model, layout, dtype, est.activations_bytes,
             measured_sigma_bytes=est.activations_sigma_bytes if est.profiled else None)),
         ("logits", logits_sigma_bytes(model, layout, est.stage)),
-        ("buffers", buffer_sigma_bytes(model, layout, dtype, n)),
+        ("buffers", buffer_sigma_bytes(model, layout, dtype, n, stack=stack)),
         ("runtime", runtime_sigma_bytes(device)),
         ("fragmentation", fragmentation_sigma_bytes(layout, dynamic)),
     )
@@ -357,28 +366,6 @@ def estimate_uncertainty(model: ModelConfig, layout: Layout, est: MemoryEstimate
 # -------------------------------------------------------------- probability and verdict
 
 
-def log_sigma(relative_sigma: float, correction_sigma: float = 0.0) -> float:
-    """sd of ``ln(peak)``: the log-normal with coefficient of variation ``relative_sigma``
-    (``sqrt(ln(1 + cv^2))``), with a correction's log-sd added in quadrature."""
-    return math.sqrt(math.log1p(relative_sigma ** 2) + correction_sigma ** 2)
-
-
-def fit_probability(peak_bytes: float, usable_bytes: float, relative_sigma: float, *,
-                    correction: float = 1.0, correction_sigma: float = 0.0) -> float:
-    """``P(true peak <= usable_bytes)`` with ``ln(peak) ~ N(ln(correction * peak_bytes),
-    s^2)``, ``s`` = :func:`log_sigma` (module docstring). A zero spread gives 0 or 1."""
-    if usable_bytes <= 0:
-        return 0.0
-    median = correction * peak_bytes
-    if median <= 0:
-        return 1.0
-    s = log_sigma(relative_sigma, correction_sigma)
-    z = math.log(usable_bytes / median)
-    if s == 0.0:
-        return 1.0 if z >= 0 else 0.0
-    return 0.5 * math.erfc(-z / (s * math.sqrt(2.0)))
-
-
 def classify_fit(p_fit: float, min_p_fit: float) -> Verdict:
     """*exceeds* below ``min_p_fit``, *fits* at or above ``1 - min_p_fit``, else
     *uncertain*. ``min_p_fit = 0`` never excludes on the prediction alone."""
@@ -387,36 +374,3 @@ def classify_fit(p_fit: float, min_p_fit: float) -> Verdict:
     if p_fit >= 1.0 - min_p_fit:
         return Verdict.FITS
     return Verdict.UNCERTAIN
-
-
-def oom_conditioned_p_fit(headroom_sd: float, oom_headroom_sd: float) -> float:
-    """P(fit) of a layout after a sibling ran out of memory, from both layouts' headroom in
-    sds (:attr:`MemoryVerdict.headroom_sd`, ``z = ln(usable / median) / s``; P(fit) =
-    ``Phi(z)``).
-
-    Siblings (same tp and pp: the same model shard and recipe) share the model's error:
-    taken as one standardised error ``e`` for both, a layout fits when ``e <= z``. The OOM
-    says ``e > z_oom``, so ``P(fit | OOM) = P(z_oom < e <= z) / P(e > z_oom) = 1 -
-    Q(z) / Q(z_oom)`` with ``Q`` the upper tail: a sibling that needs at least as much
-    (``z <= z_oom``) cannot fit (the rule of :func:`autotune.search.dominated_by_oom`), one
-    with much more headroom barely moves. Computed with upper tails, so that two layouts
-    the model is sure of (``P(fit)`` 1 in floating point) still compare.
-
-    >>> round(oom_conditioned_p_fit(3.0902, 2.3263), 3), oom_conditioned_p_fit(1.0, 2.0)
-    (0.9, 0.0)
-    """
-    if not headroom_sd > oom_headroom_sd:
-        return 0.0
-    if math.isinf(headroom_sd):
-        return 1.0
-    q, q_oom = _upper_tail(headroom_sd), _upper_tail(oom_headroom_sd)
-    if q_oom > 0.0:
-        return 1.0 - q / q_oom
-    # Both beyond ~38 sd: the tails' ratio from their asymptote phi(z) / z (Mills ratio).
-    return 1.0 - math.exp(-(headroom_sd ** 2 - oom_headroom_sd ** 2) / 2) * (
-        oom_headroom_sd / headroom_sd)
-
-
-def _upper_tail(z: float) -> float:
-    """``Q(z) = P(e > z)`` of a standard normal, accurate far into the tail (erfc)."""
-    return 0.5 * math.erfc(z / math.sqrt(2.0))

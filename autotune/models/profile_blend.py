@@ -17,6 +17,7 @@ from autotune.config.model import ModelConfig
 from autotune.layout import Layout
 from autotune.models.communication import tp_allreduce_time_s
 from autotune.models.compute import (
+    flash_backward_extra_s,
     host_exposed_time_s,
     host_layer_time_s,
     layer_forward_time_s,
@@ -54,7 +55,8 @@ def layer_terms(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
     layer's shape (:mod:`autotune.models.profile`), else analytic.
 
     Analytic: the forward (:func:`layer_forward_time_s`) counted 3 times (backward = 2
-    forwards; Narayanan et al. 2021, section 3.5) or 4 with recompute, the TP
+    forwards; Narayanan et al. 2021, section 3.5) or 4 with recompute, a fused attention
+    kernel's backward at 2.5 of its forwards (:func:`flash_backward_extra_s`), the TP
     all-reduces (:func:`tp_allreduce_time_s`) and the host time not hidden
     (:func:`host_exposed_time_s`), the device running asynchronously behind the host.
 
@@ -84,6 +86,7 @@ def analytic_layer(model: ModelConfig, layout: Layout, cluster: ClusterConfig,
     spec = cluster.device_spec()
     peak = spec.peak_flops_or_fallback(dtype)
     compute = (3.0 * layer_forward_time_s(model, layout, peak, spec, dtype)
+               + flash_backward_extra_s(model, layout, peak, spec, dtype)
                + recompute_time_s(model, layout, peak, spec, dtype))
     tp_comm = tp_allreduce_time_s(model, layout, spec, tp_link(layout, cluster), dtype,
                                   cluster=cluster)

@@ -11,7 +11,9 @@ verdicts of every layout the memory rule judged. With a :class:`~autotune.models
 calibration.Calibration` (what ``autotune plan`` learned from the study's database:
 :func:`autotune.runner.learning.plan_calibration`), the memory verdicts use the corrected
 budget, ``p_fit`` is conditioned on the study's measured OOMs, each row also carries its
-calibrated peak and throughput, and the header says what it learned from.
+calibrated peak and throughput, and the header says what it learned from. Every row's
+predicted throughput carries its 90% band (:mod:`autotune.planning.band`: the interval of
+the search's residual posterior before any trial, so the band and the search agree).
 :func:`render_plan` prints it as an aligned table, CSV or JSON.
 
 >>> from autotune.spec import load_study
@@ -37,6 +39,7 @@ from autotune.models.calibration import Calibration
 from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
 from autotune.models.memory_uncertainty import Verdict
+from autotune.planning.band import Band, tflops_bands
 from autotune.planning.candidates import Candidate, partition_space, rank_layouts
 from autotune.planning.empty import empty_space_reasons
 from autotune.spec import StudySpec
@@ -65,6 +68,8 @@ class PlanRow:
     """The predicted peak times the memory correction (``None``: no memory rule)."""
     calibrated_tflops: float | None = None
     """The predicted model TFLOPS per device times the throughput correction."""
+    tflops_band: Band | None = None
+    """90% band of the model TFLOPS per device (:func:`autotune.planning.band.tflops_bands`)."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,9 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
                                          constraints)
     ranked = rank_layouts(model, cluster, feasible, dtype=spec.training.dtype,
                           profile=profile, constraints=constraints, ooms=ooms)
-    rows = tuple(_row(spec, constraints, i + 1, c, factor)
+    bands = tflops_bands({c.layout: c.predicted_tflops for c in ranked},
+                         layouts=[c.layout for c in ranked[:top]]) if ranked else {}
+    rows = tuple(_row(spec, constraints, i + 1, c, factor, bands.get(c.layout))
                  for i, c in enumerate(ranked[:top]))
     record, line = None, None
     if calibration is not None:
@@ -161,24 +168,25 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
 
 
 def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate,
-         throughput_factor: float = 1.0) -> PlanRow:
+         throughput_factor: float = 1.0, band: Band | None = None) -> PlanRow:
     dtype, device = spec.training.dtype, spec.cluster.device
     fit = constraints.memory_verdict(cand.layout, spec.model)
     return PlanRow(rank, cand.layout,
                    estimate_step(spec.model, cand.layout, spec.cluster, dtype=dtype,
                                  profile=spec.profile),
                    estimate_memory(spec.model, cand.layout, dtype=dtype, device=device,
-                                   profile=spec.profile),
+                                   profile=spec.profile, stack=spec.training.stack),
                    cand.memory_verdict, cand.p_fit, fit.sigma_bytes if fit else 0,
                    fit.corrected_bytes if fit else None,
-                   cand.predicted_tflops * throughput_factor)
+                   cand.predicted_tflops * throughput_factor, band)
 
 
 _COLUMNS = ("rank", "layout", "tp", "pp", "dp", "micro_batch", "grad_accum", "zero_stage",
             "recompute", "model_tflops_per_device", "step_time_s", "peak_memory_gib",
             "bubble_s", "comm_s", "layer_time", "memory_verdict", "p_fit",
             "peak_memory_sigma_gib", "layer_memory", "calibrated_model_tflops_per_device",
-            "calibrated_peak_memory_gib", "sequence_parallel")
+            "calibrated_peak_memory_gib", "sequence_parallel", "model_tflops_band_low",
+            "model_tflops_band_high")
 
 
 def _row_values(row: PlanRow) -> list[Any]:
@@ -193,7 +201,8 @@ def _row_values(row: PlanRow) -> list[Any]:
             "measured" if row.memory.profiled else "model",
             None if row.calibrated_tflops is None else round(row.calibrated_tflops, 4),
             None if row.calibrated_memory_bytes is None
-            else round(row.calibrated_memory_bytes / GiB, 3), lay.sequence_parallel]
+            else round(row.calibrated_memory_bytes / GiB, 3), lay.sequence_parallel,
+            *([round(x, 4) for x in row.tflops_band] if row.tflops_band else [None, None])]
 
 
 def _fit_cell(row: PlanRow) -> str:
@@ -201,6 +210,23 @@ def _fit_cell(row: PlanRow) -> str:
     if row.memory_verdict is Verdict.FITS:
         return "fits"
     return f"{row.memory_verdict.value} {100 * row.p_fit:.0f}%"
+
+
+def _band_cell(row: PlanRow) -> str:
+    """``61-152``: the 90% band, to the precision of the prediction beside it."""
+    if row.tflops_band is None:
+        return "-"
+    lo, hi = row.tflops_band
+    digits = 0 if hi >= 10 else 4
+    return f"{lo:.{digits}f}-{hi:.{digits}f}"
+
+
+def _cell(row: PlanRow, pick: int) -> Any:
+    if pick == -1:
+        return _fit_cell(row)
+    if pick == -2:
+        return _band_cell(row)
+    return _row_values(row)[pick]
 
 
 def _verdict_line(result: PlanResult) -> str:
@@ -225,6 +251,7 @@ def _to_json(result: PlanResult) -> dict[str, Any]:
         "empty_reasons": list(result.empty_reasons),
         "feasible": [{"rank": r.rank, "layout": r.layout.to_dict(), "key": r.layout.key(),
                       "model_tflops_per_device": r.step.model_tflops_per_device,
+                      "model_tflops_band": list(r.tflops_band) if r.tflops_band else None,
                       "step_time_s": r.step.step_time_s,
                       "peak_memory_bytes": r.memory.peak_bytes,
                       "memory_verdict": r.memory_verdict.value, "p_fit": r.p_fit,
@@ -261,17 +288,17 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
             "by predicted model TFLOPS per device x P(fit)")
     if result.memory_min_p_fit is not None:
         head += "\n" + _verdict_line(result)
-    cols = ["rank", "layout", "TFLOPS/dev", "step_s", "mem_GiB", "+-GiB", "memory",
-            "bubble_s", "comm_s"]
-    picks = [0, 1, 9, 10, 11, 17, -1, 12, 13]
+    cols = ["rank", "layout", "TFLOPS/dev", "90% band", "step_s", "mem_GiB", "+-GiB",
+            "memory", "bubble_s", "comm_s"]
+    picks = [0, 1, 9, -2, 10, 11, 17, -1, 12, 13]
     if result.calibration is not None:
         head += ("\ncalibration: " + result.calibration
                  + " (cal_* columns: the predictions corrected; the ranking is unchanged"
                  " by the throughput factor, the memory verdicts use the correction)")
-        cols[4:4] = ["cal_TFLOPS"]
-        picks[4:4] = [19]
-        cols[6:6] = ["cal_mem"]
-        picks[6:6] = [20]
+        cols[5:5] = ["cal_TFLOPS"]
+        picks[5:5] = [19]
+        cols[7:7] = ["cal_mem"]
+        picks[7:7] = [20]
     if result.profile is not None:
         n = sum(r.step.profiled for r in result.rows)
         n_mem = sum(r.memory.profiled for r in result.rows)
@@ -281,8 +308,7 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
                  "model's for the rest")
         cols += ["layer", "layer_mem"]
         picks += [14, 18]
-    body = format_table(cols, [[_fit_cell(r) if i == -1 else _row_values(r)[i] for i in picks]
-                               for r in result.rows])
+    body = format_table(cols, [[_cell(r, i) for i in picks] for r in result.rows])
     out = [head, "", body if result.rows else "no feasible layout:\n" + "\n".join(
         f"  - {reason}" for reason in result.empty_reasons)]
     if result.excluded:

@@ -8,8 +8,11 @@ calibration key has no world size: device type, dtype, workload; ``docs/models.m
 a 95% interval ``exp(+-1.96 sd)`` of that correction's log-sd. So a measured size also
 shows what its smaller sizes predicted for it, and the error of the extrapolation reads
 off the table; sizes beyond the measured ones are the curve extended. Without a
-measurement below a size its prediction is the cost model's alone (``uncalibrated``: no
-interval, the model states none).
+measurement below a size its prediction is the cost model's alone (``uncalibrated``), with
+the plan's 90% band (:mod:`autotune.planning.band`), and its efficiency against the base's
+prediction carries the band of that ratio under the same prior
+(:func:`~autotune.planning.band.ratio_band`: the overall scale cancels, the axes the two
+layouts differ in do not).
 
 Efficiency (:func:`autotune.scaling.sizes.scaling_efficiency`) is against the smallest
 size's measured per-device throughput where it was measured, else its prediction.
@@ -25,7 +28,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.energy import energy_text
+from autotune.layout import Layout
 from autotune.models.flops import model_flops_per_step
+from autotune.planning.band import ratio_band
 from autotune.report.tables import format_table
 from autotune.scaling.sizes import ScalingRequest, scaling_efficiency, size_spec
 from autotune.spec import StudySpec
@@ -67,6 +72,8 @@ class ScalingRow:
     efficiency_high: float | None = None
     calibrated_on: str = ""
     """Predicted rows: the measured sizes the correction rests on (``""``: uncalibrated)."""
+    layout: Layout | None = None
+    """Predicted rows: the best layout itself (for the efficiency's band)."""
     energy_j_per_step: float | None = None
     energy_source: str | None = None
     joules_per_token: float | None = None
@@ -152,13 +159,13 @@ def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingReq
             top = plan.rows[0]
             tflops = top.calibrated_tflops if cal is not None and top.calibrated_tflops \
                 else top.step.model_tflops_per_device
-            low = high = None
+            low, high = top.tflops_band if cal is None and top.tflops_band else (None, None)
             if cal is not None and cal.throughput.n:
                 spread = math.exp(Z_95 * cal.throughput.sd)
                 low, high = tflops / spread, tflops * spread
             row = replace(row, best_layout=top.layout.key(), model_tflops_per_device=tflops,
                           tokens_per_s=_tokens_per_s(at, tflops, devices),
-                          tflops_low=low, tflops_high=high,
+                          tflops_low=low, tflops_high=high, layout=top.layout,
                           calibrated_on=",".join(str(s) for s in below) if cal else "")
         out.append(row)
     return out
@@ -178,11 +185,22 @@ def with_efficiency(rows: Sequence[ScalingRow], request: ScalingRequest) -> list
 
     model_base = figure("predicted", False) or figure("predicted")
     measured_base = figure("measured") or model_base
+    base_row = next((r for r in rows if r.size == request.base and r.source == "predicted"
+                     and not r.calibrated_on), None)
+    base_layout = base_row.layout if base_row is not None else None
     out = []
     for r in rows:
-        ref = model_base if r.source == "predicted" and not r.calibrated_on else measured_base
+        uncalibrated = r.source == "predicted" and not r.calibrated_on
+        ref = model_base if uncalibrated else measured_base
         if r.model_tflops_per_device is None or not ref:
             out.append(r)
+            continue
+        if uncalibrated and base_layout is not None and r.layout is not None:
+            # The model's own curve: the band of the ratio, not of either prediction.
+            low, high = (1.0, 1.0) if r is base_row else ratio_band(
+                (base_layout, ref), (r.layout, r.model_tflops_per_device))
+            out.append(replace(r, efficiency=scaling_efficiency(r.model_tflops_per_device, ref),
+                               efficiency_low=low, efficiency_high=high))
             continue
         out.append(replace(
             r, efficiency=scaling_efficiency(r.model_tflops_per_device, ref),

@@ -134,6 +134,12 @@ MODEL_FLAGS: dict[str, str] = {
 """Model flags: added from the study's ``model`` when the user does not give them, and
 when given they must agree with it (the score's FLOPs are the study model's)."""
 
+DROPOUT_FLAGS = ("--hidden-dropout", "--attention-dropout")
+"""Megatron's two dropout probabilities (``megatron/arguments.py``: both default to 0.1),
+both ``model.dropout``: added when the user does not give them, so a trial runs the
+dropout the study predicts memory and time for (without them Megatron drops out at 0.1
+whatever the study says); when given they must agree with it."""
+
 
 def layout_args(layout: Layout, *, dtype: str, use_mics: bool = False) -> list[str]:
     """The flags that say the layout (and the precision) in Megatron-DeepSpeed's words;
@@ -210,6 +216,8 @@ def model_args(model: ModelConfig, *, given: Sequence[str] = (),
         out += [flag, str(values[attr])]
     if "--max-position-embeddings" not in have:
         out += ["--max-position-embeddings", str(model.seq_len)]
+    out += [item for flag in DROPOUT_FLAGS if flag not in have
+            for item in (flag, f"{model.dropout:g}")]
     if model.mlp == "swiglu" and "--swiglu" not in have:
         out.append("--swiglu")  # Megatron's gated MLP (3 matrices of ffn_hidden)
     fused = flash_attention_flag(device)
@@ -235,6 +243,13 @@ def _model_values(model: ModelConfig) -> dict[str, int]:
             "seq_len": model.seq_len, "ffn_hidden": model.ffn, "n_kv_head": model.kv_heads}
 
 
+def _probability(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
 def _name(arg: str) -> str:
     return arg.split("=", 1)[0] if arg.startswith("--") else arg
 
@@ -257,10 +272,14 @@ def model_mismatch(args: Sequence[str], model: ModelConfig) -> tuple[int, str, s
         name = _name(arg)
         if name == "--swiglu" and model.mlp != "swiglu":
             return i, "--swiglu", f"model.mlp {model.mlp!r}"
-        if name not in MODEL_FLAGS:
+        if name not in MODEL_FLAGS and name not in DROPOUT_FLAGS:
             continue
         value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args)
                                                           else "")
+        if name in DROPOUT_FLAGS:
+            if _probability(value) != model.dropout:
+                return i, f"{name} {value}", f"model.dropout {model.dropout:g}"
+            continue
         attr = MODEL_FLAGS[name]
         if value != str(values[attr]):
             return i, f"{name} {value}", f"model.{attr} {values[attr]}"

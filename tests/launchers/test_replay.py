@@ -98,3 +98,11 @@ def test_a_spec_of_another_model_is_refused_naming_the_dimension(group, tmp_path
     with pytest.raises(LaunchError, match=rf"model n_layer {group.model.n_layer} \(study: "):
         ReplayLauncher(group).run(TrialSpec(other, group.best().layout),
                                   TrialPaths(tmp_path / "t"), timeout_s=5)
+
+
+def test_a_replay_checks_its_rows_as_a_real_study_by_default() -> None:
+    from autotune.config.launcher import ReplayOptions
+
+    assert ReplayOptions.from_dict({"landscape": "t.csv"}).study_check is True
+    assert ReplayOptions.from_dict({"landscape": "t.csv", "study_check": False}
+                                   ).study_check is False

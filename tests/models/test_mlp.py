@@ -95,7 +95,7 @@ def test_cost_layer_time_adds_one_gemm_and_the_gating_traffic() -> None:
 
     # one more 2 h f / t GEMM; SiLU + product read/write 5 f/t per token where bias+GELU
     # reads/writes 2 f/t (2 bytes each); one more element-wise kernel
-    extra = (compute.gemm_time_s(2 * tokens * h * f / t, peak, perf)
+    extra = (compute.shaped_gemm_time_s(tokens, f // t, h, peak, perf)
              + tokens * 3 * f / t * 2 / (perf.hbm_gbps * 1e9) + perf.kernel_overhead_s)
     assert math.isclose(fwd(m) - fwd(replace(m, mlp="gelu")), extra, rel_tol=1e-9)
     cluster_est = cost.estimate_step(m, layout, _a100())

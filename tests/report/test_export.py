@@ -67,6 +67,10 @@ def test_megatron_deepspeed_args_match_the_layout(lay: Layout, dtype: str) -> No
     assert args["--seq-length"] == args["--max-position-embeddings"] == "2048"
     assert MODEL["n_head"] % lay.tp == 0  # heads split evenly over tensor-parallel ranks
     assert "--swiglu" not in args
+    # The study's dropout, spelled out (Megatron's default for both would be 0.1).
+    assert args["--hidden-dropout"] == args["--attention-dropout"] == "0"
+    dropped = _parse(megatron_deepspeed_args(lay, dtype=dtype, model={**MODEL, "dropout": 0.1}))
+    assert dropped["--hidden-dropout"] == dropped["--attention-dropout"] == "0.1"
     gated = megatron_deepspeed_args(lay, dtype=dtype, model={**MODEL, "mlp": "swiglu"})
     assert gated.count("--swiglu") == 1
     assert not set(args) & set(FLASH_FLAGS)  # no device: no fused-attention flag

@@ -149,9 +149,18 @@ def test_plan_extends_the_175b_curve_to_128_nodes(mode: str, centre: int,
     lines = [ln.split() for ln in out.splitlines() if ln.split()[:1] in (["16"], ["32"],
                                                                         ["64"], ["128"])]
     assert [ln[0] for ln in lines] == ["16", "32", "64", "128"]
-    assert all(ln[3] == "predicted" for ln in lines) and lines[0][7] == "100%"
-    effs = [float(ln[7].rstrip("%")) for ln in lines]
+    # TFLOPS/dev and the efficiency each carry a 90% band: "101.3 [11.5-890]",
+    # "99% [41%-238%]" (planning/band.py: the ratio's band has no overall scale in it).
+    assert all(ln[3] == "predicted" for ln in lines) and lines[0][8] == "100%"
+    effs = [float(ln[8].rstrip("%")) for ln in lines]
     assert all(0 < e <= 100 for e in effs) and effs == sorted(effs, reverse=True)
+    for ln, eff in zip(lines[1:], effs[1:], strict=True):
+        low, high = (float(x.rstrip("%")) for x in ln[9].strip("[]").split("-"))
+        assert low < eff < high
+        tf = float(ln[5])
+        tf_low, tf_high = (float(x) for x in ln[6].strip("[]").split("-"))
+        assert tf_low < tf < tf_high
+        assert high / low < tf_high / tf_low  # the overall scale cancels in the ratio
     assert lines[-1][-1] == f"{centre}%"  # the centre's figure beside the prediction
     assert main(["plan", study, "--scaling", mode, "--nodes", "16,128", "--format",
                  "csv"]) == 0

@@ -35,7 +35,7 @@ def test_all_layout_reasons_are_reported(tmp_path: Path) -> None:
     ("model", "n_head", 5, "model.n_head"),
     ("layout", "zero_stage", 7, "layout.zero_stage"),
     ("model", "attention", "sparse", "model.attention"),
-    ("model", "dropout", 0.1, "model.dropout"),  # valid, but this trainer has no dropout
+    ("model", "dropout", 1.0, "model.dropout"),  # a probability below 1
 ])
 def test_invalid_values_name_the_field(tmp_path: Path, section: str, key: str, value: object,
                                        field: str) -> None:

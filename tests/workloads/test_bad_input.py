@@ -105,11 +105,15 @@ def test_megatron_model_flags_must_agree_with_the_study_model(tmp_path: Path) ->
                      "args": ["--data-path", "x", "--num-layers", "2", "--hidden-size", "32"]})
 
 
-def test_dropout_is_allowed_for_a_foreign_workload_only(tmp_path: Path) -> None:
+def test_dropout_is_allowed_for_every_workload(tmp_path: Path) -> None:
     model = {"n_layer": 2, "hidden": 32, "n_head": 4, "seq_len": 16, "vocab_size": 64,
              "dropout": 0.1}
+    study = parse_study(yaml.safe_load(write_study(tmp_path / "a.yaml", model=model)
+                                       .read_text()))
+    assert study.model.dropout == 0.1 and study.workload.kind == "builtin"
     with pytest.raises(SpecError, match=r"model\.dropout"):
-        parse_study(yaml.safe_load(write_study(tmp_path / "a.yaml", model=model).read_text()))
+        parse_study(yaml.safe_load(write_study(tmp_path / "c.yaml",
+                                               model={**model, "dropout": 1.0}).read_text()))
     path = write_study(tmp_path / "b.yaml", model=model,
                        workload={"kind": "command", "argv": [sys.executable, "-c", "pass"]})
     assert parse_study(yaml.safe_load(path.read_text())).workload.kind == "command"

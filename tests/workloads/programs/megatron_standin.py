@@ -120,6 +120,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--recompute-granularity", choices=("full", "selective"), default=None)
     p.add_argument("--recompute-method", choices=("uniform", "block"), default=None)
     p.add_argument("--recompute-num-layers", type=int, default=1)
+    p.add_argument("--hidden-dropout", type=float, default=0.1)  # Megatron's defaults
+    p.add_argument("--attention-dropout", type=float, default=0.1)
     p.add_argument("--deepspeed_config", required=True)
     p.add_argument("--data-path", required=True)
     p.add_argument("--standin-fork", choices=("deepspeedai", "argonne", "argonne-old", "pipe"),

@@ -1,0 +1,103 @@
+"""Which training stack allocates the model states, and how: the per-stack memory terms.
+
+The same layout allocates differently under different training stacks; the memory model
+(:func:`autotune.models.memory.estimate_memory`) asks this module for the terms that
+differ. A study says which stack runs (``training.stack``; ``auto`` resolves from its
+workload: :func:`resolve_stack`), a replayed table which stack measured it.
+
+``deepspeed``
+    DeepSpeed's engine with ``torch.optim.AdamW``, as the built-in trainer runs it
+    (``trainer/engine.py``: ``"torch_adam": true``): ZeRO's model states with DeepSpeed's
+    optimizer wrappers (:func:`autotune.models.memory.model_state_bytes`), its gradient
+    buckets, and the ``sqrt(v)`` temporary of torch's multi-tensor AdamW
+    (:func:`autotune.models.memory.optimizer_temp_bytes`).
+``deepspeed-fused-adam``
+    DeepSpeed's engine with a fused Adam, as Megatron-DeepSpeed runs under ``--deepspeed``
+    (``megatron/optimizer/__init__.py`` ``get_megatron_optimizer``: apex's ``FusedAdam`` on
+    CUDA, DeepSpeed's with ``--ds-fused-adam``, handed to ``deepspeed.initialize``;
+    deepspeedai/Megatron-DeepSpeed@4efb479). A fused Adam updates the states in place in
+    one multi-tensor kernel: no per-parameter temporary.
+``megatron``
+    Megatron's own mixed-precision optimizer, no DeepSpeed engine
+    (``Float16OptimizerWithFloat16Params``, ``megatron/optimizer/optimizer.py``): 16-bit
+    weights (2 bytes), gradients accumulated in the local DDP's contiguous fp32 buffer,
+    ``param.main_grad`` (4 bytes: bf16 forces ``accumulate_allreduce_grads_in_fp32``,
+    ``megatron/arguments.py``; ``MemoryBuffer`` in ``megatron/model/distributed.py``),
+    which is all-reduced in place (no separate bucket), an fp32 main copy of the weights
+    and Adam's two fp32 moments (12 bytes): 18 bytes per parameter, none sharded. fp32
+    training: 4 + 4 + 8 (the weights are their own main copy).
+``megatron-distributed``
+    The same with ``--use-distributed-optimizer`` (``DistributedOptimizer``,
+    ``megatron/optimizer/distrib_optimizer.py``: each data-parallel rank keeps the fp32
+    main copy and Adam states of its ``1/dp`` shard of the grad buffer): 2 + 4 + 12/dp.
+
+Megatron's own optimizer has no ZeRO: under the two ``megatron`` stacks the layout's
+``zero_stage`` does not change what is allocated.
+"""
+
+from __future__ import annotations
+
+from autotune.config.study import TRAINING_STACKS
+from autotune.layout import Layout
+
+__all__ = ["STACKS", "AUTO", "REPLAY_STACK", "resolve_stack", "megatron_state_bytes",
+           "has_torch_adam_temp", "has_deepspeed_buckets", "is_megatron"]
+
+AUTO = "auto"
+STACKS: tuple[str, ...] = tuple(s for s in TRAINING_STACKS if s != AUTO)
+
+_BY_WORKLOAD: dict[str, str] = {
+    "builtin": "deepspeed",
+    # autotune's Megatron-DeepSpeed trials always pass --deepspeed
+    # (autotune.workloads.megatron.trial_args).
+    "megatron-deepspeed": "deepspeed-fused-adam",
+    # A program of the user's own: the conservative states (the DeepSpeed engine with the
+    # temporaries); training.stack says otherwise.
+    "command": "deepspeed",
+}
+
+
+REPLAY_STACK = "deepspeed-fused-adam"
+"""The stack that measured a replayed table: both formats the loader reads, vTrain's and
+ALCF's AuroraGPT notes, are Megatron-DeepSpeed runs under DeepSpeed's engine
+(``data/landscapes/README.md``)."""
+
+
+def resolve_stack(stack: str, workload_kind: str, *, replay: bool = False) -> str:
+    """``stack`` itself, or for ``auto`` the stack ``workload_kind`` runs (a replayed
+    table's, :data:`REPLAY_STACK`, with ``replay``).
+
+    >>> resolve_stack("auto", "megatron-deepspeed"), resolve_stack("megatron", "builtin")
+    ('deepspeed-fused-adam', 'megatron')
+    """
+    if stack != AUTO:
+        return stack
+    if replay:
+        return REPLAY_STACK
+    return _BY_WORKLOAD.get(workload_kind, "deepspeed")
+
+
+def is_megatron(stack: str) -> bool:
+    """Whether Megatron's own optimizer holds the model states (no DeepSpeed engine)."""
+    return stack in ("megatron", "megatron-distributed")
+
+
+def megatron_state_bytes(n_params: int, layout: Layout, dtype: str,
+                         stack: str) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) bytes of ``n_params`` under Megatron's own
+    optimizer (module docstring): 2 + 4 + 12 per parameter in bf16, the 12 over ``dp``
+    with the distributed optimizer; fp32: 4 + 4 + 8 (8 over ``dp``)."""
+    w_b, g_b, o_b = (4, 4, 8) if dtype == "fp32" else (2, 4, 12)
+    shard = layout.dp if stack == "megatron-distributed" else 1
+    return n_params * w_b, n_params * g_b, int(n_params * o_b / shard)
+
+
+def has_torch_adam_temp(stack: str) -> bool:
+    """Whether the optimizer step allocates torch multi-tensor AdamW's ``sqrt(v)`` per
+    updated parameter (the ``deepspeed`` stack: the built-in trainer's optimizer)."""
+    return stack == "deepspeed"
+
+
+def has_deepspeed_buckets(stack: str) -> bool:
+    """Whether DeepSpeed's gradient buckets exist (its engine runs the reduction)."""
+    return not is_megatron(stack)

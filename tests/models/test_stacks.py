@@ -1,0 +1,79 @@
+"""Memory by training stack (``autotune/models/stacks.py``): what each allocates per
+parameter, and which stack a study resolves to."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config.model import ModelConfig
+from autotune.config.study import TrainingConfig
+from autotune.errors import SpecError
+from autotune.feasibility import MemoryBudget
+from autotune.hardware import get_device
+from autotune.layout import Layout
+from autotune.models.memory import estimate_memory, optimizer_temp_bytes
+from autotune.models.stacks import REPLAY_STACK, STACKS, resolve_stack
+from autotune.spec import parse_study
+
+# A 3.7B GPT in pure data parallelism on 64 A100 80GB, full recompute, no ZeRO.
+GPT_3_6B = ModelConfig(n_layer=30, hidden=3072, n_head=32, seq_len=2048, vocab_size=51200,
+                       attention="explicit", dropout=0.1)
+PURE_DP = Layout(tp=1, pp=1, dp=64, micro_batch=1, grad_accum=1, zero_stage=0,
+                 recompute="full")
+
+
+def _states(stack: str, layout: Layout = PURE_DP) -> tuple[int, int]:
+    est = estimate_memory(GPT_3_6B, layout, dtype="bf16", device="a100-80gb", stack=stack)
+    return est.model_state_bytes, est.params_per_rank
+
+
+def test_megatron_optimizer_keeps_18_bytes_and_the_distributed_one_6_plus_12_over_dp() -> None:
+    states, n = _states("megatron")
+    assert states == 18 * n  # bf16 weights, fp32 main_grad, fp32 main copy + 2 moments
+    states, n = _states("megatron-distributed")
+    assert states == pytest.approx((6 + 12 / 64) * n, rel=1e-9)
+    deepspeed, n = _states("deepspeed")
+    assert deepspeed == 20 * n  # ZeRO-0 bf16: + the fp32 accumulation buffer (2 + 6 + 12)
+    # Megatron has no ZeRO: the stage does not change what it allocates.
+    assert _states("megatron", Layout(**{**PURE_DP.to_dict(), "zero_stage": 1}))[0] == 18 * n
+
+
+def test_only_torch_adamw_has_its_temporary_and_only_deepspeed_its_buckets() -> None:
+    ests = {s: estimate_memory(GPT_3_6B, PURE_DP, dtype="bf16", device="a100-80gb", stack=s)
+            for s in STACKS}
+    n = ests["deepspeed"].params_per_rank
+    assert (ests["deepspeed"].buffers_bytes - ests["deepspeed-fused-adam"].buffers_bytes
+            == optimizer_temp_bytes(n, PURE_DP))
+    assert ests["megatron"].buffers_bytes == 0 < ests["deepspeed-fused-adam"].buffers_bytes
+
+
+def test_the_fastest_pure_dp_rows_fit_under_the_stack_that_ran_them() -> None:
+    """The built-in trainer's stack predicts 88 GiB and P(fit) ~0.16 on 80 GB; under a
+    fused Adam or Megatron's own optimizer the layout is likelier than not to fit."""
+    cap = get_device("a100-80gb").memory_bytes
+    p = {s: MemoryBudget(cap, dtype="bf16", device="a100-80gb", stack=s)
+         .verdict(GPT_3_6B, PURE_DP).p_fit for s in STACKS}
+    assert p["deepspeed"] < 0.25
+    assert p["deepspeed"] < p["deepspeed-fused-adam"] < p["megatron"] < p["megatron-distributed"]
+    assert p["deepspeed-fused-adam"] > 0.5 and p["megatron"] > 0.9
+
+
+def _study(**extra: object) -> dict:
+    return {"model": {"preset": "tiny"}, "cluster": {"device": "cpu"},
+            "training": {"global_batch": 4, "dtype": "fp32"}, **extra}
+
+
+def test_auto_resolves_from_the_workload_or_the_table(tmp_path) -> None:
+    assert parse_study(_study()).training.stack == "deepspeed"
+    csv = tmp_path / "t.csv"
+    csv.write_text("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
+                   "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
+                   "iteration time (ms)\n1,4,1,64,4,4,64,1,1,1,10\n")
+    replay = parse_study(_study(launcher={"kind": "replay", "replay": {"landscape": str(csv)}}))
+    assert replay.training.stack == REPLAY_STACK == "deepspeed-fused-adam"
+    assert resolve_stack("auto", "megatron-deepspeed") == "deepspeed-fused-adam"
+    given = _study()
+    given["training"]["stack"] = "megatron-distributed"
+    assert parse_study(given).training.stack == "megatron-distributed"
+    with pytest.raises(SpecError, match=r"training\.stack: got 'apex'"):
+        TrainingConfig(global_batch=4, stack="apex")

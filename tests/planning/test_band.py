@@ -1,0 +1,52 @@
+"""The 90% band of a predicted throughput is the search's residual posterior."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune.layout import Layout
+from autotune.planning.band import BAND_Z, tflops_bands
+from autotune.search._base import Observation
+from autotune.search._residual import ResidualStrategy
+
+LAYOUTS = [Layout(tp=t, pp=p, dp=8 // (t * p), micro_batch=1, grad_accum=8)
+           for t in (1, 2, 4) for p in (1, 2)]
+PREDICTED = {lay: 100.0 / (lay.tp * lay.pp) ** 0.3 for lay in LAYOUTS}
+
+
+def test_band_holds_the_prediction_and_is_the_posterior_interval() -> None:
+    bands = tflops_bands(PREDICTED)
+    mean, sd = ResidualStrategy(predict=PREDICTED.__getitem__).posterior(
+        LAYOUTS, [], LAYOUTS)
+    for lay, m, s in zip(LAYOUTS, mean, sd, strict=True):
+        lo, hi = bands[lay]
+        assert lo < PREDICTED[lay] < hi
+        assert math.log(hi) - math.log(lo) == pytest.approx(2 * BAND_Z * s)
+        assert math.sqrt(lo * hi) == pytest.approx(math.exp(m))
+
+
+def test_a_measured_trial_moves_and_narrows_the_band() -> None:
+    before = tflops_bands(PREDICTED)
+    measured = LAYOUTS[0]
+    history = [Observation(measured, "ok", PREDICTED[measured] / 2)]
+    after = tflops_bands(PREDICTED, history=history)
+    for lay in LAYOUTS:
+        assert after[lay][1] / after[lay][0] < before[lay][1] / before[lay][0]
+    # The model was twice too optimistic there: the band of every layout moves down.
+    assert math.sqrt(after[measured][0] * after[measured][1]) < PREDICTED[measured]
+
+
+def test_ratio_band_has_no_overall_scale_and_widens_with_the_axes_that_differ() -> None:
+    from autotune.planning.band import ratio_band
+    from autotune.search._residual import LAYOUT_SD, TREND_SD
+
+    a = Layout(tp=2, pp=4, dp=2, micro_batch=1, grad_accum=8)
+    lo, hi = ratio_band((a, 100.0), (a, 100.0))
+    assert math.log(hi / lo) == pytest.approx(2 * BAND_Z * math.sqrt(2) * LAYOUT_SD)
+    b = Layout(tp=2, pp=4, dp=16, micro_batch=1, grad_accum=8)
+    lo8, hi8 = ratio_band((a, 100.0), (b, 90.0))
+    assert lo8 < 0.9 < hi8 and hi8 / lo8 > hi / lo
+    expected = math.sqrt(2 * LAYOUT_SD**2 + (3 * TREND_SD) ** 2 + (0.5 * math.log(0.9)) ** 2)
+    assert math.log(hi8 / lo8) == pytest.approx(2 * BAND_Z * expected)
