@@ -355,7 +355,8 @@ def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: s
                            "cluster": cluster, "global_batch": gb, "rows": []}
         g = groups[key]
         try:
-            variant, shard = zero_variant_of(row.values.get("zero_variant", ""), devices // nodes)
+            variant, shard = zero_variant_of(row.values.get("zero_variant", ""), devices // nodes,
+                                             dp)
         except ValueError:
             raise row._err("zero_variant", ZERO_VARIANT_FORM) from None
         layout = row.build("layout", Layout, tp=tp, pp=pp, dp=dp, micro_batch=mb,
