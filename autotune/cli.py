@@ -64,6 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from autotune.launchers import make_launchers
+    from autotune.runner.confirm_options import confirm_overrides, unconfirmed_note
     from autotune.runner.progress import Progress, best_line, stop_message, trials_table
     from autotune.runner.study import run_study
     from autotune.spec import load_study
@@ -76,6 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = replace(spec, search=replace(spec.search, n_trials=args.n_trials))
     if args.no_learn:
         spec = replace(spec, search=replace(spec.search, learn_from_database=False))
+    spec = confirm_overrides(spec, no_confirm=args.no_confirm, budget=args.confirm_budget)
     # first: a bad launcher section touches no database
     launchers = make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,
                                source=spec.source, workload=spec.workload)
@@ -95,8 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(table)
     progress.message(stop_message(summary.stopped_by, n_trials=n, reason=summary.stop_reason))
     if summary.best is not None:
-        print(best_line(summary.best))
-    if summary.stopped_by == "interrupt":
+        print(best_line(summary.best) + unconfirmed_note(summary.stopped_by))
+    if summary.stopped_by in ("interrupt", "confirm_interrupt"):
         return EXIT_INTERRUPT
     if summary.stopped_by == "broken_program":
         print(f"autotune: {summary.stop_reason}", file=sys.stderr)
@@ -298,6 +300,8 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 # -- parser ---------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
+    from autotune.runner.confirm_options import add_confirm_arguments
+
     p = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -309,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=_positive_float, metavar="S",
                    help="stop launching new trials after S seconds")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_confirm_arguments(r)
     r.add_argument("--retry-failed", action="store_true",
                    help="resume a study stopped because its trials failed alike "
                    "(search.stop_on_repeated_error), measuring those layouts again")

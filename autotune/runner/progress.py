@@ -31,6 +31,11 @@ _STOP_MESSAGES = {
     "strategy": "search stopped: {reason}",
     "timeout": "wall-time budget reached (run again to continue)",
     "interrupt": "interrupted: the running trial was killed and will be retried",
+    "confirm_interrupt": "interrupted in the confirmation round: the best below is the "
+                         "single pass's, unconfirmed; the next run goes on from the stored "
+                         "rounds",
+    "confirm_timeout": "wall-time budget reached in the confirmation round: the best below "
+                       "is the single pass's, unconfirmed (run again to continue)",
     "sigterm": "stopped by SIGTERM: the running trial will be retried",
     "node_failure": "a node of the allocation died: its trial will be retried on healthy "
                     "nodes (run again in a new allocation)",
