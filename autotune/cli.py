@@ -83,7 +83,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                source=spec.source, workload=spec.workload)
     storage = open_storage(spec.storage, connections=len(launchers))
     n = spec.search.n_trials
-    progress = Progress(total=n, enabled=not args.quiet)
+    progress = Progress(total=n, enabled=not args.quiet, confirm_share=spec.search.confirm_budget
+                        if spec.search.confirm >= 2 else 0.0)
     progress.message(f"study {spec.name!r}: {spec.model.name} ({spec.model.n_params() / 1e6:.1f}M "
                      f"params) on {spec.cluster.nodes} x {spec.cluster.devices_per_node} "
                      f"{spec.cluster.device}; workload {spec.workload.kind}; budget {n} trials; "

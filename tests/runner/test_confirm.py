@@ -80,10 +80,11 @@ def _key(spec: StudySpec, mb: int, tp: int) -> str:
     return next(lay.key() for lay in table if lay.micro_batch == mb and lay.tp == tp)
 
 
-def _run(spec: StudySpec, storage: Storage | None = None) -> tuple[Any, optuna.Study]:
+def _run(spec: StudySpec, storage: Storage | None = None,
+         **kw: Any) -> tuple[Any, optuna.Study]:
     storage = storage or open_storage(spec.storage)
     launcher = make_launcher(spec.launcher, spec.model, spec.cluster, spec.training)
-    summary = run_study(spec, storage, launcher)
+    summary = run_study(spec, storage, launcher, **kw)
     return summary, optuna.load_study(study_name=spec.name, storage=storage.optuna)
 
 
