@@ -174,3 +174,48 @@ def test_the_eta_includes_the_confirmation_round() -> None:
     assert 99 <= shown[0.0] <= 130
     # The round may spend a quarter of the search's (about 200 s) on top of the trial left.
     assert shown[0.25] == pytest.approx(shown[0.0] * 1.5, abs=2)
+
+
+def test_equally_fast_candidates_are_named_equivalent_and_the_cost_is_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    import json
+
+    from autotune.report import analysis as an
+    from autotune.report.frames import measurements_frame
+    from autotune.report.results import format_statuses, study_status
+    from autotune.storage.confirmations import confirmation_cost
+    from tests.runner import test_confirm
+
+    # Two layouts exactly as fast (a replayed table: every step alike).
+    monkeypatch.setattr(test_confirm, "ROWS", [(4, 8, 1, 2, 2, 1, 100.0),
+                                               (4, 8, 2, 2, 2, 1, 100.0),
+                                               (4, 8, 1, 4, 1, 1, 130.0)])
+    spec = _study(tmp_path, confirm=3)
+    storage = open_storage(spec.storage)
+    summary, study = _run(spec, storage)
+    record = summary.confirmation
+    assert record is not None and record["state"] == "decided"
+    assert record["equivalent"] and not record["distinguishable"]
+    single_pass = max((t for t in study.get_trials() if t.value is not None),
+                      key=lambda t: (t.value, -t.number))
+    assert record["winner"] == single_pass.user_attrs["layout"]  # the single pass's, kept
+    other = record["equivalent_to"]
+    assert other != record["winner"]
+    assert main(["best", str(spec.source), "--emit", "json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["equivalence"] == f"equivalent to {other} within ±0.0%"
+    assert f"equivalent to {other} within ±0.0%" in out.err
+    # The report's tuning cost counts the round's runs and device-seconds.
+    cost = confirmation_cost(storage, spec.name)
+    assert cost.runs == 4 and cost.launches == 4
+    assert cost.device_s == pytest.approx(record["device_s"], abs=1e-3)
+    meas = measurements_frame(storage.engine, study_name=spec.name)
+    table = an.tuning_cost(meas, (cost.runs, cost.wall_s, cost.device_s))
+    assert "confirmation round" in set(table["outcome"])
+    trials_only = an.tuning_cost(meas)
+    assert table["device_hours"].iloc[-1] == pytest.approx(
+        trials_only["device_hours"].iloc[-1] + cost.device_s / 3600.0)
+    # Stale, the note says what the next run really does with unchanged candidates.
+    study.set_user_attr("confirmation", {**record, "complete_trials": 2})
+    assert "unchanged, it keeps this verdict and measures nothing" in format_statuses(
+        [study_status(study)])
