@@ -99,7 +99,7 @@ def test_the_device_budget_ends_the_round_and_the_single_pass_best_stands(
     # about a candidate trial's cost) does not fit, so nothing is measured.
     spec = _study(tmp_path / "tight", confirm=3, drift=drift, budget=0.1)
     storage = open_storage(spec.storage)
-    summary, study = _run(spec, storage)
+    summary, _ = _run(spec, storage)
     record = summary.confirmation
     assert record is not None and record["state"] == "budget"
     assert record["launches"] == 0 and record["device_s"] == 0.0
