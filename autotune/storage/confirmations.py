@@ -20,7 +20,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from autotune.storage import _optuna_rdb as rdb
 from autotune.storage.leases import dead_here, utcnow
@@ -175,8 +175,6 @@ class ConfirmationCost:
 
 def confirmation_cost(storage: Storage, study_name: str) -> ConfirmationCost:
     """The study's confirmation rounds' cost, for the report's tuning cost."""
-    from sqlalchemy import func
-
     with storage.session() as s:
         launches, device_s = s.execute(select(
             func.coalesce(func.sum(Confirmation.launches), 0),
@@ -185,4 +183,5 @@ def confirmation_cost(storage: Storage, study_name: str) -> ConfirmationCost:
         runs, wall = s.execute(select(func.count(ConfirmationRun.id),
                                       func.coalesce(func.sum(ConfirmationRun.elapsed_s), 0.0))
                                .where(ConfirmationRun.study_name == study_name)).one()
-    return ConfirmationCost(int(runs), int(launches), float(device_s), float(wall))
+    return ConfirmationCost(int(runs or 0), int(launches or 0), float(device_s or 0.0),
+                            float(wall or 0.0))
