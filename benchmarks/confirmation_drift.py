@@ -62,7 +62,7 @@ def _drift(rng: random.Random, keys: list[str], answers: int, walk: float,
 
 
 def _doc(directory: Path, name: str, confirm: int, drift: list[dict[str, Any]],
-         budget: float | None = None) -> dict[str, Any]:
+         budget: float | None = None, max_rounds: int | None = None) -> dict[str, Any]:
     return {"name": name,
             "model": {"n_layer": 12, "hidden": 1024, "n_head": 16, "seq_len": 1024,
                       "attention": "explicit"},
@@ -70,7 +70,8 @@ def _doc(directory: Path, name: str, confirm: int, drift: list[dict[str, Any]],
             "training": {"global_batch": 8, "dtype": "bf16"},
             "search": {"strategy": "grid", "n_trials": len(ROWS), "confirm": confirm,
                        "learn_from_database": False,
-                       **({"confirm_budget": budget} if budget is not None else {})},
+                       **({"confirm_budget": budget} if budget is not None else {}),
+                       **({"confirm_max_rounds": max_rounds} if max_rounds else {})},
             "storage": {"url": f"sqlite:///{directory / (name + '.db')}"},
             "launcher": {"kind": "replay", "run_dir": str(directory / "runs"),
                          "replay": {"landscape": str(directory / "table.csv"),
@@ -78,8 +79,8 @@ def _doc(directory: Path, name: str, confirm: int, drift: list[dict[str, Any]],
 
 
 def _arm(directory: Path, name: str, confirm: int, drift: list[dict[str, Any]],
-         budget: float | None = None) -> dict[str, Any]:
-    spec = parse_study(_doc(directory, name, confirm, drift, budget))
+         budget: float | None = None, max_rounds: int | None = None) -> dict[str, Any]:
+    spec = parse_study(_doc(directory, name, confirm, drift, budget, max_rounds))
     launcher = make_launcher(spec.launcher, spec.model, spec.cluster, spec.training)
     summary = run_study(spec, open_storage(spec.storage), launcher)
     best = summary.best
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                          "default, 0.25 of the search's device-seconds). The replay's "
                          "device-seconds are its real (millisecond) wall times, so the "
                          "budget binds as it would on a machine whose runs cost alike")
+    ap.add_argument("--confirm-max-rounds", type=int, default=None,
+                    help="search.confirm_max_rounds of the confirmed arm (default: 12)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -123,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
             drift = _drift(rng, keys, answers, args.walk, args.jitter)
             for arm, confirm in (("single", 0), ("confirmed", args.confirm)):
                 results[arm].append(_arm(root, f"{arm}-{rep}", confirm, drift,
-                                         args.confirm_budget if confirm else None))
+                                         args.confirm_budget if confirm else None,
+                                         args.confirm_max_rounds if confirm else None))
     out: dict[str, Any] = {"reps": args.reps, "walk": args.walk, "jitter": args.jitter,
                            "confirm_budget": args.confirm_budget,
+                           "confirm_max_rounds": args.confirm_max_rounds,
                            "true_best_ms": TRUE_BEST_MS, "arms": {}}
     for arm, rows in results.items():
         n = len(rows)

@@ -46,7 +46,7 @@ from optuna.trial import TrialState
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.runner.confirm_budget import Allowance, launch_noise, search_cost
-from autotune.runner.confirm_verdict import decide, noise_cannot_flip
+from autotune.runner.confirm_verdict import decide, favoured, noise_cannot_flip
 from autotune.runner.lifecycle import StopSignals, heartbeat
 from autotune.spec import StudySpec
 from autotune.storage.claims import claim_counts, repair_stale
@@ -122,22 +122,25 @@ def _basis(cands: list[ConfirmCandidate]) -> str:
 
 def confirmation_record(decision: PairedDecision | None, cands: list[ConfirmCandidate], *,
                         state: str, launches: int, device_s: float, complete_trials: int,
-                        note: str | None = None) -> dict[str, Any]:
+                        note: str | None = None,
+                        favours: str | None = None) -> dict[str, Any]:
     """The study attribute: the verdict, the candidates, the cost, and the count of
     complete trials it holds for (a later trial makes it stale). Not distinguishable, the
-    named best is the single pass's (``cands[0]``) when the rounds rank it first or second,
-    and ``equivalent_to`` the other of those two."""
+    named best is the single pass's (``cands[0]``) unless the paired evidence favours
+    another (``favours``: :func:`~autotune.runner.confirm_verdict.favoured`), and
+    ``equivalent_to`` the other of the rounds' two first."""
     numbers = {c.key: c.trial_number for c in cands}
     base: dict[str, Any] = (decision.to_record() if decision is not None else
                             {"winner": cands[0].key, "runner_up": None, "ratio": None,
                              "interval": None, "rounds": 0, "distinguishable": None})
     if decision is not None and decision.runner_up is not None and \
             not decision.distinguishable and state == "decided":
-        pair = (decision.winner, decision.runner_up)
-        named = cands[0].key if cands[0].key in pair else decision.winner
+        named = cands[0].key if favours is None or favours == cands[0].key else favours
+        other = decision.runner_up if named == decision.winner else decision.winner
         base = {**base, "paired_winner": decision.winner, "winner": named,
-                "equivalent_to": pair[1] if named == pair[0] else pair[0]}
+                "equivalent_to": other}
     return {**base, "state": state, "note": note, "basis": _basis(cands),
+            "single_pass": cands[0].key,
             "winner_trial": numbers.get(base["winner"]),
             "runner_up_trial": numbers.get(base["runner_up"]) if base["runner_up"] else None,
             "candidates": [c.key for c in cands], "launches": launches,
@@ -172,6 +175,13 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
                                      device_s=0.0, complete_trials=complete, note=note)
         set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
         return ConfirmResult(record, "confirmation round: skipped: " + note)
+    cost = search_cost(storage, name)
+    allowance = Allowance.of(spec.search.confirm_budget, cost,
+                             [c.trial_number for c in cands],
+                             world_size=Layout.from_key(cands[0].key).world_size,
+                             deadline=deadline)
+    while len(cands) > 2 and allowance.refusal(MIN_ROUNDS * len(cands), 0.0) is not None:
+        cands = cands[:-1]  # the farthest rival first: within the budget, the closest
     basis = _basis(cands)
     claimed = storage.retrying("claiming the confirmation round", lambda: claim_confirmation(
         storage, study_name=name, basis=basis, worker=worker))
@@ -189,11 +199,6 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
                              f"{float(found.get('device_s') or 0.0):.1f} device-seconds)")
     if not isinstance(claimed, ConfirmClaimed):
         return ConfirmResult(None, "confirmation round: another worker runs it")
-    cost = search_cost(storage, name)
-    allowance = Allowance.of(spec.search.confirm_budget, cost,
-                             [c.trial_number for c in cands],
-                             world_size=Layout.from_key(cands[0].key).world_size,
-                             deadline=deadline)
     with heartbeat(storage, 0, renew=lambda: renew_confirmation(storage, claimed.id)):
         return _rounds(spec, storage, study, launcher, claimed, cands, worker=worker,
                        signals=signals, say=say, complete=complete, allowance=allowance)
@@ -267,9 +272,9 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         done_rounds += want
         decision = decide(stored, keys, spec.search.confirm_max_rounds, margin=_assumed(spec),
                       same_launch=same_launch, launch=launch)
-        shown = (decision_line(confirmation_record(decision, cands, state="decided",
-                                                   launches=0, device_s=0.0,
-                                                   complete_trials=complete))
+        shown = (decision_line(confirmation_record(
+            decision, cands, state="decided", launches=0, device_s=0.0,
+            complete_trials=complete, favours=favoured(stored, keys, cands[0].key)))
                  if decision is not None else "every round so far had a failed run")
         say(f"confirmation round {done_rounds}/{cap}: {shown}; "
             f"{device_s:.0f} device-s spent{_of_budget(allowance)}")
@@ -283,7 +288,8 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         record.update(winner=cands[0].key, winner_trial=cands[0].trial_number)
     else:
         record = confirmation_record(decision, cands, state="decided", launches=launches,
-                                     device_s=device_s, complete_trials=complete)
+                                     device_s=device_s, complete_trials=complete,
+                                     favours=favoured(stored, keys, cands[0].key))
     finish_confirmation(storage, claimed.id, record)
     set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
     return ConfirmResult(record, f"confirmation round: {decision_line(record)}; "

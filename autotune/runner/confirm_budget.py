@@ -60,14 +60,16 @@ class Allowance:
     deadline: float | None
     world_size: int
     per_run_device_s: float
-    """What one candidate's run is expected to cost: the mean so far."""
+    """What one candidate's run is expected to cost: the candidates' trials' median, then
+    the mean of the round's own runs."""
 
     @classmethod
     def of(cls, fraction: float | None, search: SearchCost, trial_numbers: Iterable[int], *,
            world_size: int, deadline: float | None) -> Allowance:
-        own = [search.per_trial_device_s[n] for n in trial_numbers
-               if n in search.per_trial_device_s]
-        per_run = sum(own) / len(own) if own else 0.0
+        own = sorted(search.per_trial_device_s[n] for n in trial_numbers
+                     if n in search.per_trial_device_s)
+        # The median: a study's first launch pays one-time costs (caches, compilation).
+        per_run = own[len(own) // 2] if own else 0.0
         budget = fraction * search.device_s if fraction is not None else None
         return cls(budget, deadline, world_size, per_run)
 

@@ -22,7 +22,7 @@ from autotune.trial.paired import (
     paired_decision,
 )
 
-__all__ = ["decide", "round_noise", "noise_cannot_flip", "RUN_NOISE_DF"]
+__all__ = ["decide", "favoured", "round_noise", "noise_cannot_flip", "RUN_NOISE_DF"]
 
 RUN_NOISE_DF = 8
 """Degrees of freedom granted to the noise a run's own precision states: it comes from
@@ -70,6 +70,32 @@ def decide(runs: list[dict[str, Any]], keys: list[str], max_rounds: int, *, marg
                         launch_df=launch.df if launch else 0)
     return paired_decision([rounds[n] for n in whole], noise=noise,
                            max_rounds=max_rounds, margin=margin)
+
+
+def favoured(runs: list[dict[str, Any]], keys: list[str], single_pass: str) -> str | None:
+    """The candidate the paired rounds favour over the single pass's best: the one that
+    beat it in a strict majority of the complete rounds and by the most on the geometric
+    mean; ``None`` when none did (the single pass's best is then kept). Interleaved
+    rounds see drift alike for every member, so their majority is less biased than the
+    single pass's order, without being a verdict at any confidence."""
+    rounds: dict[int, dict[str, float]] = {}
+    failed: set[int] = set()
+    for r in runs:
+        value = r.get("model_tflops_per_device")
+        if r.get("outcome") != "complete" or not value:
+            failed.add(r["round"])
+        else:
+            rounds.setdefault(r["round"], {})[r["layout_key"]] = float(value)
+    whole = [v for n, v in rounds.items() if n not in failed and sorted(v) == sorted(keys)]
+    best: tuple[float, str] | None = None
+    for key in keys:
+        if key == single_pass or not whole:
+            continue
+        logs = [math.log(v[key] / v[single_pass]) for v in whole]
+        if 2 * sum(x > 0 for x in logs) > len(logs) and sum(logs) > 0:
+            if best is None or sum(logs) > best[0]:
+                best = (sum(logs), key)
+    return best[1] if best else None
 
 
 def noise_cannot_flip(storage: Storage, study_name: str, cands: list[ConfirmCandidate],

@@ -280,10 +280,13 @@ def decision_line(record: Mapping[str, Any]) -> str:
                 f"{ival}, {rounds}: distinguishable")
     paired = record.get("paired_winner") or record["runner_up"]
     equivalent = equivalence_text(record)
+    single = record.get("single_pass")
+    whose = ("the single pass's" if single in (None, record["winner"]) else
+             f"favoured by the paired rounds over the single pass's {single}")
     if equivalent is not None:
-        return (f"best {record['winner']} (the single pass's), {equivalent} "
+        return (f"best {record['winner']} ({whose}), {equivalent} "
                 f"({paired} / {record['runner_up']} {ratio_text}, {ival}, {rounds})")
-    return (f"best {record['winner']} (the single pass's) kept: not distinguishable from "
+    return (f"best {record['winner']} ({whose}): not distinguishable from "
             f"{record.get('equivalent_to') or record['runner_up']} ({paired} / "
             f"{record['runner_up']} {ratio_text}, {ival}, {rounds})")
 

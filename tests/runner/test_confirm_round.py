@@ -115,10 +115,11 @@ def test_a_step_starts_only_when_its_estimated_cost_fits_the_budget() -> None:
     from autotune.runner.confirm_budget import Allowance, SearchCost
 
     search = SearchCost(100.0, {0: 10.0, 1: 30.0, 2: 60.0})
-    allowance = Allowance.of(0.5, search, [0, 1], world_size=4, deadline=None)
-    assert allowance.budget_device_s == 50.0 and allowance.per_run_device_s == 20.0
-    assert allowance.refusal(2, 0.0) is None  # 40 of 50
-    refused = allowance.refusal(4, 0.0)  # 80 > 50
+    # The candidates' trials' median (a first launch's one-time costs do not skew it).
+    allowance = Allowance.of(0.5, search, [0, 1, 2], world_size=4, deadline=None)
+    assert allowance.budget_device_s == 50.0 and allowance.per_run_device_s == 30.0
+    assert allowance.refusal(1, 0.0) is None  # 30 of 50
+    refused = allowance.refusal(2, 0.0)  # 60 > 50
     assert refused is not None and refused[0] == "budget"
     allowance.observe(24.0, 4)  # the runs so far cost 6 each: the estimate follows them
     assert allowance.refusal(4, 24.0) is None  # 24 + 24 of 50

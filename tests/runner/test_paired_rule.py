@@ -85,3 +85,23 @@ def test_the_slower_layout_is_rarely_named_and_a_quiet_machine_decides_in_two() 
                    launch=LaunchNoise(var=0.002 ** 2 + 0.003 ** 2, df=10))
     assert quiet["wrong"] <= 0.025 and quiet["called"] >= 0.95
     assert quiet["runs_per_layout"] <= 2.2
+
+
+def test_not_distinguishable_names_whom_the_rounds_favour_over_the_single_pass() -> None:
+    from autotune.runner.confirm_verdict import favoured
+
+    def runs(values: list[dict[str, float]]) -> list[dict[str, Any]]:
+        return [{"round": n, "layout_key": k, "outcome": "complete",
+                 "model_tflops_per_device": v} for n, r in enumerate(values)
+                for k, v in r.items()]
+
+    # b beat the single pass's a in 2 of 3 rounds and on the whole: b is favoured.
+    assert favoured(runs([{"a": 1.0, "b": 1.02}, {"a": 1.0, "b": 1.01},
+                          {"a": 1.0, "b": 0.99}]), ["a", "b"], "a") == "b"
+    # Half the rounds each way: no majority, the single pass's best is kept.
+    assert favoured(runs([{"a": 1.0, "b": 1.05}, {"a": 1.0, "b": 0.99}]),
+                    ["a", "b"], "a") is None
+    # A round with a failed member counts for no one.
+    failed = runs([{"a": 1.0, "b": 1.05}]) + [{"round": 1, "layout_key": "a",
+                                               "outcome": "oom"}]
+    assert favoured(failed, ["a", "b"], "a") == "b"
