@@ -102,6 +102,6 @@ def test_not_distinguishable_names_whom_the_rounds_favour_over_the_single_pass()
     assert favoured(runs([{"a": 1.0, "b": 1.05}, {"a": 1.0, "b": 0.99}]),
                     ["a", "b"], "a") is None
     # A round with a failed member counts for no one.
-    failed = runs([{"a": 1.0, "b": 1.05}]) + [{"round": 1, "layout_key": "a",
-                                               "outcome": "oom"}]
+    failed = [*runs([{"a": 1.0, "b": 1.05}]),
+              {"round": 1, "layout_key": "a", "outcome": "oom"}]
     assert favoured(failed, ["a", "b"], "a") == "b"
