@@ -17,9 +17,10 @@ search's device-seconds) or the run's wall-time limit ends it
 (:mod:`autotune.runner.confirm_budget`). Out of budget, the verdict is "not decided within
 the budget" and the single pass's best stands; out of time, the round is left unfinished
 for the next run. A round whose rivals the study's launch-to-launch noise cannot overtake
-is skipped in one line. Not distinguishable, the single pass's best is kept (when it is
-one of the two the rounds rank first) and named equivalent to the other where the
-interval says so.
+is skipped in one line. Not distinguishable, the single pass's best is kept unless the
+rounds favour another (:func:`~autotune.runner.confirm_verdict.favoured`), and the two
+the rounds rank first are named equivalent where the interval says so; the budget trims
+the farthest rivals first until one A B, B A step fits.
 
 With several node groups in one run, the first group's launcher measures it. Many workers
 sharing a study: the worker that finds every trial recorded (no live claim,
