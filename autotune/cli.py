@@ -64,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from autotune.launchers import make_launchers
-    from autotune.runner.confirm_options import confirm_overrides, unconfirmed_note
+    from autotune.runner.confirm_options import confirm_overrides, confirm_share, unconfirmed_note
     from autotune.runner.progress import Progress, best_line, stop_message, trials_table
     from autotune.runner.study import run_study
     from autotune.spec import load_study
@@ -83,8 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                source=spec.source, workload=spec.workload)
     storage = open_storage(spec.storage, connections=len(launchers))
     n = spec.search.n_trials
-    progress = Progress(total=n, enabled=not args.quiet, confirm_share=spec.search.confirm_budget
-                        if spec.search.confirm >= 2 else 0.0)
+    progress = Progress(total=n, enabled=not args.quiet, confirm_share=confirm_share(spec))
     progress.message(f"study {spec.name!r}: {spec.model.name} ({spec.model.n_params() / 1e6:.1f}M "
                      f"params) on {spec.cluster.nodes} x {spec.cluster.devices_per_node} "
                      f"{spec.cluster.device}; workload {spec.workload.kind}; budget {n} trials; "
@@ -312,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--n-trials", type=_positive_int, metavar="N",
                    help="total measured trials the study should reach (resumes count)")
     r.add_argument("--timeout", type=_positive_float, metavar="S",
-                   help="stop launching new trials after S seconds")
+                   help="stop after S seconds (the confirmation round included)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     add_confirm_arguments(r)
     r.add_argument("--retry-failed", action="store_true",

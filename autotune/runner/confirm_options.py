@@ -13,7 +13,7 @@ from dataclasses import replace
 from autotune.config.study import MAX_CONFIRM_BUDGET
 from autotune.spec import StudySpec
 
-__all__ = ["add_confirm_arguments", "confirm_overrides", "unconfirmed_note"]
+__all__ = ["add_confirm_arguments", "confirm_overrides", "confirm_share", "unconfirmed_note"]
 
 
 def _budget(text: str) -> float:
@@ -44,6 +44,13 @@ def confirm_overrides(spec: StudySpec, *, no_confirm: bool, budget: float | None
     if budget is not None:
         search = replace(search, confirm_budget=budget)
     return spec if search is spec.search else replace(spec, search=search)
+
+
+def confirm_share(spec: StudySpec) -> float:
+    """The most the confirmation round adds to the run's time, as a fraction of the
+    search's (its device budget: one world size, so device-seconds and wall time scale
+    alike); 0 with the round off."""
+    return spec.search.confirm_budget if spec.search.confirm >= 2 else 0.0
 
 
 def unconfirmed_note(stopped_by: str) -> str:

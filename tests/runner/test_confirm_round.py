@@ -220,3 +220,18 @@ def test_equally_fast_candidates_are_named_equivalent_and_the_cost_is_counted(
     study.set_user_attr("confirmation", {**record, "complete_trials": 2})
     assert "unchanged, it keeps this verdict and measures nothing" in format_statuses(
         [study_status(study)])
+
+
+def test_run_takes_confirm_budget_and_no_confirm(tmp_path: Path, capsys: Any) -> None:
+    spec = _study(tmp_path, confirm=3, drift=_drift(tmp_path), budget=10.0)
+    for bad in ("-0.5", "x", "1000"):
+        with pytest.raises(SystemExit) as exc:
+            main(["run", str(spec.source), "--confirm-budget", bad])
+        assert exc.value.code == 2
+        assert "--confirm-budget" in capsys.readouterr().err
+    # The command line's 0.1 overrides the study file's 10: the round does not fit.
+    assert main(["run", str(spec.source), "--confirm-budget", "0.1"]) == 0
+    assert "not decided within the budget" in capsys.readouterr().err
+    other = _study(tmp_path / "off", confirm=3, drift=_drift(tmp_path))
+    assert main(["run", str(other.source), "--no-confirm"]) == 0
+    assert "confirmation round: off" in capsys.readouterr().err
