@@ -141,7 +141,7 @@ def _best(study: optuna.Study, trials: pd.DataFrame) -> Section:
     confirmed = confirmation_line(study)
     s.blocks.append(Text(
         f"Confirmation round (the top layouts measured again side by side, interleaved; "
-        f"a paired sign test of the per-round ratio best / runner-up): {confirmed}."
+        f"the interval of the per-round ratio best / runner-up): {confirmed}."
         if confirmed else "Confirmation round: none ran (search.confirm off, or the study "
         "is not done)."))
     s.blocks.append(Table(top[["rank", "trial", "layout", "model_tflops_per_device",
