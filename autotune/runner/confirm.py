@@ -170,7 +170,7 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
         return ConfirmResult(None, "confirmation round: no measured layout")
     complete = sum(1 for _ in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     note = ("no other layout's interval overlaps the best's" if len(cands) == 1
-            else noise_cannot_flip(storage, name, cands, _assumed(spec)))
+            else noise_cannot_flip(storage, name, cands))
     if note is not None:
         record = confirmation_record(None, cands[:1], state="single", launches=0,
                                      device_s=0.0, complete_trials=complete, note=note)

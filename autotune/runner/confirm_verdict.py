@@ -35,13 +35,16 @@ def round_noise(precisions: list[list[float | None]], *, same_launch: bool,
     """What is known of the rounds' noise beforehand (:class:`~autotune.trial.paired.
     Noise`): the runs' own precision (``precisions``: each round's pair of runs; the
     median over rounds) and,
-    when each run is its own launch, twice the study's launch-to-launch variance."""
+    when each run is its own launch, twice the study's launch-to-launch variance where
+    that is larger."""
     per_round = sorted(sum(((p or 0.0) / _Z95) ** 2 for p in ps[:2]) for ps in precisions)
     run_var = per_round[len(per_round) // 2] if per_round else 0.0
     if same_launch:
         return Noise(run_var, run_var, RUN_NOISE_DF if run_var > 0 else 0)
     if launch_var is not None and launch_df > 0:
-        return Noise(run_var, run_var + 2 * launch_var, launch_df)
+        # A repeat of a layout in a new launch varies by all its noise, its run's own
+        # included: the launch variance is the whole of it, never added to the run's.
+        return Noise(run_var, max(run_var, 2 * launch_var), launch_df)
     return Noise(run_var, 0.0, 0)
 
 
@@ -98,11 +101,11 @@ def favoured(runs: list[dict[str, Any]], keys: list[str], single_pass: str) -> s
     return best[1] if best else None
 
 
-def noise_cannot_flip(storage: Storage, study_name: str, cands: list[ConfirmCandidate],
-                       assumed: float) -> str | None:
-    """Why the round is not needed, when the study's launch-to-launch noise (with each
-    trial's own precision) cannot turn any rival ahead of the best, one-sided at the
-    paired interval's level for each rival; else ``None``."""
+def noise_cannot_flip(storage: Storage, study_name: str,
+                      cands: list[ConfirmCandidate]) -> str | None:
+    """Why the round is not needed, when the study's launch-to-launch noise cannot turn
+    any rival ahead of the best, one-sided at the paired interval's level for each rival;
+    else ``None``."""
     noise = launch_noise(storage, study_name)
     if noise is None or noise.df < 2:
         return None
@@ -110,12 +113,10 @@ def noise_cannot_flip(storage: Storage, study_name: str, cands: list[ConfirmCand
 
     crit = float(t.ppf(1.0 - (1.0 - CONFIDENCE) / (2.0 * (len(cands) - 1)), noise.df))
     best = cands[0]
-
-    def sd(c: ConfirmCandidate) -> float:
-        return (c.precision if c.precision is not None else assumed) / _Z95
-
+    # The repeats varied by everything that moves a layout's value between launches, its
+    # runs' own noise included: that variance, twice (best and rival), is the spread.
+    spread = math.sqrt(2 * noise.var)
     for rival in cands[1:]:
-        spread = math.sqrt(2 * noise.var + sd(best) ** 2 + sd(rival) ** 2)
         if math.log(best.value / rival.value) <= crit * spread:
             return None
     return (f"the study's launch-to-launch noise (±{noise.pct:.1f}%, {noise.df} repeats) "

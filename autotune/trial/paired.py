@@ -10,27 +10,27 @@ same conditions, so the per-round ratio of two of them cancels what they shared.
 * :func:`paired_decision`: the winner (the highest median throughput relative to its
   round), the runner-up, and an interval of the per-round ratio winner / runner-up.
 
-The decision rule. Let ``d_i = ln(winner_i / runner_up_i)`` over ``n`` complete rounds.
-Its per-round variance is the pooled estimate (Student's two-sample pooling, any
-statistics text, e.g. Wasserman, *All of Statistics*, 2004, section 10.1)
-``v = ((n - 1) s^2 + df0 v0) / (n - 1 + df0)``, never below ``w``, where ``s^2`` is the
-rounds' own spread, ``v0`` the noise known before the round (:class:`Noise`: each run's
-own step-time precision, as ``w``, plus twice the study's launch-to-launch variance when
-each run is its own launch) and ``df0`` that knowledge's degrees of freedom. The interval
-is ``exp(mean d +- t * sqrt(v / n))`` with ``t`` Student's quantile at ``df = n - 1 + df0``
-and level ``1 - alpha / (2 L)``: ``alpha = 1 - confidence`` split over the ``L`` looks the
-round can take (:func:`looks`; Bonferroni), so that taking the verdict after every step
-does not inflate it. Stated error rate: when the per-round log-ratio is normal with at most
-variance ``v``, the round calls two equally fast layouts distinguishable with probability at
-most ``alpha`` (5%), and names the slower of two layouts the faster with at most
-``alpha / 2``, over all its looks together. ``tests/runner/test_paired_rule.py`` measures
-both on replayed tables with injected drift. Two rounds (A B, then B A: a drift linear in
-time cancels) are the fewest it decides on; with the runs' noise known and small, two are
-enough. The verdict is *equivalent* once the whole interval lies within
+The decision rule. Let ``d_i = ln(winner_i / runner_up_i)`` over ``n`` complete rounds. Its
+per-round variance is the pooled estimate (Student's two-sample pooling, any statistics
+text, e.g. Wasserman, *All of Statistics*, 2004, section 10.1) ``v = ((n - 1) s^2 + df0 v0)
+/ (n - 1 + df0)``, never below ``w``, where ``s^2`` is the rounds' own spread, ``v0`` the
+noise known before the round (:class:`Noise`: each run's own step-time precision, as ``w``,
+or, when each run is its own launch and the study measured it, twice its launch-to-launch
+variance where that is larger) and ``df0`` that knowledge's degrees of freedom. The
+interval is ``exp(mean d +- t * sqrt(v / n))`` with ``t`` Student's quantile at ``df = n -
+1 + df0`` and level ``1 - alpha / (2 L)``: ``alpha = 1 - confidence`` split over the ``L``
+looks the round can take (:func:`looks`; Bonferroni), so that taking the verdict after
+every step does not inflate it. Stated error rate: when the per-round log-ratio is normal
+with at most variance ``v``, the round calls two equally fast layouts distinguishable with
+probability at most ``alpha`` (5%), and names the slower of two layouts the faster with at
+most ``alpha / 2``, over all its looks together. ``tests/runner/test_paired_rule.py``
+measures both on replayed tables with injected drift. Two rounds (A B, then B A: a drift
+linear in time cancels) are the fewest it decides on; with the runs' noise known and small,
+two are enough. The verdict is *equivalent* once the whole interval lies within
 ``+-margin`` (the study's ``trial.measure_precision``): more rounds cannot matter then.
 
 >>> rounds = [{"a": 10.0, "b": 9.0}, {"a": 10.0, "b": 9.0}]
->>> d = paired_decision(rounds, noise=Noise(0.01, 0.01, 20))
+>>> d = paired_decision(rounds, noise=Noise(1e-4, 1e-4, 20))  # runs known to 1%
 >>> d.winner, d.runner_up, round(d.ratio, 3), d.distinguishable
 ('a', 'b', 1.111, True)
 >>> paired_decision(rounds[:1]).interval is None  # one round gives no interval

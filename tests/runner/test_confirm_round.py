@@ -5,6 +5,7 @@ the progress ETA counts it. Replay launcher and SQLite only: seconds."""
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import signal
@@ -235,3 +236,46 @@ def test_run_takes_confirm_budget_and_no_confirm(tmp_path: Path, capsys: Any) ->
     other = _study(tmp_path / "off", confirm=3, drift=_drift(tmp_path))
     assert main(["run", str(other.source), "--no-confirm"]) == 0
     assert "confirmation round: off" in capsys.readouterr().err
+
+
+def _repeat_measurements(storage: Any, name: str, spread: float) -> None:
+    """Store every measured layout twice more, ``spread`` apart in log throughput: the
+    repeats (retries, resumed layouts) the launch-to-launch noise is read from."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import make_transient
+
+    from autotune.storage.schema import Measurement
+
+    with storage.session() as s:
+        rows = list(s.scalars(select(Measurement).where(Measurement.study_name == name,
+                                                        Measurement.outcome == "complete")))
+        for row in rows:
+            for factor in (math.exp(spread), math.exp(-spread)):
+                s.expunge(row)
+                make_transient(row)
+                row.id = None
+                value = row.model_tflops_per_device
+                row.model_tflops_per_device = value * factor if value else value
+                s.add(row)
+                s.flush()
+                row.model_tflops_per_device = value
+
+
+def test_the_round_is_skipped_when_the_measured_launch_noise_cannot_flip_the_order(
+        tmp_path: Path) -> None:
+    from autotune.runner.confirm_budget import launch_noise
+
+    quiet, noisy = (_study(tmp_path / d, confirm=3) for d in ("quiet", "noisy"))
+    for spec, spread, skipped in ((quiet, 0.001, True), (noisy, 0.03, False)):
+        storage = open_storage(spec.storage)
+        _run(_study(tmp_path / ("quiet" if skipped else "noisy"), confirm=0), storage)
+        _repeat_measurements(storage, spec.name, spread)
+        noise = launch_noise(storage, spec.name)
+        assert noise is not None and noise.df >= 2
+        study = optuna.load_study(study_name=spec.name, storage=storage.optuna)
+        # The candidates are 3% apart; each trial's precision is the replay's own (0).
+        launcher = make_launcher(spec.launcher, spec.model, spec.cluster, spec.training)
+        done = confirm_best(spec, storage, study, launcher, worker="w:1")
+        assert ("launch-to-launch noise" in done.line) is skipped, done.line
+        assert done.record is not None
+        assert (done.record["state"] == "single") is skipped
