@@ -278,7 +278,7 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
             complete_trials=complete, favours=favoured(stored, keys, cands[0].key)))
                  if decision is not None else "every round so far had a failed run")
         say(f"confirmation round {done_rounds}/{cap}: {shown}; "
-            f"{device_s:.0f} device-s spent{_of_budget(allowance)}")
+            f"{device_s:.1f} device-s spent{_of_budget(allowance)}")
     if decision is None or (out_of_budget is not None and not settled(decision, cap)):
         state = "budget" if out_of_budget is not None else "failed"
         note = out_of_budget if out_of_budget is not None else "every round had a failed run"
@@ -300,11 +300,11 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
 def _budget_words(allowance: Allowance) -> str:
     if allowance.budget_device_s is None:
         return "no device budget"
-    return f"a budget of {allowance.budget_device_s:.0f} device-s"
+    return f"a budget of {allowance.budget_device_s:.1f} device-s"
 
 
 def _of_budget(allowance: Allowance) -> str:
-    return (f" of {allowance.budget_device_s:.0f}" if allowance.budget_device_s is not None
+    return (f" of {allowance.budget_device_s:.1f}" if allowance.budget_device_s is not None
             else "")
 
 

@@ -88,8 +88,8 @@ class Allowance:
                                    f"left, a step of {runs} runs takes about "
                                    f"{step / max(self.world_size, 1):.0f} s")
         if self.budget_device_s is not None and spent_device_s + step > self.budget_device_s:
-            return "budget", (f"{spent_device_s:.0f} of {self.budget_device_s:.0f} "
-                              f"device-s spent, the next {runs} runs need about {step:.0f}")
+            return "budget", (f"{spent_device_s:.1f} of {self.budget_device_s:.1f} "
+                              f"device-s spent, the next {runs} runs need about {step:.1f}")
         return None
 
 
