@@ -291,7 +291,11 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         record = confirmation_record(decision, cands, state="decided", launches=launches,
                                      device_s=device_s, complete_trials=complete,
                                      favours=favoured(stored, keys, cands[0].key))
-    finish_confirmation(storage, claimed.id, record)
+    if record["state"] == "budget":
+        # Left open: a later run with a larger budget goes on from its stored rounds.
+        release_confirmation(storage, claimed.id)
+    else:
+        finish_confirmation(storage, claimed.id, record)
     set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
     return ConfirmResult(record, f"confirmation round: {decision_line(record)}; "
                          + cost_line(record))

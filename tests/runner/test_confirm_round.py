@@ -110,6 +110,10 @@ def test_the_device_budget_ends_the_round_and_the_single_pass_best_stands(
 
     assert decision_line(record).startswith("not decided within the budget")
     assert stored_runs(storage, 1) == []
+    # Left open: the same study run again with a larger budget goes on and decides.
+    again = _study(tmp_path / "tight", confirm=3, drift=drift, budget=10.0)
+    summary, _ = _run(again, storage)
+    assert summary.confirmation is not None and summary.confirmation["state"] == "decided"
 
 
 def test_a_step_starts_only_when_its_estimated_cost_fits_the_budget() -> None:
