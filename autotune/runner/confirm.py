@@ -180,7 +180,7 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
     allowance = Allowance.of(spec.search.confirm_budget, cost,
                              [c.trial_number for c in cands],
                              world_size=Layout.from_key(cands[0].key).world_size,
-                             deadline=deadline)
+                             deadline=deadline, batched=launcher.batches)
     while len(cands) > 2 and allowance.refusal(MIN_ROUNDS * len(cands), 0.0) is not None:
         cands = cands[:-1]  # the farthest rival first: within the budget, the closest
     basis = _basis(cands)

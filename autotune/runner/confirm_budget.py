@@ -34,6 +34,7 @@ class SearchCost:
     """Every execution's elapsed wall time x world size, summed."""
     per_trial_device_s: dict[int, float]
     """Each trial's own (its last execution)."""
+    executions: int = 0
 
 
 def search_cost(storage: Storage, study_name: str) -> SearchCost:
@@ -48,7 +49,7 @@ def search_cost(storage: Storage, study_name: str) -> SearchCost:
         cost = float(elapsed or 0.0) * int(world or 0)
         total += cost
         per[int(number)] = cost
-    return SearchCost(total, per)
+    return SearchCost(total, per, len(rows))
 
 
 @dataclass
@@ -60,16 +61,22 @@ class Allowance:
     deadline: float | None
     world_size: int
     per_run_device_s: float
-    """What one candidate's run is expected to cost: the candidates' trials' median, then
-    the mean of the round's own runs."""
+    """What one candidate's run is expected to cost: the candidates' trials' (lower)
+    median, or in batches the search's mean execution; then the mean of the round's own
+    runs."""
 
     @classmethod
     def of(cls, fraction: float | None, search: SearchCost, trial_numbers: Iterable[int], *,
-           world_size: int, deadline: float | None) -> Allowance:
+           world_size: int, deadline: float | None, batched: bool = False) -> Allowance:
         own = sorted(search.per_trial_device_s[n] for n in trial_numbers
                      if n in search.per_trial_device_s)
-        # The median: a study's first launch pays one-time costs (caches, compilation).
-        per_run = own[len(own) // 2] if own else 0.0
+        if batched and search.executions:
+            # One launch per step, as the search's batches: a trial's share of its batch
+            # is uneven (the first carries the start-up), their mean is not.
+            per_run = search.device_s / search.executions
+        else:
+            # The median: a study's first launch pays one-time costs (caches, compiling).
+            per_run = own[(len(own) - 1) // 2] if own else 0.0
         budget = fraction * search.device_s if fraction is not None else None
         return cls(budget, deadline, world_size, per_run)
 

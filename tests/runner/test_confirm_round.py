@@ -120,7 +120,11 @@ def test_a_step_starts_only_when_its_estimated_cost_fits_the_budget() -> None:
     from autotune.runner.confirm_budget import Allowance, SearchCost
 
     search = SearchCost(100.0, {0: 10.0, 1: 30.0, 2: 60.0})
-    # The candidates' trials' median (a first launch's one-time costs do not skew it).
+    # In batches the search's mean execution (the first member carries the start-up).
+    batched = Allowance.of(0.5, SearchCost(100.0, {0: 70.0, 1: 20.0}, 4), [0, 1],
+                           world_size=4, deadline=None, batched=True)
+    assert batched.per_run_device_s == 25.0
+    # Else the candidates' trials' median (a first launch's one-time costs do not skew it).
     allowance = Allowance.of(0.5, search, [0, 1, 2], world_size=4, deadline=None)
     assert allowance.budget_device_s == 50.0 and allowance.per_run_device_s == 30.0
     assert allowance.refusal(1, 0.0) is None  # 30 of 50
