@@ -287,3 +287,23 @@ def test_the_round_is_skipped_when_the_measured_launch_noise_cannot_flip_the_ord
         assert ("launch-to-launch noise" in done.line) is skipped, done.line
         assert done.record is not None
         assert (done.record["state"] == "single") is skipped
+
+
+def test_the_budget_trims_the_farthest_rivals_first(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.runner import confirm
+    from autotune.runner.confirm_budget import SearchCost
+    from tests.runner import test_confirm
+
+    monkeypatch.setattr(test_confirm, "ROWS", [(4, 8, 1, 2, 2, 1, 100.0),
+                                               (4, 8, 2, 2, 2, 1, 101.0),
+                                               (4, 8, 1, 4, 1, 1, 102.0)])
+    # Every trial cost 10 device-s of a search of 100: half of it pays 4 runs, not 6.
+    monkeypatch.setattr(confirm, "search_cost",
+                        lambda *_: SearchCost(100.0, {n: 10.0 for n in range(3)}, 10))
+    spec = _study(tmp_path, confirm=3, budget=0.5)
+    summary, _ = _run(spec)
+    record = summary.confirmation
+    assert record is not None and len(record["candidates"]) == 2
+    probe = _study(tmp_path / "probe", confirm=0)
+    assert _key(probe, mb=1, tp=4) not in record["candidates"]  # the slowest rival went
