@@ -231,8 +231,8 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
             f"{_budget_words(allowance)}")
     same_launch = launcher.batches
     launch = None if same_launch else launch_noise(storage, spec.name)
-    decision = decide(stored, keys, spec.search.confirm_max_rounds, margin=_assumed(spec),
-                      same_launch=same_launch, launch=launch)
+    decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
+                      launch=launch)
     out_of_budget: str | None = None
     while decision is None or not settled(decision, cap):
         ended = _stop_request(launcher, signals)
@@ -271,8 +271,8 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         stored += new_runs
         allowance.observe(device_s, len(stored))
         done_rounds += want
-        decision = decide(stored, keys, spec.search.confirm_max_rounds, margin=_assumed(spec),
-                      same_launch=same_launch, launch=launch)
+        decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
+                          launch=launch)
         shown = (decision_line(confirmation_record(
             decision, cands, state="decided", launches=0, device_s=0.0,
             complete_trials=complete, favours=favoured(stored, keys, cands[0].key)))
