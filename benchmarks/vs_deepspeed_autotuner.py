@@ -327,9 +327,10 @@ def report(a: argparse.Namespace, truths: list[dict[str, float]],
             "relative": [round(r["relative"], 4) for r in rows],
             "wall_s": round(sum(r["wall_s"] for r in rows), 1)}
         print(f"{tool:10s} total {out['tools'][tool]['launches']} launches, "
-              f"{out['tools'][tool]['device_seconds']:.0f} device-s; best within 5 % of "
-              f"{true_best} in {within if within is not None else '(not scored)'} of "
-              f"{len(rows)} repetitions", file=text)
+              f"{out['tools'][tool]['device_seconds']:.0f} device-s; "
+              + (f"best within 5 % of {true_best} in {within} of {len(rows)} repetitions"
+                 if within is not None else "not scored (the ground truth does not repeat)"),
+              file=text)
     return out
 
 
