@@ -68,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from autotune.launchers import make_launchers
     from autotune.planning.empty import refuse_structurally_empty
+    from autotune.runner.confirm_options import confirm_overrides, confirm_share, unconfirmed_note
     from autotune.runner.progress import Progress, best_line, stop_message, trials_table
     from autotune.runner.study import run_study
     from autotune.spec import load_study
@@ -81,12 +82,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.no_learn:
         spec = replace(spec, search=replace(spec.search, learn_from_database=False))
     refuse_structurally_empty(spec)  # a space of no layout at all touches no database
+    spec = confirm_overrides(spec, no_confirm=args.no_confirm, budget=args.confirm_budget)
     # first: a bad launcher section touches no database
     launchers = make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,
                                source=spec.source, workload=spec.workload)
     storage = open_storage(spec.storage, connections=len(launchers))
     n = spec.search.n_trials
-    progress = Progress(total=n, enabled=not args.quiet)
+    progress = Progress(total=n, enabled=not args.quiet, confirm_share=confirm_share(spec))
     progress.message(f"study {spec.name!r}: {spec.model.name} ({spec.model.n_params() / 1e6:.1f}M "
                      f"params) on {spec.cluster.nodes} x {spec.cluster.devices_per_node} "
                      f"{spec.cluster.device}; workload {spec.workload.kind}; budget {n} trials; "
@@ -100,8 +102,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(table)
     progress.message(stop_message(summary.stopped_by, n_trials=n, reason=summary.stop_reason))
     if summary.best is not None:
-        print(best_line(summary.best))
-    if summary.stopped_by == "interrupt":
+        print(best_line(summary.best) + unconfirmed_note(summary.stopped_by))
+    if summary.stopped_by in ("interrupt", "confirm_interrupt"):
         return EXIT_INTERRUPT
     if summary.stopped_by == "broken_program":
         print(f"autotune: {summary.stop_reason}", file=sys.stderr)
@@ -312,6 +314,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from autotune.cli_help import EMIT_HELP, OUT_HELP, STORAGE_HELP, top_parser
     from autotune.report.job_flags import add_job_flags
+    from autotune.runner.confirm_options import add_confirm_arguments
 
     p = top_parser()
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -322,8 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--n-trials", type=_positive_int, metavar="N",
                    help="total measured trials the study should reach (resumes count)")
     r.add_argument("--timeout", type=_positive_float, metavar="S",
-                   help="stop launching new trials after S seconds")
+                   help="stop after S seconds (the confirmation round included)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_confirm_arguments(r)
     r.add_argument("--retry-failed", action="store_true",
                    help="resume a study stopped because its trials failed alike "
                    "(search.stop_on_repeated_error), measuring those layouts again")

@@ -9,7 +9,10 @@
 * autotune: its launches and device-seconds from the study's ``measurements`` rows and
   trial folders (:func:`autotune_cost`), its best from ``autotune best --emit json``
   (:func:`autotune_best_key`);
-* :func:`relative_to_best`: a named best's ground-truth throughput over the true best's.
+* :func:`relative_to_best`: a named best's ground-truth throughput over the true best's;
+* :func:`truth_repeatability`: whether two or more measurements of the ground truth agree
+  on the best and the top 3 (a truth that does not repeat scores no tool), and their
+  pooled truth (the median per point).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 __all__ = ["point_key", "parse_point", "space_points", "parse_truth", "train_py_truth_line",
            "autotuner_config", "read_autotuner_best", "read_autotuner_metrics",
            "read_launches", "union_seconds", "autotune_cost",
-           "autotune_best_key", "relative_to_best", "WITHIN"]
+           "autotune_best_key", "relative_to_best", "truth_repeatability", "WITHIN"]
 
 WITHIN = 0.05
 """A named best counts as found when its throughput is within 5 % of the true best's."""
@@ -234,3 +237,33 @@ def relative_to_best(truth: dict[str, float], named: str | None) -> float:
     if named is None or named not in truth:
         return 0.0
     return truth[named] / max(truth.values())
+
+
+def truth_repeatability(truths: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """Whether the ground truth's measurements agree (module docstring).
+
+    >>> r = truth_repeatability([{"a": 10.0, "b": 9.0, "c": 5.0, "d": 1.0},
+    ...                          {"a": 11.0, "b": 8.0, "c": 6.0, "d": 2.0}])
+    >>> r["best_agrees"], r["top3_agrees"], r["repeats"], r["pooled"]["a"]
+    (True, True, True, 10.5)
+    >>> truth_repeatability([{"a": 10.0, "b": 9.0}, {"a": 9.0, "b": 10.0}])["repeats"]
+    False
+    """
+    if not truths:
+        raise BenchmarkError("truth_repeatability: no ground truth")
+    points = sorted(set.intersection(*(set(t) for t in truths)))
+
+    def ranked(t: dict[str, float]) -> list[str]:
+        return sorted(points, key=lambda k: (-t[k], k))
+
+    bests = [ranked(t)[0] for t in truths]
+    tops = [sorted(ranked(t)[:3]) for t in truths]
+    best_agrees = len(set(bests)) == 1
+    top3_agrees = all(top == tops[0] for top in tops)
+    spread = {k: (max(t[k] for t in truths) / min(t[k] for t in truths) - 1.0)
+              if min(t[k] for t in truths) > 0 else float("inf") for k in points}
+    return {"measurements": len(truths), "bests": bests, "top3": tops,
+            "best_agrees": best_agrees, "top3_agrees": top3_agrees,
+            "repeats": len(truths) > 1 and best_agrees and top3_agrees,
+            "max_spread": round(max(spread.values()), 4) if spread else None,
+            "pooled": {k: statistics.median(t[k] for t in truths) for k in points}}

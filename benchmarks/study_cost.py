@@ -16,9 +16,13 @@ Printed for each: wall time of the run, device-seconds per measured layout (each
 wall time, launch to result, times the devices it held: in a batch the launch's wall
 time is split between its trials, so that they add up to it), the measured layouts, the
 best layout found, and where the trials' time went (start-up phases, build, warm-up,
-measured steps, teardown). Goal: ``ratio`` (optimized over baseline device-seconds per
-measured layout) <= 0.40 at an equal number of measured layouts, the same best layout.
-Nothing is asserted.
+measured steps, teardown), and beside the search alone what the confirmation round spent
+(``confirmation``: its launches, runs, runs stopped early, device-seconds, verdict) and
+the two together. Goals: ``ratio`` (optimized over baseline device-seconds per measured
+layout) <= 0.40 at an equal number of measured layouts, the same best layout; the
+confirmation round at most ``search.confirm_budget`` (default 0.25) of the search's
+device-seconds (``confirmation_share``), none of its runs stopped early. Nothing is
+asserted.
 
     python benchmarks/study_cost.py                      # both arms, about 2-3 min on 2 cores
     python benchmarks/study_cost.py --json out.json      # CONTRACTS.md's keys, and more
@@ -63,6 +67,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="optimized arm's trial.early_stop_tolerance (default: the study "
                         "file's)")
     p.add_argument("--n-trials", type=int, default=None, help="default: the study file's")
+    p.add_argument("--confirm-budget", type=float, default=None,
+                   help="both arms' search.confirm_budget (default: the study file's)")
     p.add_argument("--only", choices=["baseline", "optimized"], default=None)
     p.add_argument("--json", default=None, help="also write the figures to this file")
     return p.parse_args(argv)
@@ -83,6 +89,8 @@ def _arm_study(base: dict[str, Any], tmp: Path, arm: str, args: argparse.Namespa
     study["name"] = f"{base.get('name', 'study')}-{arm}"
     if args.n_trials:
         study.setdefault("search", {})["n_trials"] = args.n_trials
+    if args.confirm_budget is not None:
+        study.setdefault("search", {})["confirm_budget"] = args.confirm_budget
     study["storage"] = {**(study.get("storage") or {}), "url": f"sqlite:///{tmp / arm}.db"}
     study["launcher"] = {**(study.get("launcher") or {}), "run_dir": str(tmp / f"runs-{arm}")}
     path = tmp / f"{arm}.yaml"
@@ -114,7 +122,10 @@ def _run_arm(path: Path, name: str) -> dict[str, Any]:
     best = best_trial(study)
     breakdown = time_breakdown(t.user_attrs.get(TrialAttr.TIMINGS_S) or {} for t in ran)
     steps = [int(t.user_attrs.get(TrialAttr.MEASURED_STEPS) or 0) for t in ran]
+    confirm = _confirmation(url, name, study.user_attrs.get("confirmation"), device_s)
     return {
+        "confirmation": confirm,
+        "device_seconds_with_confirmation": round(device_s + confirm["device_seconds"], 2),
         "wall_s": round(wall_s, 2),
         "device_seconds": round(device_s, 2),
         "device_seconds_per_layout": round(device_s / len(ran), 3) if ran else None,
@@ -140,6 +151,30 @@ def _run_arm(path: Path, name: str) -> dict[str, Any]:
     }
 
 
+def _confirmation(url: str, name: str, record: Any, search_device_s: float) -> dict[str, Any]:
+    """What the study's confirmation round spent (every round of it in the database)."""
+    from autotune.config.study import StorageConfig
+    from autotune.storage.confirmations import confirmation_cost
+    from autotune.storage.db import open_storage
+    from autotune.trial.paired import decision_line
+
+    storage = open_storage(StorageConfig(url=url))
+    cost = confirmation_cost(storage, name)
+    from sqlalchemy import func, select
+
+    from autotune.storage.schema import ConfirmationRun
+
+    with storage.session() as s:
+        stopped = s.scalar(select(func.count(ConfirmationRun.id)).where(
+            ConfirmationRun.study_name == name, ConfirmationRun.outcome == "stopped"))
+    record = record if isinstance(record, dict) else {}
+    return {"launches": cost.launches, "runs": cost.runs, "stopped_runs": int(stopped or 0),
+            "device_seconds": round(cost.device_s, 2),
+            "confirmation_share": round(cost.device_s / search_device_s, 3)
+            if search_device_s else None,
+            "state": record.get("state"), "verdict": decision_line(record) if record else None}
+
+
 def _print(figures: dict[str, Any]) -> None:
     arms = [a for a in ("baseline", "optimized") if a in figures]
     rows = [("wall time of the run (s)", "wall_s"),
@@ -148,7 +183,8 @@ def _print(figures: dict[str, Any]) -> None:
             ("measured layouts", "measured_layouts"), ("launches", "launches"),
             ("timed steps", "timed_steps"), ("best layout", "best"),
             ("best model TFLOPS/device", "best_model_tflops_per_device"),
-            ("start-up share of trial time", "startup_share")]
+            ("start-up share of trial time", "startup_share"),
+            ("device-seconds, with confirmation", "device_seconds_with_confirmation")]
     width = 36
     print(f"{'':{width}}" + "".join(f"{a:>30}" for a in arms))
     for label, key in rows:
@@ -167,6 +203,11 @@ def _print(figures: dict[str, Any]) -> None:
             f"{figures[a]['breakdown_s'][phase]:>30.3f}" for a in arms))
     print(f"  {'launcher and exit, after the result':{width - 2}}" + "".join(
         f"{figures[a]['outside_trainer_s']:>30.3f}" for a in arms))
+    for a in arms:
+        c = figures[a]["confirmation"]
+        print(f"\n{a} confirmation round: {c['device_seconds']} device-s "
+              f"({c['confirmation_share']} of the search's), {c['launches']} launches, "
+              f"{c['runs']} runs ({c['stopped_runs']} stopped early); {c['verdict']}")
     for a in arms:
         print(f"\n{a}: " + "; ".join(
             f"{t['layout']} {t['outcome']} {t['model_tflops_per_device'] or 0:.4g}"

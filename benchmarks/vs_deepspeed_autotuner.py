@@ -7,7 +7,11 @@ base64 config). The space: ZeRO {0,1,2} x micro-batch {1,2,4,8} at a fixed globa
 
 1. A ground truth: every point measured side by side in one launch
    (``benchmarks/_ground_truth_ranks.py``), ``--truth-rounds`` rounds of ``--truth-steps``
-   steps each, the points in a new order each round; median samples/s per point.
+   steps each, the points in a new order each round; median samples/s per point. Measured
+   ``--truth-repeats`` times (default 2): the benchmark states whether the measurements
+   agree on the best and the top 3 (``truth_repeatability``), pools them (the median per
+   point) and scores the tools (``within_5pct``) only against a truth that repeats; one
+   that does not leaves ``within_5pct`` null and says so.
 2. ``--repetitions`` times (the order of the two tools alternating): DeepSpeed's Autotuner
    for real (``deepspeed --autotuning tune`` through ``benchmarks/_ds_autotuner_local.py``,
    its clean-up replaced for a local run; its best read from its ``ds_config_optimal.json``),
@@ -57,6 +61,7 @@ from benchmarks._vs_deepspeed import (
     relative_to_best,
     space_points,
     train_py_truth_line,
+    truth_repeatability,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +102,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="one-launch: every point's engine side by side in one launch; "
                    "launches: round-robin launches of train.py, one per point and round "
                    "(as the tools measure, at one launch's start-up per point and round)")
+    p.add_argument("--truth-repeats", type=int, default=2,
+                   help="measurements of the ground truth, to check it repeats (default 2; "
+                   "1: not checked, no tool scored)")
     p.add_argument("--truth-from", type=Path, default=None, metavar="JSON",
                    help="reuse the ground truth of an earlier run's --json OUT instead of "
                    "measuring one (its points must cover this space)")
@@ -109,7 +117,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.repetitions < 0:
         p.error(f"--repetitions: {a.repetitions} is not allowed (allowed: an integer >= 0)")
-    for name in ("truth_rounds", "truth_steps", "ranks", "global_batch"):
+    for name in ("truth_rounds", "truth_steps", "truth_repeats", "ranks", "global_batch"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')}: {getattr(a, name)} is not allowed "
                     "(allowed: an integer >= 1)")
@@ -210,6 +218,22 @@ def earlier_truth(a: argparse.Namespace) -> dict[str, float]:
     return {p: float(truth[p]) for p in a.points}
 
 
+def earlier_truths(a: argparse.Namespace) -> list[dict[str, float]]:
+    """``--truth-from``: every ground-truth measurement of an earlier run's JSON (its
+    ``ground_truths`` where it has them, else its one ``ground_truth``)."""
+    try:
+        found = json.loads(a.truth_from.read_text(encoding="utf-8")).get("ground_truths")
+    except (OSError, ValueError, AttributeError):
+        found = None
+    if not isinstance(found, list) or not found:
+        return [earlier_truth(a)]
+    missing = [p for p in a.points if any(p not in t for t in found)]
+    if missing:
+        usage_error(f"--truth-from: {a.truth_from} lacks the points {missing} (allowed: "
+                    f"a JSON whose ground truths cover {a.points})")
+    return [{p: float(t[p]) for p in a.points} for t in found]
+
+
 def run_deepspeed(a: argparse.Namespace, rep_dir: Path, env: dict[str, str]
                   ) -> dict[str, Any]:
     rep_dir.mkdir(parents=True)
@@ -261,18 +285,30 @@ def run_autotune(a: argparse.Namespace, rep_dir: Path, env: dict[str, str], name
     return {"best": named, "launches": launches, "device_seconds": device_s, "wall_s": wall}
 
 
-def report(a: argparse.Namespace, truth: dict[str, float],
+def report(a: argparse.Namespace, truths: list[dict[str, float]],
            reps: list[dict[str, dict[str, Any]]], *, show: bool = True) -> dict[str, Any]:
-    """CONTRACTS.md's JSON (plus ``ground_truth``, per tool ``relative`` and ``wall_s``) of
-    the repetitions so far; with ``show`` the tables on stdout as well."""
+    """CONTRACTS.md's JSON (plus ``ground_truth``, ``truth_repeatability``, per tool
+    ``relative`` and ``wall_s``) of the repetitions so far; with ``show`` the tables on
+    stdout as well. ``truths``: each measurement of the ground truth."""
     text = sys.stdout if show else io.StringIO()
+    repeat = truth_repeatability(truths)
+    truth = repeat.pop("pooled")
     true_best = max(truth, key=lambda k: truth[k])
+    if repeat["repeats"]:
+        print(f"ground truth repeats: {repeat['measurements']} measurements agree on the "
+              f"best ({true_best}) and the top 3 (largest spread of a point "
+              f"{repeat['max_spread']:.1%})", file=text)
+    else:
+        print(f"ground truth does NOT repeat ({repeat['measurements']} measurement(s): "
+              f"bests {repeat['bests']}, top 3 {repeat['top3']}): no tool is scored "
+              "against it", file=text)
     print(f"\nground truth (median samples/s, {a.truth_rounds} interleaved rounds):",
           file=text)
     for key in sorted(truth, key=lambda k: -truth[k]):
         print(f"  {key:8s} {truth[key]:9.2f}  {truth[key] / truth[true_best]:6.1%}", file=text)
     out: dict[str, Any] = {"ground_truth_best": true_best, "repetitions": len(reps),
-                           "ground_truth": truth, "tools": {}}
+                           "ground_truth": truth, "ground_truths": truths,
+                           "truth_repeatability": repeat, "tools": {}}
     print(f"\n{'tool':10s} {'rep':>3s} {'launches':>8s} {'device_s':>9s} {'wall_s':>7s} "
           f"{'best':8s} {'vs true best':>12s}", file=text)
     for tool in a.tools:
@@ -282,7 +318,8 @@ def report(a: argparse.Namespace, truth: dict[str, float],
             print(f"{tool:10s} {i:3d} {row['launches']:8d} {row['device_seconds']:9.0f} "
                   f"{row['wall_s']:7.0f} {row['best'] or '-':8s} {row['relative']:12.1%}",
                   file=text)
-        within = sum(1 for r in rows if r["relative"] >= 1 - WITHIN)
+        within = (sum(1 for r in rows if r["relative"] >= 1 - WITHIN) if repeat["repeats"]
+                  else None)
         out["tools"][tool] = {
             "launches": sum(r["launches"] for r in rows),
             "device_seconds": round(sum(r["device_seconds"] for r in rows), 1),
@@ -290,8 +327,10 @@ def report(a: argparse.Namespace, truth: dict[str, float],
             "relative": [round(r["relative"], 4) for r in rows],
             "wall_s": round(sum(r["wall_s"] for r in rows), 1)}
         print(f"{tool:10s} total {out['tools'][tool]['launches']} launches, "
-              f"{out['tools'][tool]['device_seconds']:.0f} device-s; best within 5 % of "
-              f"{true_best} in {within} of {len(rows)} repetitions", file=text)
+              f"{out['tools'][tool]['device_seconds']:.0f} device-s; "
+              + (f"best within 5 % of {true_best} in {within} of {len(rows)} repetitions"
+                 if within is not None else "not scored (the ground truth does not repeat)"),
+              file=text)
     return out
 
 
@@ -301,10 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = base_env(work, a.ranks)
     try:
-        truth = (earlier_truth(a) if a.truth_from else
-                 launches_truth(a, work, env) if a.truth_mode == "launches" else
-                 ground_truth(a, work, env))
-        log("ground truth: " + ", ".join(f"{k} {v:.1f}" for k, v in truth.items()))
+        truths = (earlier_truths(a) if a.truth_from else
+                  [launches_truth(a, work, env) if a.truth_mode == "launches" else
+                   ground_truth(a, work, env) for _ in range(a.truth_repeats)])
+        for truth in truths:
+            log("ground truth: " + ", ".join(f"{k} {v:.1f}" for k, v in truth.items()))
         reps: list[dict[str, dict[str, Any]]] = []
         for rep in range(1, a.repetitions + 1):
             order = a.tools if rep % 2 else list(reversed(a.tools))
@@ -319,10 +359,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{results[tool]['device_seconds']:.0f} device-s")
             reps.append(results)
             if a.json:  # after every repetition: a long run cut short keeps what it did
-                a.json.write_text(json.dumps(report(a, truth, reps, show=False), indent=1)
+                a.json.write_text(json.dumps(report(a, truths, reps, show=False), indent=1)
                                   + "\n", encoding="utf-8")
                 log(f"wrote {a.json} ({rep} of {a.repetitions} repetitions)")
-        report(a, truth, reps)
+        report(a, truths, reps)
     finally:
         if a.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -47,6 +47,8 @@ MAX_TRIAL_TIMEOUT_S = 30 * 86_400
 MAX_CONFIRM = 16
 """Most layouts in a confirmation round (each round measures every one of them)."""
 MAX_CONFIRM_ROUNDS = 100
+MAX_CONFIRM_BUDGET = 100.0
+"""Largest ``search.confirm_budget``: a hundred times the search's device-seconds."""
 MAX_HEARTBEAT_S = 86_400
 MAX_GRACE_S = 30 * 86_400
 
@@ -187,16 +189,21 @@ class SearchConfig:
     ``--retry-failed`` or a changed study file first (:mod:`autotune.runner.stop_early`).
     ``0``: never stop."""
     confirm: int = 3
-    """The confirmation round (issue #24; docs/guide.md, "The confirmation round"):
-    before the study names its best, the best and the measured layouts whose intervals
-    (each trial's measured precision, else ``trial.measure_precision``) overlap its
-    interval, this many at most, are measured again side by side, interleaved, round after
-    round, until a paired comparison tells the best from the runner-up (a sign test at
-    95%) or ``confirm_max_rounds`` is reached. Its runs are no trials of the budget.
-    ``0`` or ``false``: off (the single pass names the best); else 2 to 16 layouts."""
+    """The confirmation round (docs/guide.md, "The confirmation round"): before the study
+    names its best, the best and the measured layouts whose intervals (each trial's
+    measured precision, else ``trial.measure_precision``) overlap its interval, this many
+    at most, are measured again side by side, interleaved (A B, B A, ...), never stopped
+    early, until the paired interval of best / runner-up tells them apart or shows them
+    equivalent, or ``confirm_max_rounds`` or ``confirm_budget`` ends it. Its runs are no
+    trials of the budget. ``0`` or ``false`` (``run --no-confirm``): off (the single pass
+    names the best); else 2 to 16 layouts."""
     confirm_max_rounds: int = 12
-    """The most paired rounds of the confirmation round (6 at least: fewer give no 95%
-    interval of the median ratio)."""
+    """The most paired rounds of the confirmation round (2 at least: one A B, B A pair)."""
+    confirm_budget: float = 0.25
+    """The device-seconds the confirmation round may spend, as a fraction of what the
+    study's trials spent (``run --confirm-budget``). A step of rounds that would exceed it
+    is not started: the verdict is then "not decided within the budget" and the single
+    pass's best stands. ``0``: the round never measures."""
 
     def __post_init__(self) -> None:
         if (isinstance(self.confirm, bool) or not isinstance(self.confirm, int)
@@ -204,8 +211,9 @@ class SearchConfig:
             raise SpecError("search.confirm", self.confirm,
                             f"allowed: 0 or false (off), or an integer 2..{MAX_CONFIRM} (the "
                             "best and its rivals: 1 would compare the best with nothing)")
-        check_int("search.confirm_max_rounds", self.confirm_max_rounds, minimum=6,
+        check_int("search.confirm_max_rounds", self.confirm_max_rounds, minimum=2,
                   maximum=MAX_CONFIRM_ROUNDS)
+        check_float("search.confirm_budget", self.confirm_budget, maximum=MAX_CONFIRM_BUDGET)
         if self.stop_on_repeated_error != 0:
             check_int("search.stop_on_repeated_error", self.stop_on_repeated_error,
                       minimum=2, maximum=MAX_N_TRIALS)

@@ -110,8 +110,11 @@ def failures(trials: pd.DataFrame, width: int = 160) -> pd.DataFrame:
                          "reason": bad["reason"].map(first_line)}).reset_index(drop=True)
 
 
-def tuning_cost(measurements: pd.DataFrame) -> pd.DataFrame:
-    """Device-hours spent by outcome: ``elapsed_s * world_size / 3600`` per execution.
+def tuning_cost(measurements: pd.DataFrame,
+                confirmation: tuple[int, float, float] | None = None) -> pd.DataFrame:
+    """Device-hours spent by outcome: ``elapsed_s * world_size / 3600`` per execution,
+    and with ``confirmation`` (its runs, wall-seconds, device-seconds) a row for the
+    confirmation round, counted in the total.
 
     Infeasible layouts never ran and cost nothing; they have no measurement row.
     """
@@ -123,6 +126,10 @@ def tuning_cost(measurements: pd.DataFrame) -> pd.DataFrame:
                                                device_hours=("device_hours", "sum"))
     out = out.reset_index()
     out["outcome"] = out["outcome"].map(OUTCOME_LABELS).fillna(out["outcome"])
+    if confirmation is not None and confirmation[0] > 0:
+        runs, wall_s, device_s = confirmation
+        out.loc[len(out)] = {"outcome": "confirmation round", "executions": runs,
+                             "wall_hours": wall_s / 3600.0, "device_hours": device_s / 3600.0}
     total = out[["executions", "wall_hours", "device_hours"]].sum()
     out.loc[len(out)] = {"outcome": "total", **total.to_dict()}
     return out.astype({"executions": "int64"})

@@ -27,6 +27,7 @@ from autotune.report.frames import measurements_frame, trials_frame, write_expor
 from autotune.report.render import Code, Image, Report, Section, Table, Text, render
 from autotune.report.results import confirmation_line, selected_trial
 from autotune.report.timings import breakdown_line, time_breakdown
+from autotune.storage.confirmations import ConfirmationCost, confirmation_cost
 from autotune.storage.db import Storage
 from autotune.storage.keys import StudyAttr, TrialAttr
 from autotune.storage.records import trial_layout_key
@@ -74,7 +75,7 @@ def study_report(storage: Storage, study: optuna.Study, out_dir: Path, *, fmt: s
             _microbatch(ctx, trials),
             _memory(ctx, trials, an.device_memory_gib(device, memory_gib), device),
             _outcomes(ctx, trials),
-            _cost(ctx, meas),
+            _cost(ctx, meas, confirmation_cost(storage, study.study_name)),
             _time(study),
             energy_section(meas),
             _importance(ctx, study),
@@ -140,7 +141,7 @@ def _best(study: optuna.Study, trials: pd.DataFrame) -> Section:
     confirmed = confirmation_line(study)
     s.blocks.append(Text(
         f"Confirmation round (the top layouts measured again side by side, interleaved; "
-        f"a paired sign test of the per-round ratio best / runner-up): {confirmed}."
+        f"the interval of the per-round ratio best / runner-up): {confirmed}."
         if confirmed else "Confirmation round: none ran (search.confirm off, or the study "
         "is not done)."))
     s.blocks.append(Table(top[["rank", "trial", "layout", "model_tflops_per_device",
@@ -245,17 +246,19 @@ def _outcomes(ctx: _Context, trials: pd.DataFrame) -> Section:
     return s
 
 
-def _cost(ctx: _Context, meas: pd.DataFrame) -> Section:
+def _cost(ctx: _Context, meas: pd.DataFrame, confirm: ConfirmationCost) -> Section:
     s = Section("Tuning cost")
     if meas.empty:
         s.blocks.append(Text("No trial has run yet: nothing spent."))
         return s
-    cost = an.tuning_cost(meas)
+    cost = an.tuning_cost(meas, (confirm.runs, confirm.wall_s, confirm.device_s))
     total = float(cost["device_hours"].iloc[-1])
+    round_text = (f" and {confirm.runs} confirmation runs in {confirm.launches} launches "
+                  f"({confirm.device_s / 3600.0:.3g} device-hours)" if confirm.runs else "")
     s.blocks.append(Text(
-        f"{total:.3g} device-hours spent on {len(meas)} trial executions: elapsed wall time "
-        "of each trial (launch to result) times the devices it held. Infeasible layouts "
-        "never ran and cost nothing."))
+        f"{total:.3g} device-hours spent on {len(meas)} trial executions{round_text}: "
+        "elapsed wall time of each run (launch to result) times the devices it held. "
+        "Infeasible layouts never ran and cost nothing."))
     s.blocks.append(ctx.image("cost", "device-hours by outcome",
                               lambda p: plots.tuning_cost(cost, p)))
     s.blocks.append(Table(cost))

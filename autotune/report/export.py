@@ -171,11 +171,14 @@ def best_json(study: optuna.Study, layout: Layout, trial: FrozenTrial) -> dict[s
             TrialAttr.STEP_TIME_S, TrialAttr.TOKENS_PER_S, TrialAttr.PEAK_MEMORY_GIB,
             TrialAttr.DEVICE_NAME)
     from autotune.report.results import confirmation_of
+    from autotune.trial.paired import equivalence_text
 
+    confirmation = confirmation_of(study)
     return {"study": study.study_name, "trial": trial.number, "layout": layout.to_dict(),
             "world_size": layout.world_size, "global_batch": layout.global_batch,
             **{k: trial.user_attrs[k] for k in keys if k in trial.user_attrs},
-            "confirmation": confirmation_of(study)}
+            "confirmation": confirmation,
+            "equivalence": equivalence_text(confirmation) if confirmation else None}
 
 
 def emit_best(study: optuna.Study, layout: Layout, trial: FrozenTrial, *, fmt: str,

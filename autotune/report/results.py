@@ -123,7 +123,9 @@ def confirmation_line(study: optuna.Study) -> str | None:
         return None
     line = f"{decision_line(record)}; {cost_line(record)}"
     if record["stale"]:
-        line += " (stale: trials completed since; the next run confirms again)"
+        line += (" (stale: trials completed since; the next run checks the candidates: "
+                 "unchanged, it keeps this verdict and measures nothing; with a new rival, "
+                 "it confirms again)")
     return line
 
 

@@ -5,13 +5,22 @@ a search stop), with every trial recorded. The candidates are the best measured 
 those whose interval overlaps its interval, ``search.confirm`` at most
 (:func:`autotune.trial.paired.overlapping`). Each round measures every candidate once, in
 alternating order (A B C, then C B A: a drift linear in time then favours no slot), with
-the study's trial settings and no early stop. With the built-in trainer and a launcher
-that batches, the rounds of a step go into one launch (A B C C B A ... in one process:
-start-up paid once); otherwise (a user's program, the replay launcher) each run is its own
-launch, in the same interleaved order. After each step the paired verdict is taken
-(:func:`autotune.trial.paired.paired_decision`); the first step has the fewest rounds that give
-an interval (6 at 95%), each later one 2 more, until the verdict is distinguishable, can
-no longer become so, or ``search.confirm_max_rounds`` is reached.
+the study's trial settings and never an early stop (``trial.early_stop_tolerance`` is the
+search's: a confirmation run is measured to the end, so every round is usable). With the
+built-in trainer and a launcher that batches, the rounds of a step go into one launch
+(A B C C B A in one process: start-up paid once); otherwise (a user's program, the replay
+launcher) each run is its own launch, in the same interleaved order. After each step of
+two rounds the verdict is taken (:func:`autotune.trial.paired.paired_decision`, whose
+error rate its docstring states) until it is distinguishable or equivalent, or
+``search.confirm_max_rounds``, the device budget (``search.confirm_budget`` of the
+search's device-seconds) or the run's wall-time limit ends it
+(:mod:`autotune.runner.confirm_budget`). Out of budget, the verdict is "not decided within
+the budget" and the single pass's best stands; out of time, the round is left unfinished
+for the next run. A round whose rivals the study's launch-to-launch noise cannot overtake
+is skipped in one line. Not distinguishable, the single pass's best is kept unless the
+rounds favour another (:func:`~autotune.runner.confirm_verdict.favoured`), and the two
+the rounds rank first are named equivalent where the interval says so; the budget trims
+the farthest rivals first until one A B, B A step fits.
 
 With several node groups in one run, the first group's launcher measures it. Many workers
 sharing a study: the worker that finds every trial recorded (no live claim,
@@ -28,7 +37,7 @@ counts against the budget and none is left RUNNING.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +46,8 @@ from optuna.trial import TrialState
 
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
+from autotune.runner.confirm_budget import Allowance, launch_noise, search_cost
+from autotune.runner.confirm_verdict import decide, favoured, noise_cannot_flip
 from autotune.runner.lifecycle import StopSignals, heartbeat
 from autotune.spec import StudySpec
 from autotune.storage.claims import claim_counts, repair_stale
@@ -57,24 +68,22 @@ from autotune.storage.records import set_user_attrs, trial_layout
 from autotune.trial import TrialPaths, TrialSpec
 from autotune.trial.classify import classify
 from autotune.trial.paired import (
+    MIN_ROUNDS,
+    ROUNDS_PER_STEP,
     ConfirmCandidate,
     PairedDecision,
     cost_line,
     decision_line,
-    min_rounds,
     overlapping,
-    paired_decision,
     settled,
 )
 
 __all__ = ["confirm_best", "confirmation_record", "candidates_of", "DEFAULT_PRECISION",
-           "ROUNDS_PER_STEP"]
+           "ROUNDS_PER_STEP", "ConfirmResult"]
 
 DEFAULT_PRECISION = 0.05
 """The precision assumed of a trial without one when ``trial.measure_precision`` is off
 (``trial.measure_precision``'s own default)."""
-ROUNDS_PER_STEP = 2
-"""Rounds added per step after the first: an even number keeps the order alternation."""
 
 
 @dataclass
@@ -83,6 +92,9 @@ class ConfirmResult:
     """What was stored on the study (``None``: this worker did not confirm)."""
     line: str
     """What to tell the user."""
+    ended: str | None = None
+    """Why the round stopped unfinished: ``interrupt``, ``sigterm`` or ``timeout`` (the
+    run's end: :class:`autotune.runner.worker.RunSummary`'s ``stopped_by``)."""
 
 
 def candidates_of(study: optuna.Study, spec: StudySpec) -> list[ConfirmCandidate]:
@@ -96,9 +108,12 @@ def candidates_of(study: optuna.Study, spec: StudySpec) -> list[ConfirmCandidate
         prec = t.user_attrs.get(TrialAttr.MEASURE_PRECISION)
         measured.append(ConfirmCandidate(lay.key(), t.number, float(t.value),
                                          float(prec) if prec is not None else None))
+    return overlapping(measured, spec.search.confirm, assumed_precision=_assumed(spec))
+
+
+def _assumed(spec: StudySpec) -> float:
     assumed = spec.trial.measure_precision
-    return overlapping(measured, spec.search.confirm,
-                       assumed_precision=assumed if assumed is not None else DEFAULT_PRECISION)
+    return assumed if assumed is not None else DEFAULT_PRECISION
 
 
 def _basis(cands: list[ConfirmCandidate]) -> str:
@@ -108,14 +123,25 @@ def _basis(cands: list[ConfirmCandidate]) -> str:
 
 def confirmation_record(decision: PairedDecision | None, cands: list[ConfirmCandidate], *,
                         state: str, launches: int, device_s: float, complete_trials: int,
-                        note: str | None = None) -> dict[str, Any]:
+                        note: str | None = None,
+                        favours: str | None = None) -> dict[str, Any]:
     """The study attribute: the verdict, the candidates, the cost, and the count of
-    complete trials it holds for (a later trial makes it stale)."""
+    complete trials it holds for (a later trial makes it stale). Not distinguishable, the
+    named best is the single pass's (``cands[0]``) unless the paired evidence favours
+    another (``favours``: :func:`~autotune.runner.confirm_verdict.favoured`), and
+    ``equivalent_to`` the other of the rounds' two first."""
     numbers = {c.key: c.trial_number for c in cands}
     base: dict[str, Any] = (decision.to_record() if decision is not None else
                             {"winner": cands[0].key, "runner_up": None, "ratio": None,
                              "interval": None, "rounds": 0, "distinguishable": None})
+    if decision is not None and decision.runner_up is not None and \
+            not decision.distinguishable and state == "decided":
+        named = cands[0].key if favours is None or favours == cands[0].key else favours
+        other = decision.runner_up if named == decision.winner else decision.winner
+        base = {**base, "paired_winner": decision.winner, "winner": named,
+                "equivalent_to": other}
     return {**base, "state": state, "note": note, "basis": _basis(cands),
+            "single_pass": cands[0].key,
             "winner_trial": numbers.get(base["winner"]),
             "runner_up_trial": numbers.get(base["runner_up"]) if base["runner_up"] else None,
             "candidates": [c.key for c in cands], "launches": launches,
@@ -124,8 +150,10 @@ def confirmation_record(decision: PairedDecision | None, cands: list[ConfirmCand
 
 def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: Launcher,
                  *, worker: str, signals: StopSignals | None = None,
-                 say: Callable[[str], None] = lambda _: None) -> ConfirmResult:
-    """Run (or resume, or leave to another worker) the study's confirmation round."""
+                 say: Callable[[str], None] = lambda _: None,
+                 deadline: float | None = None) -> ConfirmResult:
+    """Run (or resume, or leave to another worker) the study's confirmation round;
+    ``deadline``: the run's wall-time limit, on :func:`time.monotonic`'s clock."""
     name = spec.name
     if spec.search.confirm < 2:
         return ConfirmResult(None, "confirmation round: off (search.confirm)")
@@ -141,12 +169,20 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
     if not cands:
         return ConfirmResult(None, "confirmation round: no measured layout")
     complete = sum(1 for _ in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    if len(cands) == 1:
-        record = confirmation_record(None, cands, state="single", launches=0, device_s=0.0,
-                                     complete_trials=complete,
-                                     note="no other layout's interval overlaps the best's")
+    note = ("no other layout's interval overlaps the best's" if len(cands) == 1
+            else noise_cannot_flip(storage, name, cands))
+    if note is not None:
+        record = confirmation_record(None, cands[:1], state="single", launches=0,
+                                     device_s=0.0, complete_trials=complete, note=note)
         set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
-        return ConfirmResult(record, "confirmation round: " + decision_line(record))
+        return ConfirmResult(record, "confirmation round: skipped: " + note)
+    cost = search_cost(storage, name)
+    allowance = Allowance.of(spec.search.confirm_budget, cost,
+                             [c.trial_number for c in cands],
+                             world_size=Layout.from_key(cands[0].key).world_size,
+                             deadline=deadline, batched=launcher.batches)
+    while len(cands) > 2 and allowance.refusal(MIN_ROUNDS * len(cands), 0.0) is not None:
+        cands = cands[:-1]  # the farthest rival first: within the budget, the closest
     basis = _basis(cands)
     claimed = storage.retrying("claiming the confirmation round", lambda: claim_confirmation(
         storage, study_name=name, basis=basis, worker=worker))
@@ -158,43 +194,71 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
             return ConfirmResult(None, "confirmation round: decided (no record)")
         found = {**found, "complete_trials": complete}
         set_user_attrs(study, {StudyAttr.CONFIRMATION: found})
-        return ConfirmResult(found, f"confirmation round: {decision_line(found)}; "
-                             + cost_line(found))
+        return ConfirmResult(found, f"confirmation round: {decision_line(found)} (kept: "
+                             "decided earlier on these candidates, nothing measured now; "
+                             f"it cost {found.get('launches', 0)} launches, "
+                             f"{float(found.get('device_s') or 0.0):.1f} device-seconds)")
     if not isinstance(claimed, ConfirmClaimed):
         return ConfirmResult(None, "confirmation round: another worker runs it")
     with heartbeat(storage, 0, renew=lambda: renew_confirmation(storage, claimed.id)):
         return _rounds(spec, storage, study, launcher, claimed, cands, worker=worker,
-                       signals=signals, say=say, complete=complete)
+                       signals=signals, say=say, complete=complete, allowance=allowance)
+
+
+def _stop_request(launcher: Launcher, signals: StopSignals | None) -> str | None:
+    if signals is not None and signals.received is not None:
+        import signal as _signal
+
+        return "sigterm" if signals.received == _signal.SIGTERM else "interrupt"
+    return "interrupt" if launcher.cancelled else None
 
 
 def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: Launcher,
             claimed: ConfirmClaimed, cands: list[ConfirmCandidate], *, worker: str,
             signals: StopSignals | None, say: Callable[[str], None],
-            complete: int) -> ConfirmResult:
+            complete: int, allowance: Allowance) -> ConfirmResult:
     keys = [c.key for c in cands]
     by_key = {c.key: c for c in cands}
     stored = stored_runs(storage, claimed.id)
     done_rounds = 1 + max((r["round"] for r in stored), default=-1)
     launches, device_s = claimed.launches, claimed.device_s
-    if claimed.resumed:
-        say(f"confirmation round: resumed after {done_rounds} stored round(s)")
-    else:
-        say(f"confirmation round: {', '.join(keys)} side by side")
+    allowance.observe(device_s, len(stored))
     cap = spec.search.confirm_max_rounds
-    decision = _decide(stored, keys)
+    if claimed.resumed:
+        say(f"confirmation round: resumed after {done_rounds} stored round(s) of {cap} at most")
+    else:
+        say(f"confirmation round: {', '.join(keys)} side by side, {cap} rounds at most, "
+            f"{_budget_words(allowance)}")
+    same_launch = launcher.batches
+    launch = None if same_launch else launch_noise(storage, spec.name)
+    decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
+                      launch=launch)
+    out_of_budget: str | None = None
     while decision is None or not settled(decision, cap):
-        if launcher.cancelled or (signals is not None and signals.received is not None):
+        ended = _stop_request(launcher, signals)
+        if ended is not None:
             release_confirmation(storage, claimed.id)
-            return ConfirmResult(None, "confirmation round: interrupted; the next run goes "
-                                 f"on from its {done_rounds} stored round(s)")
-        want = (min_rounds() - done_rounds if done_rounds < min_rounds() else ROUNDS_PER_STEP)
-        want = max(1, min(want, cap - done_rounds))
-        if want <= 0 or done_rounds >= cap:
+            return ConfirmResult(None, "confirmation round: interrupted; the best below is "
+                                 "unconfirmed; the next run goes on from its "
+                                 f"{done_rounds} stored round(s)", ended=ended)
+        want = MIN_ROUNDS - done_rounds if done_rounds < MIN_ROUNDS else ROUNDS_PER_STEP
+        want = min(want, cap - done_rounds)
+        if want <= 0:
+            break
+        refused = allowance.refusal(want * len(keys), device_s)
+        if refused is not None and refused[0] == "timeout":
+            release_confirmation(storage, claimed.id)
+            return ConfirmResult(None, f"confirmation round: stopped at the wall-time limit "
+                                 f"({refused[1]}); the best below is unconfirmed; the next "
+                                 f"run goes on from its {done_rounds} stored round(s)",
+                                 ended="timeout")
+        if refused is not None:
+            out_of_budget = refused[1]
             break
         new_runs, step_launches, step_device_s = _measure(
             spec, launcher, claimed.id, by_key, keys, range(done_rounds, done_rounds + want),
             worker=worker)
-        if launcher.cancelled or (signals is not None and signals.received is not None):
+        if _stop_request(launcher, signals) is not None:
             continue  # cut short: its runs are not stored (the check above releases)
         per_round: dict[int, list[dict[str, Any]]] = {}
         for run in new_runs:
@@ -205,22 +269,47 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
                     step_launches if i == 0 else 0, step_device_s if i == 0 else 0.0)
         launches, device_s = launches + step_launches, device_s + step_device_s
         stored += new_runs
+        allowance.observe(device_s, len(stored))
         done_rounds += want
-        decision = _decide(stored, keys)
-        if decision is not None and not settled(decision, cap):
-            say(f"confirmation round: {decision_line(decision.to_record())}; "
-                f"{ROUNDS_PER_STEP} more rounds")
-    if decision is None:
-        note = "every round had a failed run"
-        record = confirmation_record(None, cands, state="failed", launches=launches,
+        decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
+                          launch=launch)
+        shown = (decision_line(confirmation_record(
+            decision, cands, state="decided", launches=0, device_s=0.0,
+            complete_trials=complete, favours=favoured(stored, keys, cands[0].key)))
+                 if decision is not None else "every round so far had a failed run")
+        say(f"confirmation round {done_rounds}/{cap}: {shown}; "
+            f"{device_s:.1f} device-s spent{_of_budget(allowance)}")
+    if decision is None or (out_of_budget is not None and not settled(decision, cap)):
+        state = "budget" if out_of_budget is not None else "failed"
+        note = out_of_budget if out_of_budget is not None else "every round had a failed run"
+        record = confirmation_record(decision if state == "budget" and decision else None,
+                                     cands, state=state, launches=launches,
                                      device_s=device_s, complete_trials=complete, note=note)
+        # The single pass's best stands, whatever the unfinished rounds lean to.
+        record.update(winner=cands[0].key, winner_trial=cands[0].trial_number)
     else:
         record = confirmation_record(decision, cands, state="decided", launches=launches,
-                                     device_s=device_s, complete_trials=complete)
-    finish_confirmation(storage, claimed.id, record)
+                                     device_s=device_s, complete_trials=complete,
+                                     favours=favoured(stored, keys, cands[0].key))
+    if record["state"] == "budget":
+        # Left open: a later run with a larger budget goes on from its stored rounds.
+        release_confirmation(storage, claimed.id)
+    else:
+        finish_confirmation(storage, claimed.id, record)
     set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
     return ConfirmResult(record, f"confirmation round: {decision_line(record)}; "
                          + cost_line(record))
+
+
+def _budget_words(allowance: Allowance) -> str:
+    if allowance.budget_device_s is None:
+        return "no device budget"
+    return f"a budget of {allowance.budget_device_s:.1f} device-s"
+
+
+def _of_budget(allowance: Allowance) -> str:
+    return (f" of {allowance.budget_device_s:.1f}" if allowance.budget_device_s is not None
+            else "")
 
 
 def _record(storage: Storage, confirmation_id: int, study: str, runs: list[dict[str, Any]],
@@ -230,25 +319,14 @@ def _record(storage: Storage, confirmation_id: int, study: str, runs: list[dict[
         device_s=device_s))
 
 
-def _decide(runs: list[dict[str, Any]], keys: list[str]) -> PairedDecision | None:
-    """The verdict of the complete rounds among ``runs`` (``None``: none is complete)."""
-    rounds: dict[int, dict[str, float]] = {}
-    failed: set[int] = set()
-    for r in runs:
-        value = r.get("model_tflops_per_device")
-        if r.get("outcome") != "complete" or not value:
-            failed.add(r["round"])
-        else:
-            rounds.setdefault(r["round"], {})[r["layout_key"]] = float(value)
-    whole = [v for n, v in sorted(rounds.items()) if n not in failed and sorted(v) == sorted(keys)]
-    return paired_decision(whole) if whole else None
-
-
 def _measure(spec: StudySpec, launcher: Launcher, confirmation_id: int,
              by_key: dict[str, ConfirmCandidate], keys: list[str], rounds: range, *,
              worker: str) -> tuple[list[dict[str, Any]], int, float]:
     """Measure ``rounds`` of every candidate, interleaved; the runs, launches, device-s."""
-    run_cfg = spec.run_config(None)  # no early stop: every run is measured to the end
+    # Never stopped early: the early stop's bar is the search's, and a run cut short
+    # would leave its round without a value.
+    run_cfg = replace(spec.run_config(None), early_stop_tolerance=None,
+                      best_model_tflops_per_device=None)
     order: list[tuple[int, int, str]] = []
     for n in rounds:
         members = keys if n % 2 == 0 else list(reversed(keys))

@@ -32,6 +32,11 @@ _STOP_MESSAGES = {
     "strategy": "search stopped: {reason}",
     "timeout": "wall-time budget reached (run again to continue)",
     "interrupt": "interrupted: the running trial was killed and will be retried",
+    "confirm_interrupt": "interrupted in the confirmation round: the best below is the "
+                         "single pass's, unconfirmed; the next run goes on from the stored "
+                         "rounds",
+    "confirm_timeout": "wall-time budget reached in the confirmation round: the best below "
+                       "is the single pass's, unconfirmed (run again to continue)",
     "sigterm": "stopped by SIGTERM: the running trial will be retried",
     "node_failure": "a node of the allocation died: its trial will be retried on healthy "
                     "nodes (run again in a new allocation)",
@@ -54,8 +59,12 @@ class Progress:
     """Prints trial starts and ends with the best so far and an ETA."""
 
     def __init__(self, total: int, *, already: int = 0, enabled: bool = True,
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, confirm_share: float = 0.0) -> None:
         self.total = total
+        self.confirm_share = confirm_share
+        """The confirmation round's most, as a fraction of the search's time (its device
+        budget: one world size, so device-seconds and wall time scale alike); the ETA
+        includes it."""
         self.done = already
         self.enabled = enabled
         self.stream = stream or sys.stderr
@@ -73,6 +82,7 @@ class Progress:
         if self._finished_here:
             left = max(self.total - self.done, 0)
             eta = elapsed / self._finished_here * left
+            eta += self.confirm_share * (elapsed + eta)
             text += f", ETA {format_duration(eta)}"
         return text
 

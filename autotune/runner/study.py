@@ -52,6 +52,7 @@ written, :mod:`autotune.storage.claims`; when a study is done, :mod:`autotune.ru
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from typing import TypeVar
@@ -141,6 +142,8 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     progress.resume(judged_claims(storage, spec.name))
     progress.message(f"calibration: {learned_from_line(record)}")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
+    # The wall-time limit covers the confirmation round too: it is part of the run.
+    deadline = time.monotonic() + timeout_s if timeout_s is not None else None
     busy = Busy()
     workers = [Worker(spec, storage, study, launcher, learning.copy(), n_trials,
                        progress, name_suffix=f"/{i}" if len(launchers) > 1 else "",
@@ -151,20 +154,25 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
                    else _run_side_by_side(workers, storage, study, timeout_s, signals))
         if summary.stopped_by in ("budget", "strategy", "exhausted"):
             _confirm(spec, storage, study, launchers[0], summary, workers[0].name, signals,
-                     progress)
+                     progress, deadline)
     return summary
 
 
 def _confirm(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: Launcher,
              summary: RunSummary, worker: str, signals: StopSignals,
-             progress: Progress) -> None:
+             progress: Progress, deadline: float | None) -> None:
     """The study is done: its confirmation round (:mod:`autotune.runner.confirm`) names
-    the best it reports."""
+    the best it reports. A round cut short (Ctrl-C, SIGTERM, the wall-time limit) ends the
+    run as that, not as the budget reached: the best is then the single pass's,
+    unconfirmed."""
     done = confirm_best(spec, storage, study, launcher, worker=worker, signals=signals,
-                        say=progress.message)
+                        say=progress.message, deadline=deadline)
     progress.message(done.line)
     if done.record is not None:  # the verdict where a person reads it (dashboard, attrs)
         storage.retrying("storing the verdict", lambda: publish_verdict(study, done.line))
+    if done.ended is not None:
+        summary.stopped_by = {"interrupt": "confirm_interrupt",
+                              "timeout": "confirm_timeout"}.get(done.ended, done.ended)
     summary.confirmation = done.record
     winner = (done.record or {}).get("winner_trial")
     summary.trials = judged_trials(storage, study.study_name, states=None, keys=SUMMARY_KEYS)

@@ -104,7 +104,9 @@ class RunSummary:
     """``budget``, ``timeout``, ``exhausted``, ``strategy`` (it stopped early: see
     ``stop_reason``), ``broken_program`` (trials failed alike: :mod:`autotune.runner.
     stop_early`; ``stop_reason`` has the error line and the trial folders), ``interrupt``,
-    ``sigterm`` or ``node_failure`` (a node of this
+    ``sigterm``, ``confirm_interrupt`` or ``confirm_timeout`` (Ctrl-C or the wall-time
+    limit in the confirmation round: :func:`autotune.runner.study.run_study`), or
+    ``node_failure`` (a node of this
     worker's group died; ``stop_reason`` says which; with several groups, only when every
     group lost one)."""
     stop_reason: str | None = None

@@ -20,7 +20,7 @@ from datetime import timedelta
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from autotune.storage import _optuna_rdb as rdb
 from autotune.storage.leases import dead_here, utcnow
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ConfirmClaimed", "ConfirmRefused", "claim_confirmation", "renew_confirmation",
            "release_confirmation", "record_round", "finish_confirmation", "stored_runs",
-           "decided_record", "unfinished_line", "RUN_COLUMNS"]
+           "decided_record", "unfinished_line", "confirmation_cost", "ConfirmationCost",
+           "RUN_COLUMNS"]
 
 RUN_COLUMNS = ("round", "slot", "layout_key", "trial_number", "outcome", "reason",
                "model_tflops_per_device", "step_time_s", "measure_precision", "elapsed_s",
@@ -159,3 +160,28 @@ def unfinished_line(storage: Storage, study_name: str) -> str | None:
     live = row.lease_until is not None and row.lease_until >= now and not dead_here(row.worker)
     return (f"running in {row.worker}, {rounds} round(s) stored" if live else
             f"unfinished, {rounds} round(s) stored; the next `autotune run` goes on")
+
+
+@dataclass(frozen=True)
+class ConfirmationCost:
+    """What a study's confirmation rounds spent, all of them (each set of candidates)."""
+
+    runs: int
+    launches: int
+    device_s: float
+    wall_s: float
+    """Its runs' elapsed time, summed (a batch's launch split between its runs)."""
+
+
+def confirmation_cost(storage: Storage, study_name: str) -> ConfirmationCost:
+    """The study's confirmation rounds' cost, for the report's tuning cost."""
+    with storage.session() as s:
+        launches, device_s = s.execute(select(
+            func.coalesce(func.sum(Confirmation.launches), 0),
+            func.coalesce(func.sum(Confirmation.device_s), 0.0))
+            .where(Confirmation.study_name == study_name)).one()
+        runs, wall = s.execute(select(func.count(ConfirmationRun.id),
+                                      func.coalesce(func.sum(ConfirmationRun.elapsed_s), 0.0))
+                               .where(ConfirmationRun.study_name == study_name)).one()
+    return ConfirmationCost(int(runs or 0), int(launches or 0), float(device_s or 0.0),
+                            float(wall or 0.0))

@@ -197,3 +197,23 @@ def test_reads_the_autotuners_folder_of_the_benchmarks_own_grid(tmp_path: Path) 
     assert read_autotuner_best(results) == max(measured, key=lambda k: measured[k]) == "z1-mb8"
     launches, _ = read_launches(DATA / "ds_autotuner_grid_launches.jsonl")
     assert launches == 13  # 1 model-info profile run + the 12 points
+
+
+def test_a_truth_that_does_not_repeat_scores_no_tool(capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    a = bench.parse_args(["--zero", "0", "1", "--micro-batch", "8", "--tools", "autotune"])
+    assert a.truth_repeats == 2
+    rows = [{"autotune": {"best": "z1-mb8", "launches": 5, "device_seconds": 100.0,
+                          "wall_s": 50.0}}]
+    # The week's case: one truth named z1-mb8, the next z0-mb8.
+    moved = [{"z0-mb8": 100.0, "z1-mb8": 110.0}, {"z0-mb8": 110.0, "z1-mb8": 100.0}]
+    out = bench.report(a, moved, [dict(r) for r in rows], show=False)
+    assert not out["truth_repeatability"]["repeats"]
+    assert out["truth_repeatability"]["bests"] == ["z1-mb8", "z0-mb8"]
+    assert out["tools"]["autotune"]["within_5pct"] is None
+    assert out["ground_truths"] == moved
+    steady = [{"z0-mb8": 100.0, "z1-mb8": 110.0}, {"z0-mb8": 101.0, "z1-mb8": 112.0}]
+    out = bench.report(a, steady, [dict(r) for r in rows], show=True)
+    assert out["truth_repeatability"]["repeats"] and out["ground_truth_best"] == "z1-mb8"
+    assert out["tools"]["autotune"]["within_5pct"] == 1
+    assert "ground truth repeats" in capsys.readouterr().out
