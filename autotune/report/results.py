@@ -92,8 +92,9 @@ def selected_trial(study: optuna.Study) -> FrozenTrial | None:
     from autotune.objective import select_best
     from autotune.storage.keys import StudyAttr, TrialAttr
     from autotune.storage.records import trial_energy
+    from autotune.storage.values import complete_only
 
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    done = complete_only(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     selection = study.user_attrs.get(StudyAttr.SELECTION)
     confirmed = _confirmed_winner(study, done, selection)
     if confirmed is not None:

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from autotune.errors import AutotuneError
 from autotune.feasibility import Constraints, Reason
@@ -76,6 +76,7 @@ from autotune.storage.records import (
     verdict_attrs,
 )
 from autotune.storage.study_records import learned_from_record, search_stop_of, search_stop_record
+from autotune.storage.values import step_tflops, stored_value
 from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
 from autotune.trial.classify import classify
 from autotune.trial.outcome import Outcome, Verdict, infeasible
@@ -483,7 +484,8 @@ class Worker:
                       else {CONSTRAINT_ATTR: outcome.kind.constraint})
         recorded = self._retrying(lambda: record_execution(
             self.storage, trial_id=claimed.trial_id, state=outcome.state,
-            value=outcome.value if outcome.state == TrialState.COMPLETE else None,
+            value=stored_value(outcome),
+            intermediate=step_tflops(facts.result) if outcome.kind is Outcome.STOPPED else None,
             user_attrs=user_attrs(facts), system_attrs=constraint,
             measurement=self._row(facts), retry=outcome.retry,
             before_commit=lambda: _test_kill_point("in-record")))

@@ -88,6 +88,7 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
 
     from autotune.report.results import list_studies, selected_trial
     from autotune.storage.records import trial_energy, trial_layout_key, trial_tokens_per_s
+    from autotune.storage.values import measured_value
 
     have = set(list_studies(storage))
     rows = []
@@ -100,8 +101,8 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
         if best is None or best.value is None:
             continue
         energy = trial_energy(best)
-        done = len(study.get_trials(deepcopy=False,
-                                    states=(optuna.trial.TrialState.COMPLETE,)))
+        done = sum(1 for t in study.get_trials(deepcopy=False)
+                   if measured_value(t) is not None)
         devices = request.devices(spec, size)
         rows.append(ScalingRow(
             size=size, nodes=at.cluster.nodes, devices=devices,

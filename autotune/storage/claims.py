@@ -222,14 +222,16 @@ def renew_lease(storage: Storage, trial_id: int) -> bool:
 def record_execution(storage: Storage, *, trial_id: int, state: TrialState,
                      value: float | None, user_attrs: Mapping[str, Any],
                      system_attrs: Mapping[str, Any], measurement: Mapping[str, Any],
-                     retry: bool, before_commit: Callable[[], None] | None = None) -> bool:
-    """Record an execution's end in one transaction: the trial's values, attributes,
-    constraint and state, its ``measurements`` row, the claim's end. ``False`` (nothing
-    written) when the trial was repaired meanwhile (its runner was silent for longer than
-    the grace period)."""
+                     retry: bool, before_commit: Callable[[], None] | None = None,
+                     intermediate: Mapping[int, float] | None = None) -> bool:
+    """Record an execution's end in one transaction: the trial's values, intermediate
+    values, attributes, constraint and state, its ``measurements`` row, the claim's end.
+    ``False`` (nothing written) when the trial was repaired meanwhile (its runner was
+    silent for longer than the grace period)."""
     with storage.session() as s:
         if not rdb.finish_trial(s, trial_id, state=state, value=value,
-                                user_attrs=user_attrs, system_attrs=system_attrs):
+                                user_attrs=user_attrs, system_attrs=system_attrs,
+                                intermediate=intermediate):
             s.rollback()
             return False
         s.execute(update(Measurement).where(Measurement.trial_id == trial_id)

@@ -29,6 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import and_, select
 
 from autotune.storage.keys import TrialAttr
+from autotune.storage.values import complete_only
 
 if TYPE_CHECKING:
     from autotune.storage.db import Storage
@@ -71,14 +72,16 @@ def highest(trials: Sequence[T]) -> T | None:
     """The completed trial of highest value (throughput) among ``trials`` (in number
     order: the first of equal values), ``None`` before any: what the runner compares each
     new trial with (the study's objective may name another best:
-    :func:`autotune.report.results.selected_trial`)."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    :func:`autotune.report.results.selected_trial`). Stopped trials are never the best
+    (:func:`autotune.storage.values.complete_only`)."""
+    done = complete_only(trials)
     return max(done, key=lambda t: t.value or 0.0) if done else None
 
 
 def best_judged(storage: Storage, study_name: str) -> JudgedTrial | None:
     """:func:`highest` of the study, from the narrow read (its value, not the whole trial)."""
-    return highest(judged_trials(storage, study_name, states=(TrialState.COMPLETE,), keys=()))
+    return highest(judged_trials(storage, study_name, states=(TrialState.COMPLETE,),
+                                 keys=(TrialAttr.OUTCOME,)))
 
 
 def read_best_trial(storage: Storage, study_name: str) -> FrozenTrial | None:

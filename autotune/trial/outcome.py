@@ -12,8 +12,10 @@ builds theirs here, so every trial state is decided in these two modules (Optuna
 outcome         Optuna state             meaning
 ==============  =======================  ==========================================
 complete        COMPLETE                 measured; value = model TFLOPS per device
-stopped         COMPLETE                 early-stopped as hopeless: its measurement is
-                                         a low value to the search, never the best
+stopped         PRUNED                   early-stopped as hopeless: its measurement is
+                                         a low value to the search, never the best; it
+                                         keeps its value and per-step values
+                                         (:mod:`autotune.storage.values`)
 oom             PRUNED + constraint > 0  ran out of memory: infeasible, and its more
                                          memory-hungry siblings are not launched
 infeasible      PRUNED + constraint > 0  refused by the feasibility check, never ran
@@ -142,7 +144,7 @@ class _Meaning:
 _MEANING: dict[Outcome, _Meaning] = {
     Outcome.COMPLETE: _Meaning("COMPLETE", 0.0, False, "ok", True, "complete", "ok",
                                "#2e7d32"),
-    Outcome.STOPPED: _Meaning("COMPLETE", 0.0, False, "ok", True, "stopped early (hopeless)",
+    Outcome.STOPPED: _Meaning("PRUNED", 0.0, False, "ok", True, "stopped early (hopeless)",
                               "stopped", "#9ccc65"),
     Outcome.OOM: _Meaning("PRUNED", 1.0, False, "oom", True, "out of memory", "OOM",
                           "#c62828"),
