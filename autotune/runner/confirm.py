@@ -44,11 +44,11 @@ from autotune.storage.confirmations import (
     ConfirmClaimed,
     ConfirmRefused,
     claim_confirmation,
+    confirmation_lease,
     decided_record,
     finish_confirmation,
     record_round,
     release_confirmation,
-    renew_confirmation,
     stored_runs,
 )
 from autotune.storage.db import Storage
@@ -162,7 +162,7 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
                              + cost_line(found))
     if not isinstance(claimed, ConfirmClaimed):
         return ConfirmResult(None, "confirmation round: another worker runs it")
-    with heartbeat(storage, 0, renew=lambda: renew_confirmation(storage, claimed.id)):
+    with heartbeat(storage, 0, lease=confirmation_lease(storage, claimed.id)):
         return _rounds(spec, storage, study, launcher, claimed, cands, worker=worker,
                        signals=signals, say=say, complete=complete)
 

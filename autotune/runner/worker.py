@@ -50,6 +50,7 @@ from autotune.storage.claims import (
     ClaimRequest,
     Refused,
     claim_first,
+    claim_lease,
     record_execution,
     repair_stale,
     retry_keys,
@@ -67,7 +68,7 @@ from autotune.storage.judged import (
     whole,
 )
 from autotune.storage.keys import StudyAttr, TrialAttr
-from autotune.storage.leases import utcnow
+from autotune.storage.leases import Lease, utcnow
 from autotune.storage.records import (
     TrialFacts,
     measurement_row,
@@ -435,9 +436,12 @@ class Worker:
                                         cand.predicted_tflops if cand else None)
         t0 = utcnow()
         outcomes: list[Verdict] = []
+        self.launcher.clear_abandoned()
         with ExitStack() as beats:
-            for claimed, _ in batch:
-                beats.enter_context(heartbeat(self.storage, claimed.trial_id))
+            for claimed, layout in batch:
+                beats.enter_context(heartbeat(self.storage, claimed.trial_id, lease=claim_lease(
+                    self.storage, claimed.trial_id, f"trial {claimed.number} ({layout.key()})"),
+                    on_lost=self._lease_lost))
             reports = self.launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s)
             _test_kill_point("after-launch")
             finished = utcnow()
@@ -452,6 +456,11 @@ class Worker:
                 self._record(claimed, layout, outcome, facts)
                 outcomes.append(outcome)
         return outcomes
+
+    def _lease_lost(self, lease: Lease) -> None:
+        """A trial's lease is lost: its launch is killed, the layout left to its holder."""
+        self.progress.message(f"{lease.lost}: its launch is cancelled")
+        self.launcher.abandon()
 
     def _record_recovered(self, claimed: Claimed, layout: Layout) -> bool:
         """Record the finished result the cut-short execution this retry takes over left
