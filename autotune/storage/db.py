@@ -378,8 +378,13 @@ class Storage:
         query = query.order_by(Measurement.id.desc())
         if limit is not None:
             query = query.limit(limit)
-        with self.session() as s:
-            rows = s.execute(query).all()
+        def read() -> list[Any]:
+            with self.session() as s:
+                return list(s.execute(query).all())
+
+        # Through the retry layer, as every call is: the end-of-run refit reads this
+        # outside any retried step.
+        rows = self.retrying("reading the measurements", read)
         return [dict(zip(columns, row, strict=True)) for row in reversed(rows)]
 
     # -- layout claims (autotune.storage.claims owns the writes) ------------------------

@@ -108,8 +108,13 @@ def judged_trials(storage: Storage, study_name: str, *,
              .where(S.study_name == study_name))
     if states is not None:
         query = query.where(T.state.in_(states))
-    with storage.session() as s:
-        rows = s.execute(query).all()
+    def read() -> list[Any]:
+        with storage.session() as s:
+            return list(s.execute(query).all())
+
+    # Through the retry layer, as every call is: the run's last read and the final refit
+    # call this outside any retried step.
+    rows = storage.retrying(f"reading study {study_name!r}'s trials", read)
     trials: dict[int, tuple[int, TrialState, float | None, dict[str, Any]]] = {}
     for trial_id, number, state, value, value_type, key, value_json in rows:
         if trial_id not in trials:
