@@ -7,7 +7,8 @@ an outcome without its reason (issue #17). This module writes the same rows thro
 Optuna's own ORM models in a session the caller holds, so that a claim creates its trial
 and a record finishes it, each in one transaction with autotune's tables beside them.
 
-Private Optuna API, pinned to Optuna 5.0's layout (``optuna/storages/_rdb/models.py``:
+Private Optuna API, written against Optuna 5.0's layout and refused outside the known
+releases (:mod:`autotune.storage.optuna_pin`) (``optuna/storages/_rdb/models.py``:
 ``TrialModel``, ``TrialParamModel``, ``TrialValueModel``, ``TrialUserAttributeModel``,
 ``TrialSystemAttributeModel``; the number as ``TrialModel.count_past_trials`` under the
 study row's ``FOR UPDATE`` lock, as ``RDBStorage._create_new_trial`` does). Datetimes are

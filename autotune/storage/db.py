@@ -34,6 +34,7 @@ from autotune.errors import AutotuneError, StorageError
 from autotune.storage._sp_columns import widen_recompute_add_sequence_parallel
 from autotune.storage.guarded import database_error, guard
 from autotune.storage.limits import apply_session_limits
+from autotune.storage.optuna_pin import check_optuna_version
 from autotune.storage.optuna_schema import first_start_turn, head_revision
 from autotune.storage.schema import (
     ENERGY_COLUMNS,
@@ -111,6 +112,7 @@ class Storage:
     """The study storage and the measurements tables of one database."""
 
     def __init__(self, config: StorageConfig, *, connections: int = 1) -> None:
+        check_optuna_version()
         self.config = config
         self.connections = connections
         self.url = resolve_url(config.url)

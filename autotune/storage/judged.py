@@ -13,8 +13,8 @@ two attributes that say what it ran and how it ended (``layout_dict``, ``outcome
 :func:`judged_trials` reads just those (or the few a run's closing table shows,
 :data:`SUMMARY_KEYS`, where each worker read the whole study once more) in one query on
 Optuna's tables (the same rows ``get_trials`` reads; the value decoded as
-``TrialValueModel.stored_repr_to_value`` does). Private Optuna API, pinned like
-:mod:`autotune.storage._optuna_rdb`.
+``TrialValueModel.stored_repr_to_value`` does). Private Optuna API, refused outside the
+known releases (:mod:`autotune.storage.optuna_pin`).
 """
 
 from __future__ import annotations
