@@ -46,7 +46,7 @@ from autotune.storage.schema import (
     Measurement,
     SchemaVersion,
 )
-from autotune.storage.transient import driver_message, retrying
+from autotune.storage.transient import Outage, driver_message, retrying
 from autotune.storage.turns import Turns
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
@@ -119,6 +119,7 @@ class Storage:
         self.masked_url = mask_url(self.url)
         self.backend = backend_of(self.url)
         self._connected = False
+        self._outage = Outage()
         """Whether this process reached the database: a refused connection is a restart
         then, not a wrong URL (:func:`autotune.storage.transient.transient_reason`)."""
         for attempt in range(_SCHEMA_ATTEMPTS):
@@ -344,7 +345,8 @@ class Storage:
         transiently, for up to ``storage.outage_wait_s``, one line per wait; any other
         database error as one :class:`StorageError` line (issue 23 A, B)."""
         return retrying(what, self.masked_url, fn, wait_s=self.config.outage_wait_s,
-                        connected=lambda: self._connected, translate=self._translate)
+                        connected=lambda: self._connected, translate=self._translate,
+                        outage=self._outage)
 
     def _translate(self, err: BaseException) -> BaseException | None:
         if database_error(err):
