@@ -216,3 +216,43 @@ def test_from_a_package_import_a_submodule_is_no_import_of_the_package() -> None
     graph = module_graph()
     assert "autotune.workloads.megatron" in graph["autotune.workloads.foreign"]
     assert "autotune.workloads" not in graph["autotune.workloads.foreign"]
+
+
+STORAGE_PUBLIC = ("autotune.storage", "autotune.storage.urls")
+"""What may be imported of storage from outside it: the door (``autotune/storage/
+__init__.py``: :class:`~autotune.storage.TrialStore` and the names the readers need) and
+the URL helpers the launchers use without loading the database. Every other storage
+module is the door's own."""
+
+
+def storage_imports(folders: tuple[str, ...]) -> list[Import]:
+    """The imports of storage modules by the modules of ``folders`` outside storage."""
+    return [imp for folder in folders for imp in (
+        imports_of(REPO / folder) if (REPO / folder).is_file() else imports_under(folder))
+        if not imp.module.startswith("autotune.storage")
+        and (imp.target == "autotune.storage" or imp.target.startswith("autotune.storage."))]
+
+
+def _is_module(target: str) -> bool:
+    """A module or package of the tree (``from autotune.storage import Name`` also reads
+    as ``autotune.storage.Name``, which is none)."""
+    path = REPO / target.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def test_nothing_outside_storage_imports_a_private_storage_module() -> None:
+    bad = [str(i) for i in storage_imports(("autotune", "trainer"))
+           if _is_module(i.target) and i.target not in STORAGE_PUBLIC]
+    assert not bad, "import the door (autotune.storage) instead:\n  " + "\n  ".join(bad)
+
+
+def test_the_runner_imports_at_most_two_storage_modules() -> None:
+    modules = {i.target for i in storage_imports(("autotune/runner",)) if _is_module(i.target)}
+    assert len(modules) <= 2, sorted(modules)
+
+
+def test_a_private_storage_import_is_caught() -> None:
+    found = parse_imports("from autotune.storage.claims import claim_first\n"
+                          "from autotune.storage import TrialStore\n", "autotune.report.x")
+    private = {i.line for i in found if i.target == "autotune.storage.claims"}
+    assert private == {1}

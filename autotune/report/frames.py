@@ -27,10 +27,7 @@ from sqlalchemy.engine import Engine
 from autotune.errors import UsageError
 from autotune.layout import Layout
 from autotune.report.files import atomic_path
-from autotune.storage.keys import TrialAttr
-from autotune.storage.schema import Measurement
-from autotune.storage.study_records import study_fingerprint
-from autotune.storage.values import measured_value
+from autotune.storage import Measurement, TrialAttr, measured_value, study_fingerprint
 
 __all__ = ["TRIAL_COLUMNS", "MEASUREMENT_COLUMNS", "trials_frame", "measurements_frame",
            "write_exports", "read_export"]

@@ -39,21 +39,24 @@ from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.runner.lifecycle import StopSignals, heartbeat
 from autotune.spec import StudySpec
-from autotune.storage.claims import claim_counts, repair_stale
-from autotune.storage.confirmations import (
+from autotune.storage import (
     ConfirmClaimed,
     ConfirmRefused,
+    Storage,
+    StudyAttr,
+    TrialAttr,
     claim_confirmation,
+    claim_counts,
     confirmation_lease,
     decided_record,
     finish_confirmation,
     record_round,
     release_confirmation,
+    repair_stale,
+    set_user_attrs,
     stored_runs,
+    trial_layout,
 )
-from autotune.storage.db import Storage
-from autotune.storage.keys import StudyAttr, TrialAttr
-from autotune.storage.records import set_user_attrs, trial_layout
 from autotune.trial import TrialPaths, TrialSpec
 from autotune.trial.classify import classify
 from autotune.trial.paired import (

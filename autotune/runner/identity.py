@@ -15,19 +15,32 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.config.launcher import LauncherConfig
 from autotune.errors import UsageError
 from autotune.spec import StudySpec
 
-__all__ = ["fingerprint_of", "space_of", "differences", "check_identity", "OLD_MEANING"]
+__all__ = ["fingerprint_of", "space_of", "differences", "check_identity", "OLD_MEANING",
+           "launcher_record"]
 
 OLD_MEANING: dict[str, Any] = {"workload": "builtin"}
 """What a field absent from an old fingerprint meant (before workloads: the built-in
 trainer). Fields absent and not here were not compared then and are not now."""
 
 
-def _program(spec: StudySpec) -> dict[str, Any]:
-    from autotune.runner.optuna_io import launcher_record
+def launcher_record(launcher: LauncherConfig) -> dict[str, Any]:
+    """What ``best --emit command`` needs of the study's launcher: its kind, the
+    environment it gives the program and, on SLURM, the options of its steps."""
+    out: dict[str, Any] = {"kind": launcher.kind}
+    if launcher.kind == "local":
+        out["env"] = dict(launcher.local.env)
+    elif launcher.kind == "slurm":
+        slurm = launcher.slurm
+        out.update(env=dict(slurm.env), gpus_per_node=slurm.gpus_per_node,
+                   cpus_per_task=slurm.cpus_per_task, extra_args=list(slurm.extra_args))
+    return out
 
+
+def _program(spec: StudySpec) -> dict[str, Any]:
     w = spec.workload
     return {"kind": w.kind, "argv": list(w.argv), "script": w.script, "args": list(w.args),
             "ds_config": dict(w.ds_config),

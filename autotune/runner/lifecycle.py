@@ -15,9 +15,7 @@ from types import FrameType
 from typing import Any
 
 from autotune.launchers.base import Launcher
-from autotune.storage.claims import claim_lease
-from autotune.storage.db import Storage
-from autotune.storage.leases import Lease
+from autotune.storage import Lease, Storage, claim_lease
 
 __all__ = ["Busy", "heartbeat", "StopSignals"]
 

@@ -19,17 +19,23 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial
 
-from autotune.config.launcher import LauncherConfig
 from autotune.hardware import GiB
 from autotune.layout import Layout
-from autotune.runner.identity import check_identity, fingerprint_of, space_of
+from autotune.runner.identity import check_identity, fingerprint_of, launcher_record, space_of
 from autotune.search import Observation, dominated_by_oom
 from autotune.spec import StudySpec
-from autotune.storage.db import Storage
-from autotune.storage.judged import AnyTrial, judged_trials
-from autotune.storage.keys import StudyAttr
-from autotune.storage.records import set_user_attrs, trial_layout, trial_outcome
-from autotune.storage.study_records import study_attrs, study_fingerprint, workload_record
+from autotune.storage import (
+    AnyTrial,
+    Storage,
+    StudyAttr,
+    judged_trials,
+    set_user_attrs,
+    study_attrs,
+    study_fingerprint,
+    trial_layout,
+    trial_outcome,
+    workload_record,
+)
 from autotune.trial.outcome import OUTCOME_KINDS, Outcome
 
 __all__ = ["open_study", "fingerprint_of", "history", "observations", "layout_params",
@@ -88,19 +94,6 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
             spec.workload.to_dict(), train_iters=steps, ranks_per_node=per_node,
             launcher=launcher_record(spec.launcher)))
     return study
-
-
-def launcher_record(launcher: LauncherConfig) -> dict[str, Any]:
-    """What ``best --emit command`` needs of the study's launcher: its kind, the
-    environment it gives the program and, on SLURM, the options of its steps."""
-    out: dict[str, Any] = {"kind": launcher.kind}
-    if launcher.kind == "local":
-        out["env"] = dict(launcher.local.env)
-    elif launcher.kind == "slurm":
-        slurm = launcher.slurm
-        out.update(env=dict(slurm.env), gpus_per_node=slurm.gpus_per_node,
-                   cpus_per_task=slurm.cpus_per_task, extra_args=list(slurm.extra_args))
-    return out
 
 
 def history(storage: Storage, study_name: str, claimed: dict[str, int]) -> list[Observation]:

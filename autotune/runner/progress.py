@@ -18,24 +18,29 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.layout import Layout
 from autotune.report.tables import format_table
-from autotune.storage.judged import AnyTrial
-from autotune.storage.keys import SKIPPED, TrialAttr
-from autotune.storage.records import trial_layout_key, trial_outcome, trial_reason
-from autotune.trial.outcome import Outcome, Verdict
+from autotune.storage import (
+    SKIPPED,
+    AnyTrial,
+    TrialAttr,
+    trial_layout_key,
+    trial_outcome,
+    trial_reason,
+)
+from autotune.trial.outcome import Outcome, StopReason, Verdict
 
 __all__ = ["Progress", "format_duration", "trials_table", "stop_message", "best_line"]
 
 _STOP_MESSAGES = {
-    "budget": "budget of {n_trials} trials reached",
-    "exhausted": "every promising layout was measured",
-    "strategy": "search stopped: {reason}",
-    "timeout": "wall-time budget reached (run again to continue)",
-    "interrupt": "interrupted: the running trial was killed and will be retried",
-    "sigterm": "stopped by SIGTERM: the running trial will be retried",
-    "node_failure": "a node of the allocation died: its trial will be retried on healthy "
-                    "nodes (run again in a new allocation)",
-    "broken_program": "study stopped: trials failed alike (the error and the trial folders "
-                      "follow on stderr)",
+    StopReason.BUDGET: "budget of {n_trials} trials reached",
+    StopReason.EXHAUSTED: "every promising layout was measured",
+    StopReason.STRATEGY: "search stopped: {reason}",
+    StopReason.TIMEOUT: "wall-time budget reached (run again to continue)",
+    StopReason.INTERRUPT: "interrupted: the running trial was killed and will be retried",
+    StopReason.SIGTERM: "stopped by SIGTERM: the running trial will be retried",
+    StopReason.NODE_FAILURE: "a node of the allocation died: its trial will be retried on "
+                             "healthy nodes (run again in a new allocation)",
+    StopReason.BROKEN_PROGRAM: "study stopped: trials failed alike (the error and the trial "
+                               "folders follow on stderr)",
 }
 
 
@@ -105,12 +110,12 @@ class Progress:
 def stop_message(stopped_by: str, *, n_trials: int, reason: str | None = None) -> str:
     """Why a run ended, for people (``stopped_by``: the run summary's; ``reason``: the
     strategy's stop reason, with ``strategy``)."""
-    return _STOP_MESSAGES[stopped_by].format(n_trials=n_trials, reason=reason)
+    return _STOP_MESSAGES[StopReason(stopped_by)].format(n_trials=n_trials, reason=reason)
 
 
 def best_line(best: FrozenTrial) -> str:
     """The best trial in one line: layout, value, trial number."""
-    from autotune.storage.records import trial_energy_line
+    from autotune.storage import trial_energy_line
 
     return (f"best layout: {trial_layout_key(best)}  "
             f"{best.value:.4g} model TFLOPS/device (trial #{best.number}); "

@@ -27,7 +27,8 @@ from typing import Any
 
 from autotune.scaling.sizes import ScalingRequest, size_spec
 from autotune.spec import StudySpec
-from autotune.storage.keys import StudyAttr
+from autotune.storage import StudyAttr
+from autotune.trial.outcome import StopReason
 
 __all__ = ["SCALING_ATTR", "scaling_record", "run_scaling", "ScalingRun"]
 
@@ -50,7 +51,7 @@ class ScalingRun:
     """How the run went: the sizes finished, and what stopped it (``None``: all done)."""
 
     done: list[int] = field(default_factory=list)
-    stopped_by: str | None = None
+    stopped_by: StopReason | None = None
     """``sigterm``, ``interrupt``, ``failed`` (a size completed no trial)."""
     stopped_at: int | None = None
 
@@ -64,7 +65,7 @@ def run_scaling(spec: StudySpec, request: ScalingRequest, *, n_trials: int | Non
     with _SigtermBetweenSizes() as between:
         for size, at in zip(request.sizes, specs, strict=True):
             if between.received:  # arrived while no size's study ran: stop before this one
-                outcome.stopped_by, outcome.stopped_at = "sigterm", size
+                outcome.stopped_by, outcome.stopped_at = StopReason.SIGTERM, size
                 return outcome
             if not _run_size(spec, request, size, at, outcome, n_trials=n_trials,
                              storage_url=storage_url, log=log, quiet=quiet):
@@ -105,8 +106,7 @@ def _run_size(spec: StudySpec, request: ScalingRequest, size: int, at: StudySpec
     from autotune.launchers import make_launchers
     from autotune.runner.progress import Progress, best_line
     from autotune.runner.study import run_study
-    from autotune.storage import open_storage
-    from autotune.storage.study_records import learned_from_line, learned_from_of
+    from autotune.storage import learned_from_line, learned_from_of, open_storage
 
     if storage_url:
         at = at.with_storage_url(storage_url)
@@ -134,11 +134,11 @@ def _run_size(spec: StudySpec, request: ScalingRequest, size: int, at: StudySpec
             log(f"{request.axis} {size}: {best_line(summary.best)}")
     finally:
         storage.close()
-    if summary.stopped_by in ("sigterm", "interrupt"):
+    if summary.stopped_by in (StopReason.SIGTERM, StopReason.INTERRUPT):
         outcome.stopped_by, outcome.stopped_at = summary.stopped_by, size
         return False
     if summary.best is None:
-        outcome.stopped_by, outcome.stopped_at = "failed", size
+        outcome.stopped_by, outcome.stopped_at = StopReason.FAILED, size
         return False
     outcome.done.append(size)
     return True

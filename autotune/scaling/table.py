@@ -29,7 +29,7 @@ from autotune.models.flops import model_flops_per_step
 from autotune.report.tables import format_table
 from autotune.scaling.sizes import ScalingRequest, scaling_efficiency, size_spec
 from autotune.spec import StudySpec
-from autotune.storage.db import Storage
+from autotune.storage import Storage
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
            "format_scaling", "scaling_csv", "CSV_COLUMNS", "Z_95"]
@@ -87,8 +87,7 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
     import optuna
 
     from autotune.report.results import list_studies, selected_trial
-    from autotune.storage.records import trial_energy, trial_layout_key, trial_tokens_per_s
-    from autotune.storage.values import measured_value
+    from autotune.storage import measured_value, trial_energy, trial_layout_key, trial_tokens_per_s
 
     have = set(list_studies(storage))
     rows = []

@@ -32,11 +32,13 @@ class Lease:
     """A runner's lease on one row of a table with a ``lease_until`` column (a layout's
     claim, a confirmation round), renewed by the runner's heartbeat.
 
-    Lost when a renewal is refused (the row has no lease any more: a repair gave the work
-    to someone else after the runner was silent for ``storage.grace_period_s``), or when
-    no renewal succeeded for the grace period (a repairer may have taken it meanwhile:
-    the runner cannot know, so it must not go on as if it held it). A failing renewal
-    before that is retried at the next beat; its first exception is logged.
+    Lost when a renewal is refused: the row has no lease any more, because a repair gave
+    the work to someone else after the runner was silent for ``storage.grace_period_s``.
+    A renewal that fails (the database away) is retried at the next beat, its first
+    exception logged, and does not lose the lease by itself: while the database is away
+    nobody can repair the trial either, and once it is back the next renewal either moves
+    the lease on (nobody took it) or is refused (someone did), within one heartbeat.
+    Giving up on failures alone would throw away launches that nobody else took.
     """
 
     def __init__(self, storage: Storage, table: Any, key_column: Any, key: int,
@@ -47,6 +49,8 @@ class Lease:
         self.lost: str | None = None
         """Why the lease is lost (one line), ``None`` while it is held."""
         self.first_error: BaseException | None = None
+        self.failures = 0
+        """Renewals that failed since the last one that passed."""
         self.clock: Callable[[], float] = time.monotonic
         """The monotonic clock the silence is measured on."""
         self._renewed_at = self.clock()
@@ -67,21 +71,19 @@ class Lease:
             return False
         try:
             if self.renew():
-                self._renewed_at = self.clock()
+                self._renewed_at, self.failures = self.clock(), 0
                 return True
-            self.lost = (f"{self.what}: its lease was taken over (repaired after a silence "
-                         "longer than storage.grace_period_s); it is left to its new holder")
         except Exception as err:  # the database is away: retried at the next beat
+            self.failures += 1
             if self.first_error is None:
                 self.first_error = err
                 _log.warning("%s: renewing its lease failed (retried each heartbeat): %s",
                              self.what, err)
-            silent_s = self.clock() - self._renewed_at
-            if silent_s < self.storage.config.grace_period_s:
-                return True
-            self.lost = (f"{self.what}: its lease could not be renewed for {silent_s:.0f} s "
-                         f"(longer than storage.grace_period_s; first error: {err}); it may "
-                         "be another runner's now")
+            return True
+        silent_s = self.clock() - self._renewed_at
+        self.lost = (f"{self.what}: its lease was taken over after {silent_s:.0f} s without "
+                     "a renewal (repaired: silent longer than storage.grace_period_s); it "
+                     "is left to its new holder")
         return False
 
 

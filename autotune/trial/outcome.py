@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from autotune.feasibility import Reason
 
-__all__ = ["Outcome", "Verdict", "OomSignature", "infeasible", "OUTCOME_KINDS",
+__all__ = ["Outcome", "StopReason", "Verdict", "OomSignature", "infeasible", "OUTCOME_KINDS",
            "find_oom_signature"]
 
 
@@ -126,6 +126,36 @@ class Outcome(str, Enum):
     def colour(self) -> str:
         """The report's colour."""
         return _MEANING[self].colour
+
+
+class StopReason(str, Enum):
+    """Why a run (a worker's loop, a scaling sweep) ended: the run summary's
+    ``stopped_by``. A ``str`` enum, as :class:`Outcome`: a member equals its value."""
+
+    BUDGET = "budget"
+    """The study's ``search.n_trials`` are claimed."""
+    EXHAUSTED = "exhausted"
+    """Every promising layout was measured."""
+    STRATEGY = "strategy"
+    """The strategy stopped the search (``search.min_improvement``)."""
+    TIMEOUT = "timeout"
+    """The run's wall-time budget (``--timeout``)."""
+    INTERRUPT = "interrupt"
+    """SIGINT (Ctrl-C)."""
+    SIGTERM = "sigterm"
+    """SIGTERM (a scheduler's walltime, ``scancel``)."""
+    NODE_FAILURE = "node_failure"
+    """A node of the allocation died."""
+    BROKEN_PROGRAM = "broken_program"
+    """Trials failed alike (``trial.stop_on_repeated_error``)."""
+    FAILED = "failed"
+    """A scaling sweep's size failed."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 
 @dataclass(frozen=True)
