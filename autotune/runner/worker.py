@@ -70,7 +70,7 @@ from autotune.storage import (
 )
 from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
 from autotune.trial.classify import classify
-from autotune.trial.outcome import Outcome, StopReason, Verdict, infeasible
+from autotune.trial.outcome import StopReason, Verdict, infeasible
 
 T = TypeVar("T")
 
@@ -349,9 +349,9 @@ class Worker:
         requests = []
         for layout in layouts:
             cand = self.by_key.get(layout.key())
-            facts = self._facts(layout, trial_id=0, number=0, outcome=Verdict(Outcome.KILLED),
-                                t0=utcnow(), elapsed_s=0.0, result=None, hosts=[],
-                                paths=None, cand=cand)
+            # The claim-time row: no outcome yet (RUNNING until the record replaces it).
+            facts = self._facts(layout, trial_id=0, number=0, outcome=None, t0=utcnow(),
+                                elapsed_s=0.0, result=None, hosts=[], paths=None, cand=cand)
             attrs = {TrialAttr.LAYOUT: layout.key(), TrialAttr.LAYOUT_DICT: layout.to_dict(),
                      TrialAttr.WORKER: self.name, TrialAttr.LAUNCHER: self.launcher.kind}
             requests.append(ClaimRequest(layout.key(), layout_params(layout, self.spec),
@@ -493,7 +493,7 @@ class Worker:
                                      self.store.best()
                                      if self.progress.enabled else None)
 
-    def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Verdict,
+    def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Verdict | None,
                t0: datetime, elapsed_s: float, result: TrialResult | None, hosts: list[str],
                paths: TrialPaths | None, cand: Candidate | None,
                finished: datetime | None = None,
