@@ -75,8 +75,11 @@ class StopSignals:
     side by side read :attr:`received`. The previous handlers are restored on exit.
     """
 
-    def __init__(self, launchers: Sequence[Launcher]) -> None:
+    def __init__(self, launchers: Sequence[Launcher],
+                 signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
         self.launchers = list(launchers)
+        self.signals = tuple(signals)
+        """The signals handled (a scaling run between two sizes: SIGTERM only)."""
         self.received: int | None = None
         self._old: dict[int, Any] = {}
 
@@ -91,7 +94,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in self.signals:
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -20,11 +20,11 @@ disjoint node groups of the allocation, as any study's do.
 from __future__ import annotations
 
 import signal
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autotune.runner.lifecycle import StopSignals
 from autotune.scaling.sizes import ScalingRequest, size_spec
 from autotune.spec import StudySpec
 from autotune.storage import StudyAttr
@@ -62,39 +62,19 @@ def run_scaling(spec: StudySpec, request: ScalingRequest, *, n_trials: int | Non
     """Tune every size of ``request`` in order (module docstring)."""
     specs = [size_spec(spec, request, size) for size in request.sizes]  # all checked first
     outcome = ScalingRun()
-    with _SigtermBetweenSizes() as between:
+    # A SIGTERM between two sizes' studies (after one study's own StopSignals was removed,
+    # before the next one's) stops the run before its next size, as one inside a study
+    # does; the default action would kill the process there (exit -15, not the 0 that lets
+    # a campaign resume). SIGINT keeps its default (KeyboardInterrupt: exit 130).
+    with StopSignals([], signals=(signal.SIGTERM,)) as between:
         for size, at in zip(request.sizes, specs, strict=True):
-            if between.received:  # arrived while no size's study ran: stop before this one
+            if between.received is not None:  # arrived while no size's study ran
                 outcome.stopped_by, outcome.stopped_at = StopReason.SIGTERM, size
                 return outcome
             if not _run_size(spec, request, size, at, outcome, n_trials=n_trials,
                              storage_url=storage_url, log=log, quiet=quiet):
                 return outcome
     return outcome
-
-
-class _SigtermBetweenSizes:
-    """A SIGTERM that arrives between two sizes' studies (after one study's own handler,
-    :class:`autotune.runner.lifecycle.StopSignals`, was removed and before the next one's
-    is installed) stops the scaling run before its next size, as one inside a study does;
-    without this the default action killed the process there (exit -15, not the 0 that
-    lets a campaign resume). Main thread only, as Python delivers signals there."""
-
-    def __init__(self) -> None:
-        self.received = False
-        self._old: Any = None
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.received = True
-
-    def __enter__(self) -> _SigtermBetweenSizes:
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
 
 
 def _run_size(spec: StudySpec, request: ScalingRequest, size: int, at: StudySpec,
