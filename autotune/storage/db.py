@@ -33,7 +33,7 @@ from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, StorageError
 from autotune.storage._sp_columns import widen_recompute_add_sequence_parallel
 from autotune.storage.engine import _no_pool, _sqlite_immediate, engine_kwargs
-from autotune.storage.guarded import database_error, guard
+from autotune.storage.guarded import database_error, guard, one_line
 from autotune.storage.limits import apply_session_limits
 from autotune.storage.optuna_pin import check_optuna_version
 from autotune.storage.optuna_schema import first_start_turn, head_revision
@@ -46,7 +46,7 @@ from autotune.storage.schema import (
     ConfirmationRun,
     SchemaVersion,
 )
-from autotune.storage.transient import Outage, driver_message, retrying
+from autotune.storage.transient import Outage, retrying
 from autotune.storage.turns import Turns
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
@@ -338,11 +338,9 @@ def open_storage(config: StorageConfig, *, connections: int = 1) -> Storage:
 
 
 def _short(err: BaseException, url: str) -> str:
-    """First line of a driver error, with the password masked wherever it appears."""
-    text = driver_message(err).strip()
-    text = text.splitlines()[0] if text else repr(err)
-    masked = mask_url(url)
-    text = text.replace(url, masked)
+    """:func:`~autotune.storage.guarded.one_line` of a driver error, with this URL's
+    password masked wherever it appears (not only inside URLs)."""
+    text = one_line(err).replace(url, mask_url(url))
     try:
         from sqlalchemy.engine import make_url
 
@@ -351,4 +349,4 @@ def _short(err: BaseException, url: str) -> str:
             text = text.replace(str(pw), "***")
     except Exception:  # masking must never fail the error path
         pass
-    return text[:500]
+    return text
