@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError, UsageError
+from autotune.trial.outcome import StopReason
 
 __all__ = ["main", "build_parser"]
 
@@ -103,19 +104,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress.message(stop_message(summary.stopped_by, n_trials=n, reason=summary.stop_reason))
     if summary.best is not None:
         print(best_line(summary.best) + unconfirmed_note(summary.stopped_by))
-    if summary.stopped_by in ("interrupt", "confirm_interrupt"):
+    if summary.stopped_by in (StopReason.INTERRUPT, StopReason.CONFIRM_INTERRUPT):
         return EXIT_INTERRUPT
-    if summary.stopped_by == "broken_program":
+    if summary.stopped_by == StopReason.BROKEN_PROGRAM:
         print(f"autotune: {summary.stop_reason}", file=sys.stderr)
         return EXIT_FAIL
     elsewhere = [t for t in summary.trials if t.state.name == "RUNNING"]
-    if summary.best is None and summary.stopped_by == "budget" and elsewhere:
+    if summary.best is None and summary.stopped_by == StopReason.BUDGET and elsewhere:
         # Other workers claimed the rest of the budget (a batch each) and are measuring it:
         # nothing failed here, there is just nothing left for this worker.
         progress.message(f"the budget is claimed; {len(elsewhere)} trial(s) still running "
                          "in other workers (autotune status shows them)")
         return EXIT_OK
-    if summary.best is None and summary.stopped_by != "sigterm":
+    if summary.best is None and summary.stopped_by != StopReason.SIGTERM:
         print("no trial completed: see the reasons above and the trial logs under "
               f"{spec.launcher.run_dir}/{spec.name}/", file=sys.stderr)
         return EXIT_FAIL
@@ -137,8 +138,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not names:
         print(f"no studies in {storage.masked_url}")
         return EXIT_OK
-    from autotune.storage.claims import claim_counts, repair_stale
-    from autotune.storage.confirmations import unfinished_line
+    from autotune.storage import claim_counts, repair_stale, unfinished_line
 
     statuses = []
     for n in names:
@@ -479,7 +479,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except Exception as err:
         # The storage wraps every database call (autotune.storage.guarded); one that
         # escaped it is still a database failure, never a traceback (issue 23 B).
-        from autotune.storage.guarded import database_error, one_line
+        from autotune.storage import database_error, one_line
 
         if not database_error(err):
             raise

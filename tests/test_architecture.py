@@ -216,3 +216,112 @@ def test_from_a_package_import_a_submodule_is_no_import_of_the_package() -> None
     graph = module_graph()
     assert "autotune.workloads.megatron" in graph["autotune.workloads.foreign"]
     assert "autotune.workloads" not in graph["autotune.workloads.foreign"]
+
+
+STORAGE_PUBLIC = ("autotune.storage", "autotune.storage.urls")
+"""What may be imported of storage from outside it: the door (``autotune/storage/
+__init__.py``: :class:`~autotune.storage.TrialStore` and the names the readers need) and
+the URL helpers the launchers use without loading the database. Every other storage
+module is the door's own."""
+
+
+def storage_imports(folders: tuple[str, ...]) -> list[Import]:
+    """The imports of storage modules by the modules of ``folders`` outside storage."""
+    return [imp for folder in folders for imp in (
+        imports_of(REPO / folder) if (REPO / folder).is_file() else imports_under(folder))
+        if not imp.module.startswith("autotune.storage")
+        and (imp.target == "autotune.storage" or imp.target.startswith("autotune.storage."))]
+
+
+def _is_module(target: str) -> bool:
+    """A module or package of the tree (``from autotune.storage import Name`` also reads
+    as ``autotune.storage.Name``, which is none)."""
+    path = REPO / target.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def test_nothing_outside_storage_imports_a_private_storage_module() -> None:
+    bad = [str(i) for i in storage_imports(("autotune", "trainer"))
+           if _is_module(i.target) and i.target not in STORAGE_PUBLIC]
+    assert not bad, "import the door (autotune.storage) instead:\n  " + "\n  ".join(bad)
+
+
+def test_the_runner_imports_at_most_two_storage_modules() -> None:
+    modules = {i.target for i in storage_imports(("autotune/runner",)) if _is_module(i.target)}
+    assert len(modules) <= 2, sorted(modules)
+
+
+def test_a_private_storage_import_is_caught() -> None:
+    found = parse_imports("from autotune.storage.claims import claim_first\n"
+                          "from autotune.storage import TrialStore\n", "autotune.report.x")
+    private = {i.line for i in found if i.target == "autotune.storage.claims"}
+    assert private == {1}
+
+
+LAYERS: dict[str, int] = {
+    # values
+    "autotune.errors": 0, "autotune.layout": 0, "autotune.hardware": 0, "autotune.atomic": 0,
+    "autotune.hostlist": 0, "autotune.objective": 0, "autotune.metrics_writer": 0,
+    # configs
+    "autotune.config": 1,
+    # models (and the space's enumeration, which the study-file loader checks)
+    "autotune.models": 2, "autotune.feasibility": 2, "autotune.landscape": 2,
+    "autotune.dsconfig": 2, "autotune.energy": 2, "autotune.planning.space": 2,
+    # a trial; the trainer sits beside it and knows nothing above
+    "autotune.trial": 3, "trainer": 3,
+    "autotune.storage": 4,
+    "autotune.workloads": 5,
+    # the study file, the sites, the launchers
+    "autotune.spec": 6, "autotune.sites": 6, "autotune.launchers": 6,
+    # readers
+    "autotune.report": 7,
+    # planning and search
+    "autotune.planning": 8, "autotune.search": 8,
+    # the loops
+    "autotune.runner": 9, "autotune.scaling": 9, "autotune.campaign": 9,
+    "autotune.profiling": 9,
+    # entry points and tools
+    "autotune.cli": 10, "autotune.__main__": 10, "autotune": 10, "autotune.config.docgen": 10,
+}
+"""The import rule as data (docs/architecture.md, "The import rule"): every package and
+top-level module of ``autotune/`` and ``trainer/`` -> its layer; a module may import its
+own layer and those below. The longest matching name decides (``autotune.planning.space``
+sits below ``autotune.planning``; ``autotune.config.docgen``, the study-files page
+generator, is a tool on top of the study-file loader it documents)."""
+
+
+def layer_of(module: str) -> tuple[str, int] | None:
+    found = [(k, v) for k, v in LAYERS.items() if module == k or module.startswith(k + ".")]
+    return max(found, key=lambda kv: len(kv[0])) if found else None
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for module, targets in sorted(graph.items()):
+        mine = layer_of(module)
+        for target in sorted(targets):
+            theirs = layer_of(target)
+            if mine and theirs and theirs[1] > mine[1]:
+                out.append(f"{module} (layer {mine[1]}, {mine[0]}) imports {target} "
+                           f"(layer {theirs[1]}, {theirs[0]})")
+    return out
+
+
+def test_every_package_and_module_has_a_layer() -> None:
+    missing = sorted(m for m in module_graph() if layer_of(m) is None)
+    assert not missing, missing
+    packages = {f"autotune.{p.name}" for p in (REPO / "autotune").iterdir()
+                if (p / "__init__.py").is_file()}
+    assert packages <= set(LAYERS), sorted(packages - set(LAYERS))
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    bad = upward(module_graph())
+    assert not bad, "imports from a higher layer:\n  " + "\n  ".join(bad)
+
+
+def test_an_upward_import_is_caught() -> None:
+    graph = {"autotune.storage.x": {"autotune.runner.worker"}, "autotune.runner.y": {
+        "autotune.storage.x"}}
+    assert upward(graph) == ["autotune.storage.x (layer 4, autotune.storage) imports "
+                             "autotune.runner.worker (layer 9, autotune.runner)"]

@@ -138,8 +138,7 @@ def study_progress(url: str, study: str) -> StudyProgress:
     import optuna
 
     from autotune.report.results import study_status
-    from autotune.storage.claims import claim_counts, repair_stale
-    from autotune.storage.db import Storage
+    from autotune.storage import Storage, claim_counts, repair_stale
 
     storage = Storage(StorageConfig(url=url))
     try:

@@ -44,8 +44,12 @@ EXTRA_KEYS: dict[str, tuple[str, str, str]] = {
              f"1-100 letters, digits, `_`, `.`, `-`, starting with a letter or digit "
              f"(`{STUDY_NAME_RE.pattern}`)",
              "The study's name: in the database, in trial directories and in job names. "
-             "Two study files with the same name and storage are the same study (resumed, "
-             "and refused if its model or cluster differs)."),
+             "Two study files with the same name and storage are the same study, resumed: "
+             "a study is one program on one cluster, so a file whose model, training, "
+             "cluster shape (nodes, devices per node, device) or workload (kind, argv, "
+             "script and args, DeepSpeed config, the environment passed) differs is refused "
+             "(exit 2, naming the difference; use a new name). A changed search space alone "
+             "goes on, with one line."),
     "model.preset": ("none", "",
                      "A named model whose dimensions the other `model` keys then override. "
                      "Without it, `n_layer`, `hidden`, `n_head` and `seq_len` are required."),

@@ -92,12 +92,27 @@ class Launcher(ABC):
 
     def __init__(self) -> None:
         self._cancel = threading.Event()
+        self._abandon = threading.Event()
         self.workload: Workload = BuiltinWorkload()
         """What the trials run (:func:`autotune.launchers.make_launcher` sets the study's)."""
 
     def cancel(self) -> None:
         """Ask a running :meth:`run` to kill its trial and return (thread/signal safe)."""
         self._cancel.set()
+
+    def abandon(self) -> None:
+        """Kill the launch under way and return, as :meth:`cancel` does, without stopping
+        the launcher: its trial's lease was lost, the layout is someone else's now. Until
+        :meth:`clear_abandoned`, a trial started is killed at once (thread safe)."""
+        self._abandon.set()
+
+    def clear_abandoned(self) -> None:
+        """Before a new launch: an earlier :meth:`abandon` no longer applies."""
+        self._abandon.clear()
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandon.is_set()
 
     @property
     def cancelled(self) -> bool:
@@ -192,7 +207,7 @@ class Launcher(ABC):
                                  batch={"index": index, "size": len(specs),
                                         "lead": str(paths[0].root), "rerun": False})
             else:
-                if launch.interrupted or self.cancelled:
+                if launch.interrupted or self.cancelled or self.abandoned:
                     report = replace(launch, result=None, interrupted=True, batch={
                         "index": index, "size": len(specs), "lead": str(paths[0].root),
                         "rerun": False})
@@ -220,7 +235,7 @@ class Launcher(ABC):
                 returncode = self._poll(handle)
                 if returncode is not None:
                     break
-                if self._cancel.is_set():
+                if self._cancel.is_set() or self._abandon.is_set():
                     interrupted = True
                     break
                 if members:

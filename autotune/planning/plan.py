@@ -139,7 +139,7 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
                  for i, c in enumerate(ranked[:top]))
     record, line = None, None
     if calibration is not None:
-        from autotune.storage.study_records import learned_from_line, learned_from_record
+        from autotune.storage import learned_from_line, learned_from_record
 
         record = learned_from_record(calibration, enabled=learn_enabled)
         line = learned_from_line(record)

@@ -27,15 +27,17 @@ from autotune.report.frames import measurements_frame, trials_frame, write_expor
 from autotune.report.render import Code, Image, Report, Section, Table, Text, render
 from autotune.report.results import confirmation_line, selected_trial
 from autotune.report.timings import breakdown_line, time_breakdown
-from autotune.storage.confirmations import ConfirmationCost, confirmation_cost
-from autotune.storage.db import Storage
-from autotune.storage.keys import StudyAttr, TrialAttr
-from autotune.storage.records import trial_layout_key
-from autotune.storage.study_records import (
+from autotune.storage import (
+    ConfirmationCost,
+    Storage,
+    StudyAttr,
+    TrialAttr,
+    confirmation_cost,
     learned_from_line,
     learned_from_of,
     study_device_memory_gib,
     study_fingerprint,
+    trial_layout_key,
 )
 from autotune.trial import PHASES
 

@@ -24,7 +24,7 @@ from autotune.report.analysis import OUTCOME_LABELS
 from autotune.report.files import ReportPaths, write_text_atomic
 from autotune.report.frames import measurements_frame, write_exports
 from autotune.report.render import Image, Report, Section, Table, Text, render
-from autotune.storage.db import Storage
+from autotune.storage import Storage
 from autotune.trial.outcome import Outcome
 
 __all__ = ["campaign_report", "per_study", "scaling_frame"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from autotune.errors import StorageError, UsageError
-from autotune.storage.db import engine_kwargs
+from autotune.storage import engine_kwargs
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
 __all__ = ["serve", "LOCALHOST"]

@@ -27,8 +27,7 @@ from autotune.config.model import ModelConfig
 from autotune.dsconfig import deepspeed_config
 from autotune.errors import UsageError
 from autotune.layout import Layout
-from autotune.storage.keys import TrialAttr
-from autotune.storage.study_records import study_fingerprint, study_workload
+from autotune.storage import TrialAttr, study_fingerprint, study_workload
 from autotune.workloads import megatron
 
 __all__ = ["emit_best", "megatron_deepspeed_args", "best_json", "command_line", "launch_line",

@@ -20,17 +20,14 @@ from typing import Any
 
 import optuna
 import pandas as pd
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 from sqlalchemy import DateTime, Float, Integer, select
 from sqlalchemy.engine import Engine
 
 from autotune.errors import UsageError
 from autotune.layout import Layout
 from autotune.report.files import atomic_path
-from autotune.report.measured import measured_value
-from autotune.storage.keys import TrialAttr
-from autotune.storage.schema import Measurement
-from autotune.storage.study_records import study_fingerprint
+from autotune.storage import Measurement, TrialAttr, measured_value, study_fingerprint
 
 __all__ = ["TRIAL_COLUMNS", "MEASUREMENT_COLUMNS", "trials_frame", "measurements_frame",
            "write_exports", "read_export"]
@@ -101,7 +98,7 @@ def _trial_row(t: FrozenTrial, world_size: int, global_batch: int) -> dict[str, 
         "number": t.number, "trial_id": t._trial_id, "state": t.state.name,
         # A trial the runner never judged (it died: failed stale) has no outcome attr.
         "outcome": attrs.get(TrialAttr.OUTCOME, t.state.name.lower()),
-        "value": t.value if t.state == TrialState.COMPLETE else None,
+        "value": measured_value(t),
         "layout": attrs.get(TrialAttr.LAYOUT), **lay,
         "world_size": lay["tp"] * lay["pp"] * lay["dp"],
         "reason": _text(attrs.get(TrialAttr.REASON)),

@@ -19,15 +19,17 @@ from autotune.errors import UsageError
 from autotune.layout import Layout
 from autotune.report.tables import format_table
 from autotune.report.timings import TimeBreakdown, breakdown_line, time_breakdown
-from autotune.storage.db import Storage
-from autotune.storage.keys import TrialAttr
-from autotune.storage.records import trial_layout, trial_layout_key, trial_outcome
-from autotune.storage.study_records import (
+from autotune.storage import (
+    Storage,
+    TrialAttr,
     learned_from_line,
     learned_from_of,
     search_stop_line,
     search_stop_of,
     study_fingerprint,
+    trial_layout,
+    trial_layout_key,
+    trial_outcome,
 )
 from autotune.trial.outcome import Outcome
 
@@ -90,10 +92,9 @@ def selected_trial(study: optuna.Study) -> FrozenTrial | None:
     """The best completed trial under the study's ``search.objective``
     (:func:`autotune.objective.select_best`; throughput for studies run before it)."""
     from autotune.objective import select_best
-    from autotune.storage.keys import StudyAttr, TrialAttr
-    from autotune.storage.records import trial_energy
+    from autotune.storage import StudyAttr, TrialAttr, complete_only, trial_energy
 
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    done = complete_only(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     selection = study.user_attrs.get(StudyAttr.SELECTION)
     confirmed = _confirmed_winner(study, done, selection)
     if confirmed is not None:
@@ -105,7 +106,7 @@ def selected_trial(study: optuna.Study) -> FrozenTrial | None:
 def confirmation_of(study: optuna.Study) -> dict[str, Any] | None:
     """The confirmation round's record (:mod:`autotune.runner.confirm`), if the study has
     one, with ``stale`` set when trials completed after it."""
-    from autotune.storage.keys import StudyAttr
+    from autotune.storage import StudyAttr
 
     record = study.user_attrs.get(StudyAttr.CONFIRMATION)
     if not isinstance(record, dict):
@@ -198,7 +199,7 @@ def format_statuses(statuses: list[StudyStatus]) -> str:
               if st.confirmation]
     lines += [f"{st.name}: time: {breakdown_line(st.time)}" for st in statuses
               if st.time.trials]
-    from autotune.storage.records import trial_energy_line
+    from autotune.storage import trial_energy_line
 
     lines += [f"{st.name}: best: {trial_energy_line(st.best)}" for st in statuses
               if st.best is not None]

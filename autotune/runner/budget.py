@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.storage.study_records import search_stop_threshold
+from autotune.storage import search_stop_threshold
 
 __all__ = ["budget_reached", "within_budget", "search_stop_holds", "study_done"]
 

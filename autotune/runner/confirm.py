@@ -50,21 +50,24 @@ from autotune.runner.confirm_budget import Allowance, launch_noise, search_cost
 from autotune.runner.confirm_verdict import decide, favoured, noise_cannot_flip
 from autotune.runner.lifecycle import StopSignals, heartbeat
 from autotune.spec import StudySpec
-from autotune.storage.claims import claim_counts, repair_stale
-from autotune.storage.confirmations import (
+from autotune.storage import (
     ConfirmClaimed,
     ConfirmRefused,
+    Storage,
+    StudyAttr,
+    TrialAttr,
     claim_confirmation,
+    claim_counts,
+    confirmation_lease,
     decided_record,
     finish_confirmation,
     record_round,
     release_confirmation,
-    renew_confirmation,
+    repair_stale,
+    set_user_attrs,
     stored_runs,
+    trial_layout,
 )
-from autotune.storage.db import Storage
-from autotune.storage.keys import StudyAttr, TrialAttr
-from autotune.storage.records import set_user_attrs, trial_layout
 from autotune.trial import TrialPaths, TrialSpec
 from autotune.trial.classify import classify
 from autotune.trial.paired import (
@@ -200,7 +203,7 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
                              f"{float(found.get('device_s') or 0.0):.1f} device-seconds)")
     if not isinstance(claimed, ConfirmClaimed):
         return ConfirmResult(None, "confirmation round: another worker runs it")
-    with heartbeat(storage, 0, renew=lambda: renew_confirmation(storage, claimed.id)):
+    with heartbeat(storage, 0, lease=confirmation_lease(storage, claimed.id)):
         return _rounds(spec, storage, study, launcher, claimed, cands, worker=worker,
                        signals=signals, say=say, complete=complete, allowance=allowance)
 

@@ -41,7 +41,7 @@ from autotune.planning.candidates import Candidate, rank_candidates, rank_layout
 from autotune.report.timings import STARTUP_PHASES
 from autotune.search import TrialSeconds
 from autotune.spec import StudySpec
-from autotune.storage.db import Storage
+from autotune.storage import Storage
 from autotune.trial import RunConfig
 from autotune.trial.outcome import Outcome
 

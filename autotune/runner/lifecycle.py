@@ -15,38 +15,57 @@ from types import FrameType
 from typing import Any
 
 from autotune.launchers.base import Launcher
-from autotune.storage.claims import renew_lease
-from autotune.storage.db import Storage
+from autotune.storage import Lease, Storage, claim_lease
 
 __all__ = ["Busy", "heartbeat", "StopSignals"]
 
 
 @contextmanager
 def heartbeat(storage: Storage, trial_id: int, *,
-              renew: Callable[[], object] | None = None) -> Iterator[None]:
-    """Renew ``trial_id``'s claim lease every ``storage.heartbeat_interval_s`` until the
-    block ends (the claim made the first lease in the trial's own transaction, so there is
-    no instant at which the trial is alive without one: :mod:`autotune.storage.claims`).
-    The block holds the launch and the record: a slow record is still beating.
-    ``renew``: another lease to renew instead (the confirmation round's:
-    :mod:`autotune.storage.confirmations`)."""
+              renew: Callable[[], object] | None = None,
+              lease: Lease | None = None,
+              on_lost: Callable[[Lease], None] | None = None) -> Iterator[Lease]:
+    """Renew a lease every ``storage.heartbeat_interval_s`` until the block ends (a claim
+    made the first lease in its trial's own transaction, so there is no instant at which
+    the trial is alive without one: :mod:`autotune.storage.claims`). The block holds the
+    launch and the record: a slow record is still beating.
+
+    ``lease``: the lease (default: ``trial_id``'s claim's). Once it is lost
+    (:meth:`Lease.beat`: refused, or no renewal for the grace period) the beating stops
+    and ``on_lost`` is called once, from the heartbeat's thread: the caller cancels what
+    the lease covered, since another runner may hold it now. ``renew``: a bare renewal
+    to call instead of the lease's (its result is ignored; kept for callers that hold no
+    :class:`Lease`)."""
     stop = threading.Event()
-    renew_once = renew or (lambda: renew_lease(storage, trial_id))
+    held = (lease if lease is not None else _BareRenewal(storage, trial_id, renew)
+            if renew is not None else claim_lease(storage, trial_id))
 
     def beat() -> None:
         while not stop.wait(storage.config.heartbeat_interval_s):
-            try:
-                renew_once()
-            except Exception:  # a missed beat is retried; never kill the trial for it
-                pass
+            if not held.beat():
+                if on_lost is not None and not stop.is_set():
+                    on_lost(held)
+                return
 
-    thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
+    thread = threading.Thread(target=beat, name=f"heartbeat-{held.what}", daemon=True)
     thread.start()
     try:
-        yield
+        yield held
     finally:
         stop.set()
         thread.join(timeout=5)
+
+
+class _BareRenewal(Lease):
+    """A lease renewed by a caller's function, whose answer is not a lease's."""
+
+    def __init__(self, storage: Storage, key: int, renew: Callable[[], object]) -> None:
+        super().__init__(storage, None, None, key, f"lease {key}")
+        self._renew = renew
+
+    def renew(self) -> bool:
+        self._renew()
+        return True
 
 
 class StopSignals:
@@ -56,8 +75,11 @@ class StopSignals:
     side by side read :attr:`received`. The previous handlers are restored on exit.
     """
 
-    def __init__(self, launchers: Sequence[Launcher]) -> None:
+    def __init__(self, launchers: Sequence[Launcher],
+                 signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> None:
         self.launchers = list(launchers)
+        self.signals = tuple(signals)
+        """The signals handled (a scaling run between two sizes: SIGTERM only)."""
         self.received: int | None = None
         self._old: dict[int, Any] = {}
 
@@ -72,7 +94,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in self.signals:
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -10,6 +10,7 @@ state an outcome is told as is :mod:`autotune.trial.outcome`'s.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -18,29 +19,27 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
 
-from autotune.config.launcher import LauncherConfig
-from autotune.errors import UsageError
 from autotune.hardware import GiB
 from autotune.layout import Layout
+from autotune.runner.identity import check_identity, fingerprint_of, launcher_record, space_of
 from autotune.search import Observation, dominated_by_oom
 from autotune.spec import StudySpec
-from autotune.storage.db import Storage
-from autotune.storage.judged import AnyTrial, judged_trials
-from autotune.storage.keys import StudyAttr
-from autotune.storage.records import set_user_attrs, trial_layout, trial_outcome
-from autotune.storage.study_records import study_attrs, study_fingerprint, workload_record
+from autotune.storage import (
+    AnyTrial,
+    Storage,
+    StudyAttr,
+    judged_trials,
+    set_user_attrs,
+    study_attrs,
+    study_fingerprint,
+    trial_layout,
+    trial_outcome,
+    workload_record,
+)
 from autotune.trial.outcome import OUTCOME_KINDS, Outcome
 
 __all__ = ["open_study", "fingerprint_of", "history", "observations", "layout_params",
            "NoSampling", "set_search_stop"]
-
-
-def fingerprint_of(spec: StudySpec) -> dict[str, Any]:
-    """What a study measures; a study name is refused for another one (a study must not mix
-    the built-in trainer's measurements with those of the user's own program)."""
-    return {"model": spec.model.to_dict(), "device": spec.cluster.device,
-            "world_size": spec.world_size, "global_batch": spec.training.global_batch,
-            "dtype": spec.training.dtype, "workload": spec.workload.kind}
 
 
 def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> optuna.Study:
@@ -62,8 +61,6 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
         # the (then only) GELU MLP and SDPA attention, without dropout.
         existing = {**existing, "model": {"mlp": "gelu", "attention": "flash",
                                           "dropout": 0.0, **existing["model"]}}
-    if existing is not None:
-        existing = {"workload": "builtin", **existing}  # before workloads: the trainer
     if existing is None and create:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -73,12 +70,15 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
             fingerprint, model=spec.model.name,
             cluster=f"{cluster.nodes} x {cluster.devices_per_node} {cluster.device}",
             device_memory_gib=round(cluster.device_spec().memory_bytes / GiB, 3)))
-    elif existing is not None and existing != fingerprint:
-        diff = sorted(k for k in fingerprint if fingerprint[k] != existing.get(k))
-        raise UsageError(
-            f"study {spec.name!r} in {storage.masked_url} was created for a different "
-            f"{', '.join(diff)}; give this study another name (name: in the study file)")
+    elif existing is not None:
+        upgrade, note = check_identity(spec, storage.masked_url, existing,
+                                       study.user_attrs.get(StudyAttr.SPACE))
+        if upgrade is not None and create:
+            study.set_user_attr(StudyAttr.FINGERPRINT, upgrade)  # fields added since
+        if note is not None and create:
+            print(f"[autotune] {note}", file=sys.stderr, flush=True)
     if create:
+        study.set_user_attr(StudyAttr.SPACE, space_of(spec))
         from autotune.workloads.foreign import steps_of
 
         # What a trial is started with: warm-up + the step cap (a foreign one may be
@@ -94,19 +94,6 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
             spec.workload.to_dict(), train_iters=steps, ranks_per_node=per_node,
             launcher=launcher_record(spec.launcher)))
     return study
-
-
-def launcher_record(launcher: LauncherConfig) -> dict[str, Any]:
-    """What ``best --emit command`` needs of the study's launcher: its kind, the
-    environment it gives the program and, on SLURM, the options of its steps."""
-    out: dict[str, Any] = {"kind": launcher.kind}
-    if launcher.kind == "local":
-        out["env"] = dict(launcher.local.env)
-    elif launcher.kind == "slurm":
-        slurm = launcher.slurm
-        out.update(env=dict(slurm.env), site=slurm.site, gpus_per_node=slurm.gpus_per_node,
-                   cpus_per_task=slurm.cpus_per_task, extra_args=list(slurm.extra_args))
-    return out
 
 
 def history(storage: Storage, study_name: str, claimed: dict[str, int]) -> list[Observation]:

@@ -18,30 +18,37 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.layout import Layout
 from autotune.report.tables import format_table
-from autotune.storage.db import Storage
-from autotune.storage.judged import AnyTrial
-from autotune.storage.keys import SKIPPED, TrialAttr
-from autotune.storage.records import trial_layout_key, trial_outcome, trial_reason
-from autotune.trial.outcome import Outcome, Verdict
+from autotune.storage import (
+    SKIPPED,
+    AnyTrial,
+    Storage,
+    TrialAttr,
+    TrialStore,
+    trial_layout_key,
+    trial_outcome,
+    trial_reason,
+)
+from autotune.trial.outcome import Outcome, StopReason, Verdict
 
 __all__ = ["Progress", "format_duration", "trials_table", "stop_message", "best_line"]
 
 _STOP_MESSAGES = {
-    "budget": "budget of {n_trials} trials reached",
-    "exhausted": "every promising layout was measured",
-    "strategy": "search stopped: {reason}",
-    "timeout": "wall-time budget reached (run again to continue)",
-    "interrupt": "interrupted: the running trial was killed and will be retried",
-    "confirm_interrupt": "interrupted in the confirmation round: the best below is the "
-                         "single pass's, unconfirmed; the next run goes on from the stored "
-                         "rounds",
-    "confirm_timeout": "wall-time budget reached in the confirmation round: the best below "
-                       "is the single pass's, unconfirmed (run again to continue)",
-    "sigterm": "stopped by SIGTERM: the running trial will be retried",
-    "node_failure": "a node of the allocation died: its trial will be retried on healthy "
-                    "nodes (run again in a new allocation)",
-    "broken_program": "study stopped: trials failed alike (the error and the trial folders "
-                      "follow on stderr)",
+    StopReason.BUDGET: "budget of {n_trials} trials reached",
+    StopReason.EXHAUSTED: "every promising layout was measured",
+    StopReason.STRATEGY: "search stopped: {reason}",
+    StopReason.TIMEOUT: "wall-time budget reached (run again to continue)",
+    StopReason.INTERRUPT: "interrupted: the running trial was killed and will be retried",
+    StopReason.SIGTERM: "stopped by SIGTERM: the running trial will be retried",
+    StopReason.NODE_FAILURE: "a node of the allocation died: its trial will be retried on "
+                             "healthy nodes (run again in a new allocation)",
+    StopReason.BROKEN_PROGRAM: "study stopped: trials failed alike (the error and the trial "
+                               "folders follow on stderr)",
+    StopReason.CONFIRM_INTERRUPT: "interrupted in the confirmation round: the best below is "
+                                  "the single pass's, unconfirmed; the next run goes on from "
+                                  "the stored rounds",
+    StopReason.CONFIRM_TIMEOUT: "wall-time budget reached in the confirmation round: the best "
+                                "below is the single pass's, unconfirmed (run again to "
+                                "continue)",
 }
 
 
@@ -136,12 +143,12 @@ class Progress:
 def stop_message(stopped_by: str, *, n_trials: int, reason: str | None = None) -> str:
     """Why a run ended, for people (``stopped_by``: the run summary's; ``reason``: the
     strategy's stop reason, with ``strategy``)."""
-    return _STOP_MESSAGES[stopped_by].format(n_trials=n_trials, reason=reason)
+    return _STOP_MESSAGES[StopReason(stopped_by)].format(n_trials=n_trials, reason=reason)
 
 
 def best_line(best: FrozenTrial) -> str:
     """The best trial in one line: layout, value, trial number."""
-    from autotune.storage.records import trial_energy_line
+    from autotune.storage import trial_energy_line
 
     return (f"best layout: {trial_layout_key(best)}  "
             f"{best.value:.4g} model TFLOPS/device (trial #{best.number}); "
@@ -156,7 +163,7 @@ def trials_table(trials: Sequence[AnyTrial]) -> str | None:
     """
     measured = [t for t in trials if trial_outcome(t) not in (None, SKIPPED)
                 and t.state != TrialState.WAITING]
-    from autotune.report.measured import measured_value
+    from autotune.storage import measured_value
 
     values = {id(t): measured_value(t) for t in measured}  # stopped ones too
     measured.sort(key=lambda t: (values[id(t)] is None, -(values[id(t)] or 0.0), t.number))
@@ -177,7 +184,5 @@ def _first_line(text: str, width: int) -> str:
 def judged_claims(storage: Storage, study_name: str) -> int:
     """The study's budget already spent and judged: layouts claimed, less those waiting
     for a retry or being measured (they are still to be counted when they finish)."""
-    from autotune.storage.claims import claim_counts
-
-    counts = claim_counts(storage, study_name)
+    counts = TrialStore(storage, study_name).counts()
     return max(counts.claimed - counts.retries - counts.live, 0)

@@ -31,8 +31,7 @@ import optuna
 from sqlalchemy import update
 
 from autotune.spec import StudySpec
-from autotune.storage.db import Storage
-from autotune.storage.schema import LayoutClaim
+from autotune.storage import LayoutClaim, Storage
 from autotune.trial.outcome import Outcome, Verdict
 from autotune.workloads.error_line import program_error_line, signature
 
@@ -123,7 +122,7 @@ def study_file_digest(spec: StudySpec) -> str:
 
 def _last_signature(trials: Sequence[optuna.trial.FrozenTrial]) -> str | None:
     """The failure signature of the study's last judged trial (``None``: not an error)."""
-    from autotune.storage.keys import TrialAttr
+    from autotune.storage import TrialAttr
 
     judged = [t for t in trials if t.user_attrs.get(TrialAttr.OUTCOME) not in
               (None, "skipped", *_UNJUDGED)]

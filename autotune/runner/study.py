@@ -77,11 +77,18 @@ from autotune.runner.progress import Progress, judged_claims
 from autotune.runner.verdict_note import publish_verdict
 from autotune.runner.worker import RunSummary, Worker
 from autotune.spec import StudySpec
-from autotune.storage.db import Storage
-from autotune.storage.judged import SUMMARY_KEYS, highest, judged_trials, whole
-from autotune.storage.keys import StudyAttr
-from autotune.storage.records import set_user_attrs
-from autotune.storage.study_records import learned_from_line, learned_from_record
+from autotune.storage import (
+    SUMMARY_KEYS,
+    Storage,
+    StudyAttr,
+    highest,
+    judged_trials,
+    learned_from_line,
+    learned_from_record,
+    set_user_attrs,
+    whole,
+)
+from autotune.trial.outcome import StopReason
 from autotune.workloads.deepspeed_version import deepspeed_for_study
 
 T = TypeVar("T")
@@ -152,7 +159,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     with StopSignals(launchers) as signals:
         summary = (workers[0].run(timeout_s, signals) if len(workers) == 1
                    else _run_side_by_side(workers, storage, study, timeout_s, signals))
-        if summary.stopped_by in ("budget", "strategy", "exhausted"):
+        if summary.stopped_by in (StopReason.BUDGET, StopReason.STRATEGY, StopReason.EXHAUSTED):
             _confirm(spec, storage, study, launchers[0], summary, workers[0].name, signals,
                      progress, deadline)
     return summary
@@ -206,8 +213,10 @@ def _run_side_by_side(workers: list[Worker], storage: Storage, study: optuna.Stu
     summaries = [w.summary for w in workers]
     # Read once more after all of them ended: each one read the study at its own end.
     trials = judged_trials(storage, study.study_name, states=None, keys=SUMMARY_KEYS)
-    ended = next((s for s in summaries if s.stopped_by in ("interrupt", "sigterm")),
-                 next((s for s in summaries if s.stopped_by != "node_failure"), summaries[0]))
+    signalled = (StopReason.INTERRUPT, StopReason.SIGTERM)
+    ended = next((s for s in summaries if s.stopped_by in signalled),
+                 next((s for s in summaries if s.stopped_by != StopReason.NODE_FAILURE),
+                      summaries[0]))
     return RunSummary(measured=sum(s.measured for s in summaries),
                       infeasible=sum(s.infeasible for s in summaries),
                       stopped_by=ended.stopped_by, stop_reason=ended.stop_reason,

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from autotune.errors import AutotuneError
 from autotune.feasibility import Constraints, Reason
@@ -44,41 +44,33 @@ from autotune.search import (
     plan_order,
 )
 from autotune.spec import StudySpec
-from autotune.storage._optuna_rdb import CONSTRAINT_ATTR
-from autotune.storage.claims import (
-    Claimed,
-    ClaimRequest,
-    Refused,
-    claim_first,
-    record_execution,
-    repair_stale,
-    retry_keys,
-    store_verdict,
-)
-from autotune.storage.db import Storage
-from autotune.storage.judged import (
+from autotune.storage import (
     FINISHED,
     SUMMARY_KEYS,
     AnyTrial,
-    best_judged,
-    highest,
-    judged_trials,
-    read_best_trial,
-    whole,
-)
-from autotune.storage.keys import StudyAttr, TrialAttr
-from autotune.storage.leases import utcnow
-from autotune.storage.records import (
+    Claim,
+    ClaimRequest,
+    Lease,
+    Refused,
+    Storage,
+    StudyAttr,
+    TrialAttr,
     TrialFacts,
+    TrialStore,
+    highest,
+    learned_from_record,
     measurement_row,
+    search_stop_of,
+    search_stop_record,
     set_user_attrs,
     user_attrs,
+    utcnow,
     verdict_attrs,
+    whole,
 )
-from autotune.storage.study_records import learned_from_record, search_stop_of, search_stop_record
 from autotune.trial import LaunchReport, TrialPaths, TrialResult, TrialSpec
 from autotune.trial.classify import classify
-from autotune.trial.outcome import Outcome, Verdict, infeasible
+from autotune.trial.outcome import StopReason, Verdict, infeasible
 
 T = TypeVar("T")
 
@@ -100,7 +92,7 @@ class RunSummary:
     measured: int = 0
     """Trials this worker launched."""
     infeasible: int = 0
-    stopped_by: str = "budget"
+    stopped_by: StopReason = StopReason.BUDGET
     """``budget``, ``timeout``, ``exhausted``, ``strategy`` (it stopped early: see
     ``stop_reason``), ``broken_program`` (trials failed alike: :mod:`autotune.runner.
     stop_early`; ``stop_reason`` has the error line and the trial folders), ``interrupt``,
@@ -129,6 +121,7 @@ class Worker:
                  progress: Progress, *, name_suffix: str = "", siblings: int = 1,
                  busy: Busy | None = None) -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
+        self.store = TrialStore(storage, spec.name)
         self.siblings = siblings
         """Workers of this run side by side: a batch takes no more than its share of
         what is left of the budget, so that none of them idles while one measures all."""
@@ -172,11 +165,11 @@ class Worker:
         started = time.monotonic()
         while True:
             if signals.received is not None:
-                self.summary.stopped_by = ("sigterm" if signals.received == signal.SIGTERM
-                                           else "interrupt")
+                self.summary.stopped_by = (StopReason.SIGTERM if signals.received == signal.SIGTERM
+                                           else StopReason.INTERRUPT)
                 break
             if timeout_s is not None and time.monotonic() - started > timeout_s:
-                self.summary.stopped_by = "timeout"
+                self.summary.stopped_by = StopReason.TIMEOUT
                 break
             batch, stop = self._next_batch()
             if batch:
@@ -186,44 +179,43 @@ class Worker:
                 if lost is not None:
                     # The node group has a dead node for the rest of the allocation: leave
                     # the retries to the workers of healthy groups.
-                    self.summary.stopped_by, self.summary.stop_reason = ("node_failure",
+                    self.summary.stopped_by, self.summary.stop_reason = (StopReason.NODE_FAILURE,
                                                                          lost.reason)
                     self.progress.message(f"worker{self.name_suffix}: {lost.reason}; its "
                                           "node group is not used again")
                     break
                 if self.broken is not None:
-                    self.summary.stopped_by = "broken_program"
+                    self.summary.stopped_by = StopReason.BROKEN_PROGRAM
                     self.summary.stop_reason = self.broken.message()
                     record = self.broken.record(stop_early.study_file_digest(self.spec))
                     set_user_attrs(self.study, {stop_early.BROKEN_PROGRAM_ATTR: record})
                     break
                 continue
-            if stop in ("budget", "exhausted") and self.busy.others():
+            if stop in (StopReason.BUDGET, StopReason.EXHAUSTED) and self.busy.others():
                 # A side-by-side trial still runs: if it is cut short (a node dies under
                 # it), its layout waits for a retry, and it must not be left without a
                 # worker.
                 time.sleep(_SIBLING_POLL_S)
                 continue
-            self.summary.stopped_by = stop or "exhausted"
+            self.summary.stopped_by = stop or StopReason.EXHAUSTED
             break
         # One read of the study for the end: the calibration's last refit (the record holds
         # the last trial too), the best trial and the closing table.
-        trials = judged_trials(self.storage, self.study.study_name, states=None,
-                               keys=SUMMARY_KEYS)
+        trials = self.store.history(states=None, keys=SUMMARY_KEYS)
         self._recalibrate(observations([t for t in trials if t.state in FINISHED], {}),
                           final=True)
-        self.summary.best = whole(self.storage, highest(trials))
+        self.summary.best = self._retrying(lambda: whole(self.storage, highest(trials)))
         self.summary.trials = trials
         return self.summary
 
-    def _next_batch(self) -> tuple[list[tuple[Claimed, Layout]], str | None]:
+    def _next_batch(self) -> tuple[list[tuple[Claim, Layout]], StopReason | None]:
         """Up to ``batch_size`` claimed layouts (their trials created with the claims); with
         none, why this worker stops. A stop met once some are claimed waits for their
         results (the strategy decides again on them; the budget is met again at once)."""
-        batch: list[tuple[Claimed, Layout]] = []
+        batch: list[tuple[Claim, Layout]] = []
         idle = 0
         # Retries (an interrupted batch's members) are claimed, still to measure: one launch.
-        waiting = len(self._retrying(lambda: retry_keys(self.storage, self.spec.name)))
+        waiting = len(self.store.retry_keys())
         left = self.n_trials - len(self._claimed_keys()) + waiting
         size = max(1, min(self.batch_size, -(-left // self.siblings)))
         while len(batch) < size:
@@ -233,7 +225,7 @@ class Worker:
             if step is None:
                 idle += 1
                 if idle > _MAX_IDLE_PROPOSALS:
-                    return batch, "exhausted"
+                    return batch, StopReason.EXHAUSTED
                 continue
             idle = 0
             if batch and step[1].world_size != batch[0][1].world_size:  # never in one study
@@ -242,7 +234,7 @@ class Worker:
             batch.append(step)
         return batch, None
 
-    def _step(self) -> tuple[Claimed, Layout] | str | None:
+    def _step(self) -> tuple[Claim, Layout] | StopReason | None:
         """Repair (every :data:`_REPAIR_EVERY_S`, and before any stop), then claim a retry
         or the strategy's next layout: the claim and its trial (measure it), a stop reason,
         or ``None`` (nothing claimed: propose again)."""
@@ -253,8 +245,8 @@ class Worker:
         claimed_keys = self._claimed_keys()
         if budget_reached(len(claimed_keys), self.n_trials):
             if not looked:  # never stop before a dead runner's layout is retried
-                return self._take_retry() or "budget"
-            return "budget"
+                return self._take_retry() or StopReason.BUDGET
+            return StopReason.BUDGET
         observed = history(self.storage, self.study.study_name, claimed_keys)
         self._recalibrate(observed)
         proposal = self.strategy.propose(self.plan, observed)
@@ -269,9 +261,9 @@ class Worker:
                 stop.reason, judged=stop.judged, strategy=self.strategy.name,
                 min_improvement=self.spec.search.min_improvement, worker=self.name,
                 at=utcnow()))
-            return "strategy"
+            return StopReason.STRATEGY
         if proposal is None:
-            return "exhausted"
+            return StopReason.EXHAUSTED
         if search_stop_of(self.study) is not None:
             # An earlier stop no longer holds (another threshold, or new measurements).
             set_search_stop(self.study, None)
@@ -285,23 +277,22 @@ class Worker:
         self._repaired_at = now
         return True
 
-    def _take_retry(self) -> tuple[Claimed, Layout] | None:
+    def _take_retry(self) -> tuple[Claim, Layout] | None:
         """Repair dead runners' trials, then claim a layout waiting for a retry, if any."""
-        name = self.spec.name
         self._repaired_at = time.monotonic()
-        self._retrying(lambda: repair_stale(self.storage, name))
-        for key in self._retrying(lambda: retry_keys(self.storage, name)):
+        self.store.repair()
+        for key in self.store.retry_keys():
             if key not in self.by_key:
                 continue  # outside the space as it is now: not this worker's to re-run
             claimed = self._claim(Layout.from_key(key), retry_only=True)
-            if isinstance(claimed, Claimed):
+            if isinstance(claimed, Claim):
                 if self._record_recovered(claimed, Layout.from_key(key)):
                     continue
                 return claimed, Layout.from_key(key)
         return None
 
-    def _admit(self, layout: Layout, observed: list[Observation]) -> tuple[Claimed, Layout] \
-            | str | None:
+    def _admit(self, layout: Layout, observed: list[Observation]) -> tuple[Claim, Layout] \
+            | StopReason | None:
         """Check the proposal, then claim it (its trial is created with the claim).
 
         A worker that lost a race for its proposal passes its next ones too, up to
@@ -324,11 +315,10 @@ class Worker:
                                   f"{oom.key()}, which ran out of memory"))
         if reasons:
             outcome = infeasible(reasons)
-            self._retrying(lambda: store_verdict(
-                self.storage, study_name=self.spec.name,
+            self.store.refuse(
                 params=layout_params(layout, self.spec),
                 user_attrs=verdict_attrs(layout, outcome.kind, outcome.reason,
-                                         worker=self.name)))
+                                         worker=self.name))
             self.summary.infeasible += 1
             return None
         layouts = next_proposals(
@@ -337,7 +327,7 @@ class Worker:
                 lay, self.spec.model) and dominated_by_oom(lay, observed) is None)
         got = self._claim_first(layouts)
         if got is Refused.BUDGET:
-            return "budget"
+            return StopReason.BUDGET
         if not isinstance(got, Refused):
             index, claimed = got
             if index == 0:
@@ -352,28 +342,27 @@ class Worker:
         time.sleep(random.uniform(0.0, min(2.0, _LOST_RACE_BACKOFF_S * self._spread / 2)))
         return None
 
-    def _claim(self, layout: Layout, *, retry_only: bool = False) -> Claimed | Refused:
+    def _claim(self, layout: Layout, *, retry_only: bool = False) -> Claim | Refused:
         got = self._claim_first([layout], retry_only=retry_only)
         return got if isinstance(got, Refused) else got[1]
 
     def _claim_first(self, layouts: list[Layout], *, retry_only: bool = False
-                     ) -> tuple[int, Claimed] | Refused:
+                     ) -> tuple[int, Claim] | Refused:
         """Claim the first free one of ``layouts`` (:func:`~autotune.storage.claims.
         claim_first`), its trial created with the claim."""
         requests = []
         for layout in layouts:
             cand = self.by_key.get(layout.key())
-            facts = self._facts(layout, trial_id=0, number=0, outcome=Verdict(Outcome.KILLED),
-                                t0=utcnow(), elapsed_s=0.0, result=None, hosts=[],
-                                paths=None, cand=cand)
+            # The claim-time row: no outcome yet (RUNNING until the record replaces it).
+            facts = self._facts(layout, trial_id=0, number=0, outcome=None, t0=utcnow(),
+                                elapsed_s=0.0, result=None, hosts=[], paths=None, cand=cand)
             attrs = {TrialAttr.LAYOUT: layout.key(), TrialAttr.LAYOUT_DICT: layout.to_dict(),
                      TrialAttr.WORKER: self.name, TrialAttr.LAUNCHER: self.launcher.kind}
             requests.append(ClaimRequest(layout.key(), layout_params(layout, self.spec),
                                          attrs, self._row(facts)))
-        return self._retrying(lambda: claim_first(
-            self.storage, study_name=self.spec.name, requests=requests,
-            n_trials=self.n_trials, worker=self.name, retry_only=retry_only,
-            before_commit=lambda: _test_kill_point("in-claim")))
+        return self.store.claim(requests, n_trials=self.n_trials, worker=self.name,
+                                retry_only=retry_only,
+                                before_commit=lambda: _test_kill_point("in-claim"))
 
     def _claimed_keys(self) -> dict[str, int]:
         """The study's claimed layouts, read incrementally (new claims only)."""
@@ -417,12 +406,12 @@ class Worker:
             set_user_attrs(self.study, {StudyAttr.LEARNED_FROM: record})
             self._learned_record = record
 
-    def _measure(self, batch: list[tuple[Claimed, Layout]]) -> list[Verdict]:
+    def _measure(self, batch: list[tuple[Claim, Layout]]) -> list[Verdict]:
         """Measure the claimed layouts in one launch; record each on its own, in one
         transaction, while every member's lease is still renewed."""
         spec = self.spec
         # The early stop's bar; without an early stop nothing reads it (one query less).
-        best = (best_judged(self.storage, self.study.study_name)
+        best = (self.store.best_judged()
                 if spec.trial.early_stop_tolerance is not None else None)
         run_cfg = spec.run_config(best.value if best is not None and best.value else None)
         specs, paths, cands = [], [], []
@@ -438,9 +427,11 @@ class Worker:
                                       for (c, lay), cand in zip(batch, cands, strict=True)])
         t0 = utcnow()
         outcomes: list[Verdict] = []
+        self.launcher.clear_abandoned()
         with ExitStack() as beats:
             for claimed, _ in batch:
-                beats.enter_context(heartbeat(self.storage, claimed.trial_id))
+                beats.enter_context(heartbeat(self.storage, claimed.trial_id,
+                                              lease=claimed.lease, on_lost=self._lease_lost))
             reports = self.launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s)
             _test_kill_point("after-launch")
             finished = utcnow()
@@ -456,7 +447,12 @@ class Worker:
                 outcomes.append(outcome)
         return outcomes
 
-    def _record_recovered(self, claimed: Claimed, layout: Layout) -> bool:
+    def _lease_lost(self, lease: Lease) -> None:
+        """A trial's lease is lost: its launch is killed, the layout left to its holder."""
+        self.progress.message(f"{lease.lost}: its launch is cancelled")
+        self.launcher.abandon()
+
+    def _record_recovered(self, claimed: Claim, layout: Layout) -> bool:
         """Record the finished result the cut-short execution this retry takes over left
         (:mod:`autotune.runner.recovered`) instead of launching the layout again."""
         retry_of = self._retrying(lambda: self.storage.optuna.get_trial(
@@ -481,16 +477,11 @@ class Worker:
             batch=report.batch))
         return True
 
-    def _record(self, claimed: Claimed, layout: Layout, outcome: Verdict,
+    def _record(self, claimed: Claim, layout: Layout, outcome: Verdict,
                 facts: TrialFacts) -> None:
-        constraint = ({} if outcome.kind.constraint is None
-                      else {CONSTRAINT_ATTR: outcome.kind.constraint})
-        recorded = self._retrying(lambda: record_execution(
-            self.storage, trial_id=claimed.trial_id, state=outcome.state,
-            value=outcome.value if outcome.state == TrialState.COMPLETE else None,
-            user_attrs=user_attrs(facts), system_attrs=constraint,
-            measurement=self._row(facts), retry=outcome.retry,
-            before_commit=lambda: _test_kill_point("in-record")))
+        recorded = self.store.record(claimed, outcome, result=facts.result,
+                                     user_attrs=user_attrs(facts), measurement=self._row(facts),
+                                     before_commit=lambda: _test_kill_point("in-record"))
         if not recorded:
             self.progress.message(f"trial {claimed.number} ({layout.key()}) was repaired as "
                                   "killed while it ran (its runner was silent for longer "
@@ -503,10 +494,10 @@ class Worker:
             outcome, number=claimed.number, layout=layout.key(), trial_dir=facts.trial_dir)) \
             or self.broken
         self.progress.trial_finished(claimed.number, layout, outcome,
-                                     read_best_trial(self.storage, self.study.study_name)
+                                     self.store.best()
                                      if self.progress.enabled else None)
 
-    def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Verdict,
+    def _facts(self, layout: Layout, *, trial_id: int, number: int, outcome: Verdict | None,
                t0: datetime, elapsed_s: float, result: TrialResult | None, hosts: list[str],
                paths: TrialPaths | None, cand: Candidate | None,
                finished: datetime | None = None,

@@ -22,6 +22,7 @@ from autotune.scaling.table import (
     scaling_table,
 )
 from autotune.spec import StudySpec
+from autotune.trial.outcome import StopReason
 
 __all__ = ["request_of", "run_command", "plan_command", "write_report", "parse_references",
            "campaign_studies", "status_lines"]
@@ -119,12 +120,12 @@ def run_command(args: Any, log: Callable[[str], None]) -> int:
     if args.report:
         print(write_report(rows, request, spec, Path(args.report), args.format,
                            csv_path=Path(args.csv) if args.csv else None))
-    if run.stopped_by == "interrupt":
+    if run.stopped_by == StopReason.INTERRUPT:
         return 130
-    if run.stopped_by == "sigterm":
+    if run.stopped_by == StopReason.SIGTERM:
         log(f"stopped by SIGTERM at {request.axis} {run.stopped_at}: run it again to resume")
         return 0
-    if run.stopped_by == "failed":
+    if run.stopped_by == StopReason.FAILED:
         print(f"autotune: {request.axis} {run.stopped_at}: no trial completed; the larger "
               "sizes were not run", file=sys.stderr)
         return 1

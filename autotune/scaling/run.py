@@ -20,14 +20,15 @@ disjoint node groups of the allocation, as any study's do.
 from __future__ import annotations
 
 import signal
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autotune.runner.lifecycle import StopSignals
 from autotune.scaling.sizes import ScalingRequest, size_spec
 from autotune.spec import StudySpec
-from autotune.storage.keys import StudyAttr
+from autotune.storage import StudyAttr
+from autotune.trial.outcome import StopReason
 
 __all__ = ["SCALING_ATTR", "scaling_record", "run_scaling", "ScalingRun"]
 
@@ -50,7 +51,7 @@ class ScalingRun:
     """How the run went: the sizes finished, and what stopped it (``None``: all done)."""
 
     done: list[int] = field(default_factory=list)
-    stopped_by: str | None = None
+    stopped_by: StopReason | None = None
     """``sigterm``, ``interrupt``, ``failed`` (a size completed no trial)."""
     stopped_at: int | None = None
 
@@ -61,39 +62,19 @@ def run_scaling(spec: StudySpec, request: ScalingRequest, *, n_trials: int | Non
     """Tune every size of ``request`` in order (module docstring)."""
     specs = [size_spec(spec, request, size) for size in request.sizes]  # all checked first
     outcome = ScalingRun()
-    with _SigtermBetweenSizes() as between:
+    # A SIGTERM between two sizes' studies (after one study's own StopSignals was removed,
+    # before the next one's) stops the run before its next size, as one inside a study
+    # does; the default action would kill the process there (exit -15, not the 0 that lets
+    # a campaign resume). SIGINT keeps its default (KeyboardInterrupt: exit 130).
+    with StopSignals([], signals=(signal.SIGTERM,)) as between:
         for size, at in zip(request.sizes, specs, strict=True):
-            if between.received:  # arrived while no size's study ran: stop before this one
-                outcome.stopped_by, outcome.stopped_at = "sigterm", size
+            if between.received is not None:  # arrived while no size's study ran
+                outcome.stopped_by, outcome.stopped_at = StopReason.SIGTERM, size
                 return outcome
             if not _run_size(spec, request, size, at, outcome, n_trials=n_trials,
                              storage_url=storage_url, log=log, quiet=quiet):
                 return outcome
     return outcome
-
-
-class _SigtermBetweenSizes:
-    """A SIGTERM that arrives between two sizes' studies (after one study's own handler,
-    :class:`autotune.runner.lifecycle.StopSignals`, was removed and before the next one's
-    is installed) stops the scaling run before its next size, as one inside a study does;
-    without this the default action killed the process there (exit -15, not the 0 that
-    lets a campaign resume). Main thread only, as Python delivers signals there."""
-
-    def __init__(self) -> None:
-        self.received = False
-        self._old: Any = None
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.received = True
-
-    def __enter__(self) -> _SigtermBetweenSizes:
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
 
 
 def _run_size(spec: StudySpec, request: ScalingRequest, size: int, at: StudySpec,
@@ -105,8 +86,7 @@ def _run_size(spec: StudySpec, request: ScalingRequest, size: int, at: StudySpec
     from autotune.launchers import make_launchers
     from autotune.runner.progress import Progress, best_line
     from autotune.runner.study import run_study
-    from autotune.storage import open_storage
-    from autotune.storage.study_records import learned_from_line, learned_from_of
+    from autotune.storage import learned_from_line, learned_from_of, open_storage
 
     if storage_url:
         at = at.with_storage_url(storage_url)
@@ -134,11 +114,11 @@ def _run_size(spec: StudySpec, request: ScalingRequest, size: int, at: StudySpec
             log(f"{request.axis} {size}: {best_line(summary.best)}")
     finally:
         storage.close()
-    if summary.stopped_by in ("sigterm", "interrupt"):
+    if summary.stopped_by in (StopReason.SIGTERM, StopReason.INTERRUPT):
         outcome.stopped_by, outcome.stopped_at = summary.stopped_by, size
         return False
     if summary.best is None:
-        outcome.stopped_by, outcome.stopped_at = "failed", size
+        outcome.stopped_by, outcome.stopped_at = StopReason.FAILED, size
         return False
     outcome.done.append(size)
     return True

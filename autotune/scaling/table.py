@@ -34,7 +34,7 @@ from autotune.planning.band import ratio_band
 from autotune.report.tables import format_table
 from autotune.scaling.sizes import ScalingRequest, scaling_efficiency, size_spec
 from autotune.spec import StudySpec
-from autotune.storage.db import Storage
+from autotune.storage import Storage
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
            "scaling_json", "format_scaling", "scaling_csv", "CSV_COLUMNS", "Z_95"]
@@ -94,7 +94,7 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
     import optuna
 
     from autotune.report.results import list_studies, selected_trial
-    from autotune.storage.records import trial_energy, trial_layout_key, trial_tokens_per_s
+    from autotune.storage import measured_value, trial_energy, trial_layout_key, trial_tokens_per_s
 
     have = set(list_studies(storage))
     rows = []
@@ -107,8 +107,8 @@ def measured_rows(storage: Storage, spec: StudySpec, request: ScalingRequest,
         if best is None or best.value is None:
             continue
         energy = trial_energy(best)
-        done = len(study.get_trials(deepcopy=False,
-                                    states=(optuna.trial.TrialState.COMPLETE,)))
+        done = sum(1 for t in study.get_trials(deepcopy=False)
+                   if measured_value(t) is not None)
         devices = request.devices(spec, size)
         rows.append(ScalingRow(
             size=size, nodes=at.cluster.nodes, devices=devices,

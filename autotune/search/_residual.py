@@ -44,7 +44,7 @@ misses). Everything else is fitted from the study's own trials, and, with a warm
 from earlier studies': ``warm_start`` holds their residuals (:class:`~autotune.models.
 calibration.Residual`, same device type, dtype and workload); the same regression fitted
 on them from the generic prior gives a posterior that, carried over
-(:func:`~autotune.models.calibration.carry_over_gaussian`: mean ``rho · m``, covariance
+(:func:`~autotune.models.evidence.carry_over_gaussian`: mean ``rho · m``, covariance
 ``rho^2 · S + (1 - rho^2) · prior``), is this study's prior (docs/models.md,
 "Calibration from measurements").
 """
@@ -57,7 +57,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from autotune.layout import Layout
-from autotune.models.calibration import Residual, carry_over_gaussian, evidence_scale
+from autotune.models.calibration import Residual
+from autotune.models.evidence import carry_over_gaussian, evidence_scale
 from autotune.search._acquisition import TrialCost, gain_per_second
 from autotune.search._base import (
     FitProbability,

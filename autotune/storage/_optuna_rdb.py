@@ -7,7 +7,8 @@ an outcome without its reason (issue #17). This module writes the same rows thro
 Optuna's own ORM models in a session the caller holds, so that a claim creates its trial
 and a record finishes it, each in one transaction with autotune's tables beside them.
 
-Private Optuna API, pinned to Optuna 5.0's layout (``optuna/storages/_rdb/models.py``:
+Private Optuna API, written against Optuna 5.0's layout and refused outside the known
+releases (:mod:`autotune.storage.optuna_pin`) (``optuna/storages/_rdb/models.py``:
 ``TrialModel``, ``TrialParamModel``, ``TrialValueModel``, ``TrialUserAttributeModel``,
 ``TrialSystemAttributeModel``; the number as ``TrialModel.count_past_trials`` under the
 study row's ``FOR UPDATE`` lock, as ``RDBStorage._create_new_trial`` does). Datetimes are
@@ -98,9 +99,11 @@ def set_trial_user_attrs(s: Session, trial_id: int, attrs: Mapping[str, Any]) ->
 
 def finish_trial(s: Session, trial_id: int, *, state: TrialState, value: float | None,
                  user_attrs: Mapping[str, Any],
-                 system_attrs: Mapping[str, Any] | None = None) -> bool:
-    """Finish a RUNNING trial: values, attributes and state together. ``False`` (nothing
-    written) when it is no longer RUNNING: someone else finished it (a repair)."""
+                 system_attrs: Mapping[str, Any] | None = None,
+                 intermediate: Mapping[int, float] | None = None) -> bool:
+    """Finish a RUNNING trial: values, intermediate values (step -> value), attributes and
+    state together. ``False`` (nothing written) when it is no longer RUNNING: someone else
+    finished it (a repair)."""
     row = s.get(models.TrialModel, trial_id, with_for_update=True)
     if row is None or row.state != TrialState.RUNNING:
         return False
@@ -112,6 +115,12 @@ def finish_trial(s: Session, trial_id: int, *, state: TrialState, value: float |
         _add_attrs(s, models.TrialSystemAttributeModel, trial_id, system_attrs)
     if value is not None:
         _add_value(s, trial_id, value)
+    for step, step_value in (intermediate or {}).items():
+        stored, kind = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(
+            step_value)
+        s.add(models.TrialIntermediateValueModel(trial_id=trial_id, step=step,
+                                                 intermediate_value=stored,
+                                                 intermediate_value_type=kind))
     row.state = state
     row.datetime_complete = utcnow()
     return True

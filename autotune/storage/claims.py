@@ -38,7 +38,7 @@ from sqlalchemy import func, select, update
 
 from autotune.storage import _optuna_rdb as rdb
 from autotune.storage.keys import RUNNING, TrialAttr
-from autotune.storage.leases import dead_here, utcnow
+from autotune.storage.leases import Lease, dead_here, utcnow
 from autotune.storage.schema import LayoutClaim, Measurement
 from autotune.trial.outcome import Outcome
 
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from autotune.storage.db import Storage
 
 __all__ = ["MAX_ATTEMPTS", "Claimed", "Refused", "ClaimCounts", "ClaimRequest",
-           "claim_layout", "claim_first", "renew_lease", "record_execution", "repair_stale",
-           "claim_counts", "retry_keys", "store_verdict", "KILLED_REASON"]
+           "claim_layout", "claim_first", "claim_lease", "renew_lease", "record_execution",
+           "repair_stale", "claim_counts", "retry_keys", "store_verdict", "KILLED_REASON"]
 
 MAX_ATTEMPTS = 3
 """Executions of one layout at most (the first and two retries), as Optuna's
@@ -208,28 +208,32 @@ def _number_of(s: Any, trial_id: int) -> int | None:
         models.TrialModel.trial_id == trial_id))
 
 
+def claim_lease(storage: Storage, trial_id: int, what: str | None = None) -> Lease:
+    """The lease of ``trial_id``'s claim (:class:`~autotune.storage.leases.Lease`);
+    ``what``: the trial for people (default: its id)."""
+    return Lease(storage, LayoutClaim, LayoutClaim.trial_id, trial_id,
+                 what or f"trial id {trial_id}")
+
+
 def renew_lease(storage: Storage, trial_id: int) -> bool:
     """Move the lease of ``trial_id``'s claim on; ``False`` if it has none any more (it
     was recorded, or repaired after a silence longer than the grace period)."""
-    lease = utcnow() + timedelta(seconds=storage.config.grace_period_s)
-    with storage.session() as s:
-        done = s.execute(update(LayoutClaim).where(
-            LayoutClaim.trial_id == trial_id, LayoutClaim.lease_until.is_not(None))
-            .values(lease_until=lease))
-    return getattr(done, "rowcount", 0) == 1
+    return claim_lease(storage, trial_id).renew()
 
 
 def record_execution(storage: Storage, *, trial_id: int, state: TrialState,
                      value: float | None, user_attrs: Mapping[str, Any],
                      system_attrs: Mapping[str, Any], measurement: Mapping[str, Any],
-                     retry: bool, before_commit: Callable[[], None] | None = None) -> bool:
-    """Record an execution's end in one transaction: the trial's values, attributes,
-    constraint and state, its ``measurements`` row, the claim's end. ``False`` (nothing
-    written) when the trial was repaired meanwhile (its runner was silent for longer than
-    the grace period)."""
+                     retry: bool, before_commit: Callable[[], None] | None = None,
+                     intermediate: Mapping[int, float] | None = None) -> bool:
+    """Record an execution's end in one transaction: the trial's values, intermediate
+    values, attributes, constraint and state, its ``measurements`` row, the claim's end.
+    ``False`` (nothing written) when the trial was repaired meanwhile (its runner was
+    silent for longer than the grace period)."""
     with storage.session() as s:
         if not rdb.finish_trial(s, trial_id, state=state, value=value,
-                                user_attrs=user_attrs, system_attrs=system_attrs):
+                                user_attrs=user_attrs, system_attrs=system_attrs,
+                                intermediate=intermediate):
             s.rollback()
             return False
         s.execute(update(Measurement).where(Measurement.trial_id == trial_id)

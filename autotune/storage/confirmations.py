@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select, update
 
 from autotune.storage import _optuna_rdb as rdb
-from autotune.storage.leases import dead_here, utcnow
+from autotune.storage.leases import Lease, dead_here, utcnow
 from autotune.storage.schema import Confirmation, ConfirmationRun
 
 if TYPE_CHECKING:
     from autotune.storage.db import Storage
 
-__all__ = ["ConfirmClaimed", "ConfirmRefused", "claim_confirmation", "renew_confirmation",
+__all__ = ["ConfirmClaimed", "ConfirmRefused", "claim_confirmation", "confirmation_lease",
+           "renew_confirmation",
            "release_confirmation", "record_round", "finish_confirmation", "stored_runs",
            "decided_record", "unfinished_line", "confirmation_cost", "ConfirmationCost",
            "RUN_COLUMNS"]
@@ -86,13 +87,14 @@ def claim_confirmation(storage: Storage, *, study_name: str, basis: str,
         return ConfirmClaimed(row.id, row.launches, row.device_s, resumed=True)
 
 
+def confirmation_lease(storage: Storage, confirmation_id: int) -> Lease:
+    """The round's lease (the same :class:`~autotune.storage.leases.Lease` as a claim's)."""
+    return Lease(storage, Confirmation, Confirmation.id, confirmation_id,
+                 "the confirmation round")
+
+
 def renew_confirmation(storage: Storage, confirmation_id: int) -> bool:
-    lease = utcnow() + timedelta(seconds=storage.config.grace_period_s)
-    with storage.session() as s:
-        done = s.execute(update(Confirmation).where(
-            Confirmation.id == confirmation_id, Confirmation.lease_until.is_not(None))
-            .values(lease_until=lease))
-    return getattr(done, "rowcount", 0) == 1
+    return confirmation_lease(storage, confirmation_id).renew()
 
 
 def release_confirmation(storage: Storage, confirmation_id: int) -> None:

@@ -16,14 +16,14 @@ from __future__ import annotations
 import random
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import optuna
 from alembic.runtime.migration import MigrationContext
 from optuna.storages import BaseStorage
-from sqlalchemy import create_engine, event, func, inspect, select, text
+from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -32,20 +32,21 @@ from sqlalchemy.pool import NullPool
 from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, StorageError
 from autotune.storage._sp_columns import widen_recompute_add_sequence_parallel
-from autotune.storage.guarded import database_error, guard
+from autotune.storage.engine import _no_pool, _sqlite_immediate, engine_kwargs
+from autotune.storage.guarded import database_error, guard, one_line
 from autotune.storage.limits import apply_session_limits
+from autotune.storage.optuna_pin import check_optuna_version
 from autotune.storage.optuna_schema import first_start_turn, head_revision
+from autotune.storage.reads import MeasurementReads
 from autotune.storage.schema import (
     ENERGY_COLUMNS,
     SCHEMA_VERSION,
     Base,
     Confirmation,
     ConfirmationRun,
-    LayoutClaim,
-    Measurement,
     SchemaVersion,
 )
-from autotune.storage.transient import driver_message, retrying
+from autotune.storage.transient import Outage, retrying
 from autotune.storage.turns import Turns
 from autotune.storage.urls import backend_of, mask_url, resolve_url
 
@@ -56,67 +57,18 @@ T = TypeVar("T")
 _SCHEMA_ATTEMPTS = 8
 
 
-def engine_kwargs(url: str, connections: int = 1, *,
-                  busy_timeout_s: float = 120) -> dict[str, Any]:
-    """Engine options per backend. Many workers share one server (64 on one study against
-    PostgreSQL's default ``max_connections`` of 100, three of them reserved: issues #17 and
-    #23), so a worker holds ``connections`` (one per trial run side by side) and never more:
-    a heartbeat that renews a lease during a record waits the record's few milliseconds for
-    the connection, and nothing of autotune's opens a connection while it holds one
-    (Optuna's start-up check would: :meth:`Storage._check_optuna_schema`). With one more
-    allowed, 64 workers on 2 cores held 98 at the peak and 34 of them found the server full
-    for 300 s. Connections are checked before use (a batch job may sit idle for hours).
-    SQLite: a writer waits ``busy_timeout_s`` for the lock, then fails "database is locked"
-    (:mod:`autotune.storage.limits`)."""
-    backend = backend_of(url)
-    if backend == "sqlite":
-        return {"connect_args": {"timeout": busy_timeout_s}}
-    kwargs: dict[str, Any] = {"pool_size": connections, "max_overflow": 0, "pool_timeout": 300,
-                              "pool_pre_ping": True, "pool_recycle": 1800}
-    if backend == "mysql":
-        # InnoDB's default REPEATABLE READ takes a transaction's snapshot at its first plain
-        # read, before the study lock of a claim: its count of the study's trials (the new
-        # trial's number) and claims would then miss what others committed meanwhile. READ
-        # COMMITTED, PostgreSQL's default, reads what the lock's holder sees.
-        kwargs["isolation_level"] = "READ COMMITTED"
-    return kwargs
-
-
-def _no_pool(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``engine_kwargs`` without the pool's options (for an engine without a pool)."""
-    return {k: v for k, v in kwargs.items() if not k.startswith("pool") and k != "max_overflow"}
-
-
-def _sqlite_immediate(engine: Engine) -> None:
-    """Every SQLite transaction takes the writer lock at BEGIN (``BEGIN IMMEDIATE``).
-
-    A deferred transaction that reads and then writes can meet another one doing the same
-    and be refused at once (SQLite cannot wait out that deadlock); a claim reads the
-    study's claims and writes its own in one transaction. The pysqlite recipe of
-    SQLAlchemy's SQLite dialect docs ("Serializable isolation / Savepoints / Transactional
-    DDL"): the driver's own BEGIN is turned off, the engine's begin event issues ours.
-    """
-    @event.listens_for(engine, "connect")
-    def _no_driver_begin(dbapi_conn: Any, record: Any) -> None:
-        dbapi_conn.isolation_level = None
-
-    @event.listens_for(engine, "begin")
-    def _begin_immediate(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    engine.dispose()  # connections made before the listeners: made again with them
-
-
-class Storage:
+class Storage(MeasurementReads):
     """The study storage and the measurements tables of one database."""
 
     def __init__(self, config: StorageConfig, *, connections: int = 1) -> None:
+        check_optuna_version()
         self.config = config
         self.connections = connections
         self.url = resolve_url(config.url)
         self.masked_url = mask_url(self.url)
         self.backend = backend_of(self.url)
         self._connected = False
+        self._outage = Outage()
         """Whether this process reached the database: a refused connection is a restart
         then, not a wrong URL (:func:`autotune.storage.transient.transient_reason`)."""
         for attempt in range(_SCHEMA_ATTEMPTS):
@@ -342,64 +294,14 @@ class Storage:
         transiently, for up to ``storage.outage_wait_s``, one line per wait; any other
         database error as one :class:`StorageError` line (issue 23 A, B)."""
         return retrying(what, self.masked_url, fn, wait_s=self.config.outage_wait_s,
-                        connected=lambda: self._connected, translate=self._translate)
+                        connected=lambda: self._connected, translate=self._translate,
+                        outage=self._outage)
 
     def _translate(self, err: BaseException) -> BaseException | None:
         if database_error(err):
             return StorageError(f"database error on {self.masked_url}: "
                                 f"{_short(err, self.url)}")
         return None
-
-    # -- measurements -------------------------------------------------------------------
-
-    def add_measurement(self, row: dict[str, Any]) -> None:
-        with self.session() as s:
-            s.add(Measurement(**row))
-
-    def measurement_rows(self, columns: Sequence[str], *, device_type: str, dtype: str,
-                         workload: str, outcomes: Sequence[str], study: str | None = None,
-                         other_than: str | None = None,
-                         limit: int | None = None) -> list[dict[str, Any]]:
-        """``columns`` (and only those) of the measurements of one device type, dtype and
-        workload with one of ``outcomes``, oldest first: of ``study`` alone, or of every
-        study but ``other_than``; at most the ``limit`` most recent. One query, narrowed
-        by the ``device_type`` (or ``study_name``) index."""
-        try:
-            selected = [getattr(Measurement, c) for c in columns]
-        except AttributeError as err:
-            raise ValueError(f"measurement_rows: no column {err.name!r}") from None
-        query = select(*selected).where(
-            Measurement.device_type == device_type, Measurement.dtype == dtype,
-            Measurement.workload == workload, Measurement.outcome.in_(list(outcomes)))
-        if study is not None:
-            query = query.where(Measurement.study_name == study)
-        if other_than is not None:
-            query = query.where(Measurement.study_name != other_than)
-        query = query.order_by(Measurement.id.desc())
-        if limit is not None:
-            query = query.limit(limit)
-        with self.session() as s:
-            rows = s.execute(query).all()
-        return [dict(zip(columns, row, strict=True)) for row in reversed(rows)]
-
-    # -- layout claims (autotune.storage.claims owns the writes) ------------------------
-
-    def claims_since(self, study: str, after_id: int) -> list[tuple[int, str, int]]:
-        """``(claim id, layout key, trial id)`` of the study's claims newer than
-        ``after_id``: a worker keeps the keys it has seen (claims are never deleted, only
-        passed on to a retry) and reads only the new ones each step."""
-        with self.session() as s:
-            rows = s.execute(select(LayoutClaim.id, LayoutClaim.layout_key,
-                                    LayoutClaim.trial_id).where(
-                LayoutClaim.study_name == study, LayoutClaim.id > after_id)
-                .order_by(LayoutClaim.id)).all()
-        return [(int(i), str(k), int(t)) for i, k, t in rows]
-
-    def claimed_keys(self, study: str) -> dict[str, int]:
-        with self.session() as s:
-            rows = s.execute(select(LayoutClaim.layout_key, LayoutClaim.trial_id).where(
-                LayoutClaim.study_name == study)).all()
-        return {k: t for k, t in rows}
 
     def close(self) -> None:
         self.rdb.remove_session()
@@ -436,11 +338,9 @@ def open_storage(config: StorageConfig, *, connections: int = 1) -> Storage:
 
 
 def _short(err: BaseException, url: str) -> str:
-    """First line of a driver error, with the password masked wherever it appears."""
-    text = driver_message(err).strip()
-    text = text.splitlines()[0] if text else repr(err)
-    masked = mask_url(url)
-    text = text.replace(url, masked)
+    """:func:`~autotune.storage.guarded.one_line` of a driver error, with this URL's
+    password masked wherever it appears (not only inside URLs)."""
+    text = one_line(err).replace(url, mask_url(url))
     try:
         from sqlalchemy.engine import make_url
 
@@ -449,4 +349,4 @@ def _short(err: BaseException, url: str) -> str:
             text = text.replace(str(pw), "***")
     except Exception:  # masking must never fail the error path
         pass
-    return text[:500]
+    return text

@@ -13,8 +13,8 @@ two attributes that say what it ran and how it ended (``layout_dict``, ``outcome
 :func:`judged_trials` reads just those (or the few a run's closing table shows,
 :data:`SUMMARY_KEYS`, where each worker read the whole study once more) in one query on
 Optuna's tables (the same rows ``get_trials`` reads; the value decoded as
-``TrialValueModel.stored_repr_to_value`` does). Private Optuna API, pinned like
-:mod:`autotune.storage._optuna_rdb`.
+``TrialValueModel.stored_repr_to_value`` does). Private Optuna API, refused outside the
+known releases (:mod:`autotune.storage.optuna_pin`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import and_, select
 
 from autotune.storage.keys import TrialAttr
+from autotune.storage.values import complete_only
 
 if TYPE_CHECKING:
     from autotune.storage.db import Storage
@@ -71,14 +72,16 @@ def highest(trials: Sequence[T]) -> T | None:
     """The completed trial of highest value (throughput) among ``trials`` (in number
     order: the first of equal values), ``None`` before any: what the runner compares each
     new trial with (the study's objective may name another best:
-    :func:`autotune.report.results.selected_trial`)."""
-    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    :func:`autotune.report.results.selected_trial`). Stopped trials are never the best
+    (:func:`autotune.storage.values.complete_only`)."""
+    done = complete_only(trials)
     return max(done, key=lambda t: t.value or 0.0) if done else None
 
 
 def best_judged(storage: Storage, study_name: str) -> JudgedTrial | None:
     """:func:`highest` of the study, from the narrow read (its value, not the whole trial)."""
-    return highest(judged_trials(storage, study_name, states=(TrialState.COMPLETE,), keys=()))
+    return highest(judged_trials(storage, study_name, states=(TrialState.COMPLETE,),
+                                 keys=(TrialAttr.OUTCOME,)))
 
 
 def read_best_trial(storage: Storage, study_name: str) -> FrozenTrial | None:
@@ -105,8 +108,13 @@ def judged_trials(storage: Storage, study_name: str, *,
              .where(S.study_name == study_name))
     if states is not None:
         query = query.where(T.state.in_(states))
-    with storage.session() as s:
-        rows = s.execute(query).all()
+    def read() -> list[Any]:
+        with storage.session() as s:
+            return list(s.execute(query).all())
+
+    # Through the retry layer, as every call is: the run's last read and the final refit
+    # call this outside any retried step.
+    rows = storage.retrying(f"reading study {study_name!r}'s trials", read)
     trials: dict[int, tuple[int, TrialState, float | None, dict[str, Any]]] = {}
     for trial_id, number, state, value, value_type, key, value_json in rows:
         if trial_id not in trials:

@@ -96,8 +96,10 @@ class StudyAttr:
     """Keys of a study's user attributes."""
 
     FINGERPRINT = "fingerprint"
-    """What the study measures (model, device, world size, global batch, dtype, workload
-    kind): a study name is refused for another one."""
+    """What the study measures: model, training, cluster shape and the workload's program
+    (:mod:`autotune.runner.identity`): a study name is refused for another one."""
+    SPACE = "search_space"
+    """The search space's axes as last run: a resumed study says when they changed."""
     MODEL = "model"
     CLUSTER = "cluster"
     OBJECTIVE = "objective"

@@ -27,6 +27,7 @@ from autotune.models.calibration import BUILTIN_WORKLOAD
 from autotune.storage.keys import (
     FAILED_TRIAL_SYSTEM_ATTR,
     RESULT_ATTRS,
+    RUNNING,
     HasAttrs,
     SetsAttrs,
     TrialAttr,
@@ -53,7 +54,9 @@ class TrialFacts:
     trial_number: int
     trial_id: int
     layout: Layout
-    outcome: Verdict
+    outcome: Verdict | None
+    """``None``: the execution is claimed and has not ended (its claim-time row, outcome
+    :data:`~autotune.storage.keys.RUNNING`)."""
     result: TrialResult | None
     launcher: str
     worker: str
@@ -87,8 +90,9 @@ def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch
         "n_params": float(model.n_params()), "device_type": cluster.device,
         "nodes": cluster.nodes, "devices_per_node": cluster.devices_per_node, "dtype": dtype,
         "workload": workload,
-        "outcome": facts.outcome.kind.value, "status": res.status if res else None,
-        "reason": facts.outcome.reason or None,
+        "outcome": RUNNING if facts.outcome is None else facts.outcome.kind.value,
+        "status": res.status if res else None,
+        "reason": (facts.outcome.reason or None) if facts.outcome is not None else None,
         "model_tflops_per_device": res.model_tflops_per_device if res else None,
         "hardware_tflops_per_device": res.hardware_tflops_per_device if res else None,
         "mfu": res.mfu if res else None,
@@ -118,6 +122,8 @@ def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch
 
 def user_attrs(facts: TrialFacts) -> dict[str, Any]:
     """A measured trial's user attributes: readable in optuna-dashboard, JSON-serialisable."""
+    if facts.outcome is None:
+        raise ValueError(f"trial {facts.trial_number}: no outcome yet, nothing to record")
     res = facts.result
     attrs: dict[str, Any] = {
         TrialAttr.LAYOUT: facts.layout.key(),

@@ -25,7 +25,8 @@ from typing import TypeVar
 
 from autotune.errors import StorageError
 
-__all__ = ["transient_reason", "retrying", "driver_message", "BACKOFF_START_S", "BACKOFF_MAX_S"]
+__all__ = ["transient_reason", "retrying", "driver_message", "error_code", "Outage",
+           "BACKOFF_START_S", "BACKOFF_MAX_S"]
 
 T = TypeVar("T")
 
@@ -34,55 +35,97 @@ BACKOFF_MAX_S = 16.0
 """Waits double from 0.5 s to 16 s, jittered (x0.5-1.5): 64 workers that lost one server
 at once do not all knock again at the same instant."""
 
-# Lower-cased driver message fragments -> what a person is told. PostgreSQL's texts are
-# from its src/backend/utils/init/postinit.c and src/backend/tcop/postgres.c
-# (ProcessInterrupts: "terminating connection due to idle-in-transaction timeout",
-# "canceling statement due to lock timeout"); psycopg 3 prefixes "connection failed:".
-# MySQL/MariaDB: client errors 2002/2003/2006/2013, server errors 1040, 1205, 1213.
-_BUSY = {
-    "too many clients": "full (too many connections)",
-    "too many connections": "full (too many connections)",
-    "remaining connection slots": "full (too many connections)",
+# By code where the driver gives one. PostgreSQL's SQLSTATEs ("PostgreSQL Error Codes",
+# appendix A of its manual; psycopg 3 gives them as ``err.sqlstate``, psycopg 2 as
+# ``pgcode``), so that a server with a localised ``lc_messages`` is read the same.
+_CLOSED = "closed the connection"
+_FULL = "full (too many connections)"
+_RECOVERY = "in crash recovery"
+_IDLE = ("ended this worker's transaction, idle past storage.transaction_timeout_s (was "
+         "this process stopped?): its locks and anything it had not committed are gone")
+_LOCK = "held a lock past the lock timeout"
+_STATEMENT = "ran a statement past its timeout"
+_DEADLOCK = "broke a deadlock"
+_SQLSTATE = {
+    "08000": _CLOSED,  # connection_exception
+    "08003": _CLOSED,  # connection_does_not_exist
+    "08006": _CLOSED,  # connection_failure
+    "57P01": _CLOSED,  # admin_shutdown (pg_terminate_backend, a fast shutdown)
+    "57P02": _CLOSED,  # crash_shutdown
+    "57P03": _RECOVERY,  # cannot_connect_now: starting up, in recovery
+    "53300": _FULL,  # too_many_connections
+    "40001": "refused a transaction it could not serialize",  # serialization_failure
+    "40P01": _DEADLOCK,  # deadlock_detected
+    "55P03": _LOCK,  # lock_not_available (lock_timeout)
+    "57014": _STATEMENT,  # query_canceled (statement_timeout)
+    "25P03": _IDLE,  # idle_in_transaction_session_timeout, which autotune sets
 }
-_RECOVERING = {
+# MySQL/MariaDB error numbers (the first of the driver error's ``args``; MySQL's "Server
+# Error Message Reference" and "Client Error Message Reference", MariaDB's error codes).
+_MYSQL_ERRNO = {
+    1040: _FULL,  # ER_CON_COUNT_ERROR
+    1053: _CLOSED,  # ER_SERVER_SHUTDOWN
+    1205: _LOCK,  # ER_LOCK_WAIT_TIMEOUT
+    1213: _DEADLOCK,  # ER_LOCK_DEADLOCK
+    1927: _CLOSED,  # MariaDB ER_CONNECTION_KILLED
+    1969: _STATEMENT,  # MariaDB ER_STATEMENT_TIMEOUT (max_statement_time)
+    3024: _STATEMENT,  # MySQL ER_QUERY_TIMEOUT (max_execution_time)
+    4031: _CLOSED,  # MySQL ER_CLIENT_INTERACTION_TIMEOUT (wait_timeout)
+    2006: _CLOSED,  # CR_SERVER_GONE_ERROR
+    2013: _CLOSED,  # CR_SERVER_LOST
+}
+_MYSQL_REFUSED = {2002, 2003}  # CR_CONNECTION_ERROR, CR_CONN_HOST_ERROR
+_REFUSED_WHY = "refused the connection (down or restarting)"
+
+# By text only where no code exists (lower-cased fragments -> what a person is told):
+# - a failed connection: libpq reports a refusal at connect time (the server starting up,
+#   full, shutting down) as a message without a SQLSTATE (psycopg: "connection failed:");
+# - a connection lost on the client's side (no server reply to carry a code: psycopg's
+#   "consuming input failed", a reset, a broken pipe; a session the server ended between
+#   statements arrives this way too);
+# - SQLite's lock, which its driver reports by message only.
+# PostgreSQL's texts are from src/backend/utils/init/postinit.c and tcop/postgres.c.
+_CONNECT_TEXT = {
+    "too many clients": _FULL,
+    "remaining connection slots": _FULL,
     "the database system is starting up": "starting up",
-    "the database system is not yet accepting connections": "in crash recovery",
-    "the database system is in recovery mode": "in crash recovery",
+    "the database system is not yet accepting connections": _RECOVERY,
+    "the database system is in recovery mode": _RECOVERY,
     "the database system is shutting down": "shutting down",
 }
-_CLOSED = {
-    "server closed the connection unexpectedly": "closed the connection",
-    "terminating connection due to administrator command": "closed the connection",
-    "terminating connection due to idle-in-transaction timeout":
-        "ended this worker's transaction, idle past storage.transaction_timeout_s (was "
-        "this process stopped?): its locks and anything it had not committed are gone",
-    "consuming input failed": "closed the connection",
-    "connection is closed": "closed the connection",
-    "connection already closed": "closed the connection",
-    "the connection is lost": "closed the connection",
-    "ssl connection has been closed": "closed the connection",
-    "server has gone away": "closed the connection",
-    "lost connection to": "closed the connection",
-    "connection reset": "closed the connection",
-    "broken pipe": "closed the connection",
+_CLIENT_TEXT = {
+    "server closed the connection unexpectedly": _CLOSED,
+    "terminating connection due to administrator command": _CLOSED,
+    "terminating connection due to idle-in-transaction timeout": _IDLE,
+    "consuming input failed": _CLOSED,
+    "connection is closed": _CLOSED,
+    "connection already closed": _CLOSED,
+    "the connection is lost": _CLOSED,
+    "ssl connection has been closed": _CLOSED,
+    "connection reset": _CLOSED,
+    "broken pipe": _CLOSED,
 }
-_REFUSED = {
-    "connection refused": "refused the connection (down or restarting)",
-    "can't connect to mysql server": "refused the connection (down or restarting)",
-}
-_CONFLICT = {
-    "could not serialize access": "refused a transaction it could not serialize",
-    "deadlock detected": "broke a deadlock",
-    "deadlock found": "broke a deadlock",
-    "lock wait timeout exceeded": "held a lock past the lock timeout",
-    "canceling statement due to lock timeout": "held a lock past the lock timeout",
-    "canceling statement due to statement timeout": "ran a statement past its timeout",
-    "query execution was interrupted": "ran a statement past its timeout",
+_SQLITE_TEXT = {
     "database is locked": "is locked by another process for longer than "
                           "storage.transaction_timeout_s (a stopped or frozen worker?)",
     "database table is locked": "is locked by another process",
 }
-_ALWAYS = {**_BUSY, **_RECOVERING, **_CLOSED, **_CONFLICT}
+_ALWAYS = {**_CONNECT_TEXT, **_CLIENT_TEXT, **_SQLITE_TEXT}
+_REFUSED_TEXT = ("connection refused", "can't connect to mysql server")
+
+
+def error_code(err: BaseException) -> str | int | None:
+    """The driver's code of ``err`` (or of the driver error SQLAlchemy wraps): a
+    PostgreSQL SQLSTATE (``str``) or a MySQL error number (``int``); ``None`` if none."""
+    orig = getattr(err, "orig", None) or err
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if isinstance(code, str):
+        return code
+    args = getattr(orig, "args", ())
+    if type(orig).__module__.startswith(("pymysql", "MySQLdb")) and args \
+            and isinstance(args[0], int):
+        return args[0]
+    return None
 
 
 def transient_reason(err: BaseException, *, connected: bool = True) -> str | None:
@@ -90,22 +133,33 @@ def transient_reason(err: BaseException, *, connected: bool = True) -> str | Non
     ``StorageInternalError`` of its own words) is a failure worth waiting out, in a few
     words; ``None`` if it is not one.
 
+    Decided by the driver's code where an error in the chain has one (a code not listed
+    is not transient, whatever its text says), by its text only where none has.
     ``connected``: whether this process reached the database before. A refused
     connection before that is most often a wrong host or port, and fails at once; after
     it, a server that went down and is coming back.
     """
+    chain: list[BaseException] = []
     seen: BaseException | None = err
-    for _ in range(8):
-        if seen is None:
-            return None
-        text = str(getattr(seen, "orig", None) or seen).lower()
-        for table in (_ALWAYS, _REFUSED) if connected else (_ALWAYS,):
-            for fragment, why in table.items():
-                if fragment in text:
-                    return why
-        if connected and getattr(seen, "connection_invalidated", False):
-            return "closed the connection"
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
         seen = seen.__cause__ or seen.__context__
+    for link in chain:
+        code = error_code(link)
+        if code is None:
+            continue
+        if code in _MYSQL_REFUSED:
+            return _REFUSED_WHY if connected else None
+        return _SQLSTATE.get(code) if isinstance(code, str) else _MYSQL_ERRNO.get(code)
+    for link in chain:
+        text = str(getattr(link, "orig", None) or link).lower()
+        for fragment, why in _ALWAYS.items():
+            if fragment in text:
+                return why
+        if connected and any(fragment in text for fragment in _REFUSED_TEXT):
+            return _REFUSED_WHY
+        if connected and getattr(link, "connection_invalidated", False):
+            return _CLOSED  # SQLAlchemy's own flag for a connection it saw die
     return None
 
 
@@ -128,24 +182,40 @@ def _say(line: str) -> None:
     print(f"autotune: {line}", file=sys.stderr, flush=True)
 
 
+class Outage:
+    """The waits of one outage over every call of a storage (shared by its threads): a
+    give-up line counts all of them, not only its own call's. Over once a call passes."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def passed(self) -> None:
+        self.waits = 0
+
+
 def retrying(what: str, where: str, fn: Callable[[], T], *, wait_s: float,
              connected: Callable[[], bool] = lambda: True,
              translate: Callable[[BaseException], BaseException | None] = lambda e: None,
              sleep: Callable[[float], None] = time.sleep,
-             clock: Callable[[], float] = time.monotonic) -> T:
+             clock: Callable[[], float] = time.monotonic,
+             outage: Outage | None = None) -> T:
     """``fn()``, run again while it fails transiently (:func:`transient_reason`), for up
     to ``wait_s`` seconds (and once at least), with one line on stderr per wait; then a
-    :class:`StorageError` naming the database (``where``, masked), what it did and how
-    long it was waited for.
+    :class:`StorageError` naming the database (``where``, masked), what it did, how long
+    it was waited for and how many waits the outage took (``outage``: the storage's count
+    over all its calls; default this call's).
 
     ``fn`` must be one transaction or one read, so that running it again is safe.
     ``translate`` turns a non-transient error into the one to raise (``None``: raise it
     as it is). ``sleep`` and ``clock`` are injectable for tests.
     """
+    outage = outage or Outage()
     delay, started, waits = BACKOFF_START_S, clock(), 0
     while True:
         try:
-            return fn()
+            result = fn()
+            outage.passed()
+            return result
         except Exception as err:
             why = transient_reason(err, connected=connected())
             if why is None:
@@ -157,11 +227,12 @@ def retrying(what: str, where: str, fn: Callable[[], T], *, wait_s: float,
             if waited >= wait_s and waits > 0:  # once at least: a blip is not an outage
                 raise StorageError(
                     f"{what}: the database {where} {why}; gave up after waiting "
-                    f"{waited:.0f} s and {waits} retries (storage.outage_wait_s={wait_s:g}). "
-                    "Nothing half-written is left: run the study again once the database "
-                    "is back, and it resumes") from None
+                    f"{waited:.0f} s and {outage.waits} retries in all "
+                    f"(storage.outage_wait_s={wait_s:g}). Nothing half-written is left: run "
+                    "the study again once the database is back, and it resumes") from None
             pause = min(delay * (0.5 + random.random()), max(0.05, wait_s - waited))
             waits += 1
+            outage.waits += 1
             _say(f"{what}: the database {where} {why}; retry {waits} in {pause:.1f} s "
                  f"(waiting up to {wait_s:g} s)")
             sleep(pause)

@@ -12,8 +12,10 @@ builds theirs here, so every trial state is decided in these two modules (Optuna
 outcome         Optuna state             meaning
 ==============  =======================  ==========================================
 complete        COMPLETE                 measured; value = model TFLOPS per device
-stopped         COMPLETE                 early-stopped as hopeless: its measurement is
-                                         a low value to the search, never the best
+stopped         PRUNED                   early-stopped as hopeless: its measurement is
+                                         a low value to the search, never the best; it
+                                         keeps its value and per-step values
+                                         (:mod:`autotune.storage.values`)
 oom             PRUNED + constraint > 0  ran out of memory: infeasible, and its more
                                          memory-hungry siblings are not launched
 infeasible      PRUNED + constraint > 0  refused by the feasibility check, never ran
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 
     from autotune.feasibility import Reason
 
-__all__ = ["Outcome", "Verdict", "OomSignature", "infeasible", "OUTCOME_KINDS",
+__all__ = ["Outcome", "StopReason", "Verdict", "OomSignature", "infeasible", "OUTCOME_KINDS",
            "find_oom_signature"]
 
 
@@ -126,6 +128,40 @@ class Outcome(str, Enum):
         return _MEANING[self].colour
 
 
+class StopReason(str, Enum):
+    """Why a run (a worker's loop, a scaling sweep) ended: the run summary's
+    ``stopped_by``. A ``str`` enum, as :class:`Outcome`: a member equals its value."""
+
+    BUDGET = "budget"
+    """The study's ``search.n_trials`` are claimed."""
+    EXHAUSTED = "exhausted"
+    """Every promising layout was measured."""
+    STRATEGY = "strategy"
+    """The strategy stopped the search (``search.min_improvement``)."""
+    TIMEOUT = "timeout"
+    """The run's wall-time budget (``--timeout``)."""
+    INTERRUPT = "interrupt"
+    """SIGINT (Ctrl-C)."""
+    SIGTERM = "sigterm"
+    """SIGTERM (a scheduler's walltime, ``scancel``)."""
+    NODE_FAILURE = "node_failure"
+    """A node of the allocation died."""
+    BROKEN_PROGRAM = "broken_program"
+    """Trials failed alike (``trial.stop_on_repeated_error``)."""
+    FAILED = "failed"
+    """A scaling sweep's size failed."""
+    CONFIRM_INTERRUPT = "confirm_interrupt"
+    """SIGINT or SIGTERM during the confirmation round: the best stays unconfirmed."""
+    CONFIRM_TIMEOUT = "confirm_timeout"
+    """The wall-time budget ran out in the confirmation round."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
 @dataclass(frozen=True)
 class _Meaning:
     state: str
@@ -142,7 +178,7 @@ class _Meaning:
 _MEANING: dict[Outcome, _Meaning] = {
     Outcome.COMPLETE: _Meaning("COMPLETE", 0.0, False, "ok", True, "complete", "ok",
                                "#2e7d32"),
-    Outcome.STOPPED: _Meaning("COMPLETE", 0.0, False, "ok", True, "stopped early (hopeless)",
+    Outcome.STOPPED: _Meaning("PRUNED", 0.0, False, "ok", True, "stopped early (hopeless)",
                               "stopped", "#9ccc65"),
     Outcome.OOM: _Meaning("PRUNED", 1.0, False, "oom", True, "out of memory", "OOM",
                           "#c62828"),

@@ -181,6 +181,8 @@ def test_the_slurm_launcher_fills_in_sacct_energy_only_where_devices_measured_no
         return SACCT_ACCOUNTED
 
     monkeypatch.setattr(slurm, "_slurm", fake_slurm)
+
+    monkeypatch.setattr("autotune.launchers.slurm_commands._slurm", fake_slurm)
     extra = {"tokens_per_step": 1000, "model_flops_per_step": 7.2e15}
     bare = TrialResult(status="ok", step_time_s=0.25, extra=extra)
     measured = TrialResult(status="ok", step_time_s=0.25, energy_j_per_step=50.0,
@@ -197,5 +199,6 @@ def test_the_slurm_launcher_fills_in_sacct_energy_only_where_devices_measured_no
     assert first.model_tflops_per_watt == pytest.approx(2.0)
     assert out[1].result is measured and out[2].result is failed
     monkeypatch.setattr(slurm, "_slurm", lambda cmd: SACCT_UNACCOUNTED)
+    monkeypatch.setattr("autotune.launchers.slurm_commands._slurm", lambda cmd: SACCT_UNACCOUNTED)
     assert slurm._with_sacct_energy(reports, "4712.0")[0].result is bare
     assert slurm._with_sacct_energy(reports, None)[0].result is bare

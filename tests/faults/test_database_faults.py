@@ -237,3 +237,59 @@ def test_each_postgresql_connection_carries_its_limits(own_pg: PgServer) -> None
             "idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout")]
     storage.close()
     assert shown == ["7s", "14s", "14s"]
+
+
+def test_sessions_terminated_every_0_7_s_and_immediate_restarts_under_6_workers(
+        tmp_path: Path, own_pg: PgServer) -> None:
+    """Every 0.7 s every session of the study's database is terminated
+    (``pg_terminate_backend``: SQLSTATE 57P01 to its holder), and twice the server stops
+    at once and starts again: each of 6 replay workers waits it out and exits 0, nothing
+    is measured twice, nothing stays RUNNING (:func:`invariants`). The end-of-run reads
+    used to go around the retry layer: 2-3 of 6 workers exited 1."""
+    import threading
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    n = 18
+    with own_pg_database(own_pg.url, "terminated6") as url:
+        study = write_replay_study(tmp_path, name="terminated6", url=url, n_trials=n,
+                                   heartbeat_s=2, grace_s=60)
+        stop, terminated = threading.Event(), [0]
+
+        def terminator() -> None:
+            engine = create_engine(url, poolclass=NullPool)
+            try:
+                while not stop.wait(0.7):
+                    try:
+                        with engine.connect() as conn:
+                            terminated[0] += int(conn.execute(text(
+                                "select count(pg_terminate_backend(pid)) from "
+                                "pg_stat_activity where datname = current_database() "
+                                "and pid <> pg_backend_pid()")).scalar() or 0)
+                    except Exception:  # the server is restarting: next tick
+                        pass
+            finally:
+                engine.dispose()
+
+        logs = [tmp_path / f"worker{i}.log" for i in range(6)]
+        killer = threading.Thread(target=terminator, daemon=True)
+        workers = [fork_run(study, log) for log in logs]
+        killer.start()
+        try:
+            wait_for("the first claims", lambda: _claims(url, "terminated6") >= 3, 120)
+            own_pg.restart_immediately()
+            wait_for("more claims", lambda: _claims(url, "terminated6") >= 9, 180)
+            own_pg.restart_immediately()
+            for w in workers:
+                w.join(300)
+        finally:
+            stop.set()
+            killer.join(10)
+            own_pg.start()
+        outputs = {log.name: log.read_text() for log in logs}
+        assert [w.exitcode for w in workers] == [0] * 6, outputs
+        assert terminated[0] > 0
+        assert_clean(*logs)
+        counts = invariants(url, "terminated6", n)
+        print(f"terminated {terminated[0]} sessions; {counts}")

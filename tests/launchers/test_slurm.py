@@ -98,6 +98,7 @@ def test_a_failed_step_on_a_down_node_reads_node_fail(monkeypatch: pytest.Monkey
     answers = {"sacct": "7.3|RESIZING|mn[3-4]\n",
                "sinfo": "mn3|mixed|none\nmn4|down*|Not responding\n"}
     monkeypatch.setattr(slurm_mod, "_slurm", lambda cmd: answers[cmd[0]])
+    monkeypatch.setattr("autotune.launchers.slurm_commands._slurm", lambda cmd: answers[cmd[0]])
     monkeypatch.setattr(slurm_mod, "expand_hostlist", lambda s: ["mn3", "mn4"])
     launcher = SlurmLauncher(devices_per_node=2, env={"SLURM_JOB_ID": "7"})
     proc = subprocess.Popen(["false"])

@@ -94,7 +94,7 @@ def test_a_different_model_under_an_existing_study_name_is_refused(tmp_path: Pat
     data["model"]["n_layer"] = 4
     path.write_text(yaml.safe_dump(data))
     proc = run_cli("run", str(path))
-    assert proc.returncode == 2 and "different model" in proc.stderr
+    assert proc.returncode == 2 and "model.n_layer: 2 -> 4" in proc.stderr
 
 
 def test_a_study_from_before_mlp_and_attention_reopens_unchanged(tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_a_study_from_before_mlp_and_attention_reopens_unchanged(tmp_path: Path)
                     if k not in ("mlp", "attention")}  # the old schema
     study.set_user_attr("fingerprint", old)
     open_study(spec, storage)  # the GELU, SDPA model it always was
-    with pytest.raises(UsageError, match="different model"):
+    with pytest.raises(UsageError, match=r"model\.mlp: 'gelu' -> 'swiglu'"):
         open_study(replace(spec, model=replace(spec.model, mlp="swiglu")), storage)
-    with pytest.raises(UsageError, match="different model"):
+    with pytest.raises(UsageError, match=r"model\.attention: 'flash' -> 'explicit'"):
         open_study(replace(spec, model=replace(spec.model, attention="explicit")), storage)

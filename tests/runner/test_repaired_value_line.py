@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import autotune.runner.worker as worker_module
+import autotune.storage.claims as claims_module
 from autotune.launchers import make_launchers
 from autotune.runner.progress import Progress
 from autotune.runner.study import run_study
@@ -29,7 +29,8 @@ def test_a_refused_record_prints_no_value_line(tmp_path: Path,
         refused.append(trial_id)  # what record_execution answers once the repair won
         return False
 
-    monkeypatch.setattr(worker_module, "record_execution", record_refused)
+    # The door (TrialStore.record) calls it through its module.
+    monkeypatch.setattr(claims_module, "record_execution", record_refused)
     spec = load_study(path)
     stream = io.StringIO()
     launchers = make_launchers(spec.launcher, spec.model, spec.cluster, spec.training,

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from autotune.layout import Layout
-from autotune.models.calibration import evidence_scale
+from autotune.models.evidence import evidence_scale
 from autotune.search import Observation, TrialSeconds, gain_per_second, make_strategy
 
 

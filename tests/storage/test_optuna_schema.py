@@ -74,3 +74,29 @@ def test_workers_started_together_on_mariadb_create_the_tables_once(
         mysql_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with own_mysql_database(mysql_url, "firststart") as url:
         assert _open_together(url, monkeypatch) == 1
+
+
+@pytest.mark.parametrize("version", ["4.9.0", "5.2.0", "6.0.0.dev0", "nonsense"])
+def test_an_optuna_outside_the_known_range_is_refused_in_one_line(
+        version: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from autotune.errors import StorageError
+    from autotune.storage.optuna_pin import KNOWN_TEXT, check_optuna_version
+
+    with pytest.raises(StorageError) as err:
+        check_optuna_version(version)
+    assert len(str(err.value).splitlines()) == 1
+    assert f"optuna {version} is installed" in str(err.value) and KNOWN_TEXT in str(err.value)
+    monkeypatch.setattr(optuna, "__version__", version)
+    with pytest.raises(StorageError):  # at the database's open
+        open_storage(StorageConfig(url=f"sqlite:///{tmp_path / 'x.db'}"))
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_the_installed_optuna_and_the_pyproject_pin_agree() -> None:
+    from autotune.storage.optuna_pin import KNOWN_TEXT, check_optuna_version
+
+    check_optuna_version()  # the installed one is in the range
+    for ok in ("5.0.0", "5.1.0", "5.1.3"):
+        check_optuna_version(ok)
+    pyproject = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    assert f'"optuna{KNOWN_TEXT}"' in pyproject

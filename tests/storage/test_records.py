@@ -7,6 +7,7 @@ from datetime import datetime
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from autotune.layout import Layout
@@ -30,7 +31,7 @@ LAYOUT = Layout(tp=2, pp=1, dp=2, micro_batch=2, grad_accum=2, zero_stage=1)
 AUTOTUNE = Path(__file__).resolve().parents[2] / "autotune"
 
 
-def _facts(outcome: Verdict, result: TrialResult | None) -> TrialFacts:
+def _facts(outcome: Verdict | None, result: TrialResult | None) -> TrialFacts:
     t0 = datetime(2025, 1, 1)
     return TrialFacts(study_name="s", trial_number=3, trial_id=4, layout=LAYOUT,
                       outcome=outcome, result=result, launcher="local", worker="h:1",
@@ -101,3 +102,19 @@ def test_the_key_check_can_fail() -> None:
     assert bare.search('rdb.finish_trial(s, tid, user_attrs={"outcome": "killed"})')
     assert bare.search('attrs["retry_of"] = 3')
     assert not bare.search("attrs[TrialAttr.RETRY_OF] = 3")
+
+
+def test_a_claim_time_row_has_no_outcome_yet() -> None:
+    """A claim's ``measurements`` row is built without a placeholder verdict: ``running``,
+    no reason, no result; a trial without an outcome has no user attributes to record."""
+    from autotune.config.cluster import ClusterConfig
+    from autotune.config.model import MODEL_PRESETS
+    from autotune.storage.keys import RUNNING
+    from autotune.storage.records import measurement_row
+
+    row = measurement_row(_facts(None, None), model=MODEL_PRESETS["tiny"],
+                          cluster=ClusterConfig(devices_per_node=4), global_batch=8,
+                          dtype="fp32")
+    assert row["outcome"] == RUNNING and row["reason"] is None and row["status"] is None
+    with pytest.raises(ValueError, match="no outcome yet"):
+        user_attrs(_facts(None, None))

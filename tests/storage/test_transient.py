@@ -38,23 +38,86 @@ def _optuna_error(message: str) -> optuna.exceptions.StorageInternalError:
 
 
 @pytest.mark.parametrize("message", [
+    # No code: a refusal at connect time, a connection lost on the client's side, SQLite.
     "connection failed: FATAL:  the database system is not yet accepting connections",
     "FATAL:  the database system is starting up",
     "FATAL:  sorry, too many clients already",
-    "(1040, 'Too many connections')",
     "consuming input failed: server closed the connection unexpectedly",
     "FATAL:  terminating connection due to administrator command",
     "FATAL:  terminating connection due to idle-in-transaction timeout",
-    "ERROR:  could not serialize access due to concurrent update",
-    "ERROR:  deadlock detected",
-    "ERROR:  canceling statement due to lock timeout",
-    "(1205, 'Lock wait timeout exceeded; try restarting transaction')",
-    "(2006, 'MySQL server has gone away')",
     "database is locked",
 ])
 def test_a_passing_failure_is_transient_also_inside_optuna(message: str) -> None:
     assert transient_reason(_driver_error(message)) is not None
     assert transient_reason(_optuna_error(message)) is not None
+
+
+def _coded(error: Exception) -> OperationalError:
+    return OperationalError("SELECT 1", {}, error)
+
+
+# A localised server (lc_messages = 'de_DE'): the code decides, not the words.
+_GERMAN = "FEHLER:  Verklemmung (Deadlock) entdeckt"
+
+
+@pytest.mark.parametrize("code, why", [
+    ("57P01", "closed the connection"), ("57P03", "in crash recovery"),
+    ("53300", "full (too many connections)"), ("40001", "could not serialize"),
+    ("40P01", "deadlock"), ("55P03", "lock timeout"), ("57014", "statement past its timeout"),
+    ("25P03", "idle past storage.transaction_timeout_s"),
+])
+def test_a_postgresql_failure_is_known_by_its_sqlstate(code: str, why: str) -> None:
+    import psycopg.errors
+
+    err = _coded(psycopg.errors.lookup(code)(_GERMAN))
+    reason = transient_reason(err)
+    assert reason is not None and why in reason
+    wrapped = optuna.exceptions.StorageInternalError("An exception is raised during commit")
+    wrapped.__cause__ = err
+    assert transient_reason(wrapped) == reason
+
+
+@pytest.mark.parametrize("errno, why", [
+    (1040, "full"), (1205, "lock timeout"), (1213, "deadlock"), (2006, "closed"),
+    (2013, "closed"), (1969, "statement past its timeout"), (4031, "closed"),
+])
+def test_a_mysql_failure_is_known_by_its_error_number(errno: int, why: str) -> None:
+    import pymysql
+
+    reason = transient_reason(_coded(pymysql.err.OperationalError(errno, "Fehler")))
+    assert reason is not None and why in reason
+
+
+def test_a_code_that_does_not_pass_is_not_waited_for_whatever_its_words() -> None:
+    import psycopg.errors
+    import pymysql
+
+    # 23505 unique_violation, 1062 ER_DUP_ENTRY: their texts name a "deadlock" here.
+    assert transient_reason(_coded(psycopg.errors.lookup("23505")("deadlock detected"))) is None
+    assert transient_reason(_coded(pymysql.err.IntegrityError(1062, "deadlock found"))) is None
+    refused = _coded(pymysql.err.OperationalError(2003, "Can't connect to MySQL server"))
+    assert transient_reason(refused, connected=True) is not None
+    assert transient_reason(refused, connected=False) is None
+
+
+def test_the_give_up_line_counts_every_wait_of_the_outage(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune.storage.transient import Outage
+
+    clock, outage = _Clock(), Outage()
+
+    def down() -> None:
+        raise _driver_error("server closed the connection unexpectedly")
+
+    lines = 0
+    for _ in range(2):  # two calls of one storage during one outage
+        with pytest.raises(StorageError) as err:
+            retrying("reading", "postgresql://u:***@db/t", down, wait_s=5,
+                     sleep=clock.sleep, clock=clock, outage=outage)
+        lines += len(capsys.readouterr().err.splitlines())
+    assert f"and {lines} retries in all" in str(err.value)
+    retrying("reading", "db", lambda: 1, wait_s=5, outage=outage)
+    assert outage.waits == 0  # a call that passed ends the outage
 
 
 def test_a_refused_connection_is_transient_only_after_a_first_connection() -> None:

@@ -1,0 +1,75 @@
+"""The one door (autotune/storage/store.py): a trial claimed with a lease, recorded once,
+refused once repaired; a proposal refused before launch; the confirmation round's claim
+with the same kind of lease."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from autotune.config.study import StorageConfig
+from autotune.storage import ClaimRequest, Refused, Storage, TrialStore
+from autotune.trial.outcome import Outcome, Verdict
+from tests.storage.test_calibration_rows import _row
+
+
+def _store(tmp_path: Path) -> TrialStore:
+    storage = Storage(StorageConfig(url=f"sqlite:///{tmp_path / 's.db'}",
+                                    heartbeat_interval_s=1, grace_period_s=2))
+    optuna.create_study(study_name="s", storage=storage.optuna, direction="maximize")
+    return TrialStore(storage, "s")
+
+
+def test_claim_record_and_a_record_refused_after_a_repair(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    try:
+        row = _row("s")
+        got = store.claim([ClaimRequest("a", {}, {"layout": "a"}, row),
+                           ClaimRequest("b", {}, {"layout": "b"}, row)], n_trials=2,
+                          worker="nohost:1")
+        assert not isinstance(got, Refused) and got[0] == 0
+        claim = got[1]
+        assert claim.renew() and claim.lost is None and store.counts().live == 1
+        assert store.record(claim, Verdict(Outcome.COMPLETE, value=3.0), result=None,
+                            user_attrs={"outcome": "complete"},
+                            measurement={**row, "outcome": "complete"})
+        assert not claim.renew()  # recorded: the lease is gone
+        best = store.best()
+        assert best is not None and best.value == 3.0
+        # b, then its runner goes silent past the grace period: repaired, and its record
+        # is refused, nothing written.
+        got = store.claim([ClaimRequest("b", {}, {"layout": "b"}, row)], n_trials=2,
+                          worker="nohost:1")
+        assert not isinstance(got, Refused)
+        late = got[1]
+        with store.storage.session() as s:
+            from sqlalchemy import update
+
+            from autotune.storage.schema import LayoutClaim
+
+            s.execute(update(LayoutClaim).where(LayoutClaim.trial_id == late.trial_id)
+                      .values(lease_until=LayoutClaim.created_at))
+        assert store.repair() == 1 and store.retry_keys() == ["b"]
+        assert not store.record(late, Verdict(Outcome.COMPLETE, value=9.0), result=None,
+                                user_attrs={"outcome": "complete"},
+                                measurement={**row, "outcome": "complete"})
+        assert [t.state for t in store.history()] == [TrialState.COMPLETE, TrialState.FAIL]
+        assert store.refuse({}, {"outcome": "infeasible"}) == 2
+        assert store.claim([ClaimRequest("c", {}, {}, row)], n_trials=2,
+                           worker="nohost:1") is Refused.BUDGET
+    finally:
+        store.storage.close()
+
+
+def test_the_confirmation_round_is_claimed_with_a_lease(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    try:
+        got = store.confirmation(basis="a,b", worker="nohost:1")
+        assert isinstance(got, tuple)
+        claimed, lease = got
+        assert not claimed.resumed and claimed.launches == 0
+        assert lease.renew() and lease.beat() and lease.lost is None
+    finally:
+        store.storage.close()
