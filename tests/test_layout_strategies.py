@@ -16,9 +16,9 @@ from autotune.config.study import SearchConfig
 from autotune.config.workload import WorkloadConfig
 from autotune.errors import SpecError
 from autotune.feasibility import REASON_CODES, check_layout
+from autotune.feasibility.strategies import DeepSpeedRuntime
 from autotune.layout import Layout
 from autotune.planning.space import enumerate_layouts
-from autotune.strategy_rules import DeepSpeedRuntime
 from autotune.workloads.deepspeed_version import deepspeed_for_study, deepspeed_in
 from tests.helpers import run_cli, write_study
 

@@ -8,7 +8,7 @@ Launchers, read in this order (the first one whose variables are present wins):
 * ``torchrun``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
 * ``srun`` (one task per device): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``;
   the rendezvous host is the first node of ``SLURM_NODELIST`` (``node[01-03,07]`` is
-  expanded by :func:`autotune.hostlist.parse_hostlist`, without calling ``scontrol``);
+  expanded by :func:`autotune.util.hostlist.parse_hostlist`, without calling ``scontrol``);
   ``MASTER_PORT`` from the environment or
   :data:`DEFAULT_MASTER_PORT`.
 * ``mpiexec`` with PMI/PALS (Aurora-like): ``PMI_RANK``, ``PMI_SIZE``,
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.hostlist import parse_hostlist
+from autotune.util.hostlist import parse_hostlist
 
 __all__ = ["LaunchEnv", "DeviceInfo", "launch_env_from", "pick_device",
            "prepare_environment", "init_process_group", "release_memory", "set_group_timeout",

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.atomic import write_json_atomic
 from autotune.trial import PHASES, TrialResult, TrialSpec
 from autotune.trial.measurement import relative_precision
+from autotune.util.atomic import write_json_atomic
 from trainer.distributed import LaunchEnv
 from trainer.energy import total_j
 from trainer.timeline import Timeline

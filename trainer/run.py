@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.atomic import write_json_atomic
 from autotune.errors import AutotuneError
 from autotune.feasibility import check_layout
 from autotune.metrics_writer import MetricsWriter
 from autotune.trial import TrialResult, TrialSpec
+from autotune.util.atomic import write_json_atomic
 from trainer.distributed import LaunchEnv, launch_env_from
 from trainer.results import Measured, RankFacts, write_failed, write_ok, write_result
 from trainer.timeline import LAUNCH_TIME_ENV, Timeline

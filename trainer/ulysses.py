@@ -2,7 +2,7 @@
 ``u = layout.ulysses`` ranks, all-to-all around attention.
 
 Rank order as Megatron-DeepSpeed's ``initialize_model_parallel`` at ``tp = pp = 1`` (the
-only place Ulysses is feasible: :mod:`autotune.strategy_rules`): the ``u`` ranks of one
+only place Ulysses is feasible: :mod:`autotune.feasibility.strategies`): the ``u`` ranks of one
 sequence group are consecutive, ``rank = dp_rank * u + sp_rank``; the data-parallel groups
 are the ranks ``u`` apart; ZeRO and the gradient reduction span all ``dp * u`` ranks
 (DeepSpeed's sequence-data-parallel group, which it takes from the ``mpu``:

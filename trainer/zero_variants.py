@@ -8,7 +8,7 @@ secondary partition groups itself. MiCS needs the model built under
 way ("To use MiCS sharding, please use deepspeed.zero.MiCS_Init", DeepSpeed 0.18.9
 ``deepspeed/runtime/zero/mics.py``), and DeepSpeed 0.19 removed MiCS altogether, so a MiCS
 trial runs only where the trainer's DeepSpeed is older (the study's feasibility check says
-so before launching: :mod:`autotune.strategy_rules`).
+so before launching: :mod:`autotune.feasibility.strategies`).
 
 :func:`check_zero3_variant` fails the trial when the engine does not run the variant
 (a DeepSpeed that silently ignored a key would otherwise measure plain ZeRO-3 under the

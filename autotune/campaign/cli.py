@@ -1,6 +1,6 @@
 """``autotune campaign submit|status|check``: parse, call :mod:`autotune.campaign`, exit code.
 
-Hooked into ``autotune/cli.py`` with :func:`add_parser`; ``python -m autotune.campaign``
+Hooked into ``autotune/cli/__init__.py`` with :func:`add_parser`; ``python -m autotune.campaign``
 runs the same commands without the main CLI (job scripts use it for ``check``).
 Exit codes: 0 ok (``check``: the budget is met), 1 an error, 2 a usage error,
 3 (``check`` only) the study still has trials to run.

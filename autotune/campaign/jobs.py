@@ -20,12 +20,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from autotune.atomic import write_json_atomic
 from autotune.campaign.config import SQLITE_WARNING, CampaignSpec, CampaignStudy
 from autotune.campaign.render import CampaignPaths, Commands, write_script, write_study
 from autotune.config.study import StorageConfig
 from autotune.errors import AutotuneError, LaunchError, StorageError
 from autotune.runner.budget import study_done
+from autotune.util.atomic import write_json_atomic
 
 __all__ = ["SlurmCli", "StudyProgress", "CampaignRow", "submit", "status", "study_progress",
            "budget_met", "load_state", "format_status"]

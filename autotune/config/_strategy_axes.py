@@ -5,7 +5,7 @@
 read from YAML and which combinations a study file may not ask for (each a
 :class:`~autotune.errors.SpecError`, exit code 2, naming the field). The rules that depend
 on the model or the world size (a shard size dividing the ZeRO group, Ulysses dividing the
-heads and the sequence) are feasibility rules (:mod:`autotune.strategy_rules`).
+heads and the sequence) are feasibility rules (:mod:`autotune.feasibility.strategies`).
 """
 
 from __future__ import annotations

@@ -63,9 +63,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-from autotune.atomic import write_json_atomic
 from autotune.layout import Layout
 from autotune.trial import LaunchReport, TrialPaths, TrialSpec
+from autotune.util.atomic import write_json_atomic
 from autotune.workloads.base import BuiltinWorkload, Workload
 
 __all__ = ["Launcher", "tail"]

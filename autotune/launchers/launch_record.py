@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from autotune.atomic import write_json_atomic
 from autotune.storage.urls import mask_env
 from autotune.trial import TrialPaths
+from autotune.util.atomic import write_json_atomic
 
 __all__ = ["set_by_autotune", "write_launch_record", "FILENAME"]
 

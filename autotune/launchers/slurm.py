@@ -55,7 +55,6 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config.launcher import SlurmOptions
 from autotune.errors import LaunchError
-from autotune.hostlist import parse_hostlist
 from autotune.launchers.base import Launcher
 from autotune.launchers.launch_record import write_launch_record
 from autotune.launchers.local import trainer_env
@@ -69,6 +68,7 @@ from autotune.launchers.slurm_commands import (
 )
 from autotune.sites import SiteProfile, load_site
 from autotune.trial import LaunchReport, TrialPaths, TrialSpec
+from autotune.util.hostlist import parse_hostlist
 from autotune.workloads.base import Placement
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def allocation_job_id(env: dict[str, str] | None = None) -> str:
 
 def expand_hostlist(hostlist: str) -> list[str]:
     """Host names of a SLURM host list (``node[01-03]``): ``scontrol show hostnames``, the
-    authority, or where it is not installed, :func:`autotune.hostlist.parse_hostlist`."""
+    authority, or where it is not installed, :func:`autotune.util.hostlist.parse_hostlist`."""
     if shutil.which("scontrol") is None:
         return parse_hostlist(hostlist)
     out = _slurm(["scontrol", "show", "hostnames", hostlist])

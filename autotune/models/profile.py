@@ -44,13 +44,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.atomic import write_json_atomic
 from autotune.config._fields import check_choice, check_float, check_int, check_keys
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS, MLP_KINDS, ModelConfig
 from autotune.errors import SpecError, short_repr
 from autotune.hardware import HARDWARE
 from autotune.layout import RECOMPUTE_CHOICES, Layout, Recompute
+from autotune.util.atomic import write_json_atomic
 
 __all__ = ["LayerShape", "LayerMemory", "ProfileEntry", "LayerProfile", "PROFILE_KIND",
            "PROFILE_VERSION", "PEAK_KINDS", "load_profile", "load_cluster_profile"]

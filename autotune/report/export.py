@@ -22,12 +22,12 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.atomic import write_json_atomic
 from autotune.config.model import ModelConfig
 from autotune.dsconfig import deepspeed_config
 from autotune.errors import UsageError
 from autotune.layout import Layout
 from autotune.storage import TrialAttr, study_fingerprint, study_workload
+from autotune.util.atomic import write_json_atomic
 from autotune.workloads import megatron
 
 __all__ = ["emit_best", "megatron_deepspeed_args", "best_json", "command_line", "launch_line",

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.atomic import atomic_path, write_text_atomic
+from autotune.util.atomic import atomic_path, write_text_atomic
 
 __all__ = ["ReportPaths", "atomic_path", "write_text_atomic"]
 

@@ -32,11 +32,11 @@ from typing import Any
 
 import optuna
 
-from autotune.atomic import write_json_atomic
 from autotune.errors import SpecError, UsageError
 from autotune.layout import Layout
 from autotune.sites import SiteProfile, list_sites, load_site
-from autotune.storage.study_records import study_fingerprint, study_workload
+from autotune.storage import study_fingerprint, study_workload
+from autotune.util.atomic import write_json_atomic
 
 __all__ = ["JobOptions", "site_of", "render_job", "write_job", "TIME_RE"]
 

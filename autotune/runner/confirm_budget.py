@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from autotune.storage.db import Storage
-from autotune.storage.schema import Measurement
+from autotune.storage import Measurement, Storage
 
 __all__ = ["SearchCost", "search_cost", "Allowance", "launch_noise", "LaunchNoise"]
 

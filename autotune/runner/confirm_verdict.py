@@ -13,7 +13,7 @@ from statistics import NormalDist
 from typing import Any
 
 from autotune.runner.confirm_budget import LaunchNoise, launch_noise
-from autotune.storage.db import Storage
+from autotune.storage import Storage
 from autotune.trial.paired import (
     CONFIDENCE,
     ConfirmCandidate,

@@ -178,8 +178,9 @@ def _confirm(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: L
     if done.record is not None:  # the verdict where a person reads it (dashboard, attrs)
         storage.retrying("storing the verdict", lambda: publish_verdict(study, done.line))
     if done.ended is not None:
-        summary.stopped_by = {"interrupt": "confirm_interrupt",
-                              "timeout": "confirm_timeout"}.get(done.ended, done.ended)
+        summary.stopped_by = {"interrupt": StopReason.CONFIRM_INTERRUPT,
+                              "timeout": StopReason.CONFIRM_TIMEOUT}.get(
+                                  done.ended, StopReason(done.ended))
     summary.confirmation = done.record
     winner = (done.record or {}).get("winner_trial")
     summary.trials = judged_trials(storage, study.study_name, states=None, keys=SUMMARY_KEYS)

@@ -62,9 +62,9 @@ def write_report(rows: Sequence[ScalingRow], request: ScalingRequest, spec: Stud
     """``scaling.md`` (or ``.html``), ``scaling.png`` and ``scaling.csv`` in ``out_dir``."""
     import pandas as pd
 
-    from autotune.atomic import write_text_atomic
     from autotune.report.render import Code, Image, Report, Section, Table, Text, render
     from autotune.scaling.plot import scaling_plot
+    from autotune.util.atomic import write_text_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
     scaling_plot(rows, request, out_dir / "scaling.png",
@@ -114,7 +114,7 @@ def run_command(args: Any, log: Callable[[str], None]) -> int:
         storage.close()
     print(format_scaling(rows, request))
     if args.csv:
-        from autotune.atomic import write_text_atomic
+        from autotune.util.atomic import write_text_atomic
 
         write_text_atomic(args.csv, scaling_csv(rows, request))
     if args.report:

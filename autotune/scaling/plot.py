@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from autotune.atomic import atomic_path
 from autotune.scaling.sizes import ScalingRequest
 from autotune.scaling.table import ScalingRow
+from autotune.util.atomic import atomic_path
 
 __all__ = ["scaling_plot"]
 

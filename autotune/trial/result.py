@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from autotune.atomic import write_json_atomic
 from autotune.errors import SpecError
 from autotune.trial.numbers import check_result_numbers
+from autotune.util.atomic import write_json_atomic
 
 __all__ = ["TrialResult", "Status", "STATUSES", "PHASES", "read_result"]
 

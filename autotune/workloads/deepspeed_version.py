@@ -20,7 +20,7 @@ from pathlib import Path
 from autotune.config.launcher import LauncherConfig
 from autotune.config.study import SearchConfig
 from autotune.config.workload import WorkloadConfig
-from autotune.strategy_rules import DeepSpeedRuntime
+from autotune.feasibility.strategies import DeepSpeedRuntime
 
 __all__ = ["deepspeed_for_study", "deepspeed_in"]
 

@@ -30,7 +30,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from autotune.atomic import write_json_atomic
 from autotune.config.cluster import ClusterConfig
 from autotune.config.workload import WorkloadConfig
 from autotune.dsconfig import batch_config
@@ -41,6 +40,7 @@ from autotune.trial.classify import classify
 from autotune.trial.measurement import StopRule, relative_precision
 from autotune.trial.numbers import check_result_numbers
 from autotune.trial.outcome import Outcome
+from autotune.util.atomic import write_json_atomic
 from autotune.workloads import megatron
 from autotune.workloads.adaptive import MeasuringWatch
 from autotune.workloads.base import Placement, ProgressWatch, Workload, log_paths

@@ -10,11 +10,11 @@ place in the job. This shim exports, as the built-in trainer derives them
   ``SLURM_LOCALID``, ``LOCAL_WORLD_SIZE`` = the tasks on this node (PMI: ``PMI_RANK``,
   ``PMI_SIZE``, ``PALS_LOCAL_RANKID`` / ``PMI_LOCAL_RANK``);
 * ``MASTER_ADDR``: kept if set, else the first node of ``SLURM_STEP_NODELIST`` (expanded by
-  :func:`autotune.hostlist.parse_hostlist`); ``MASTER_PORT``: kept if set (the SLURM launcher
+  :func:`autotune.util.hostlist.parse_hostlist`); ``MASTER_PORT``: kept if set (the SLURM launcher
   sets a fresh one per step), else 29500;
 
 and then replaces itself with CMD (``os.execvp``: no extra process to kill). Variables
-already set (under torchrun) are left alone. Standard library and ``autotune.hostlist`` only.
+already set (under torchrun) are left alone. Standard library and ``autotune.util.hostlist`` only.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import re
 import sys
 from collections.abc import Mapping, MutableMapping
 
-from autotune.hostlist import parse_hostlist
+from autotune.util.hostlist import parse_hostlist
 
 __all__ = ["rank_variables", "main"]
 

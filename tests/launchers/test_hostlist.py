@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from autotune.errors import LaunchError
-from autotune.hostlist import parse_hostlist
+from autotune.util.hostlist import parse_hostlist
 
 CASES = ["node[01-04]", "a,b", "gpu[01-02,07],login1", "r[1-2]n[3-4]", "x[8-11]", "solo",
          "a[8-10],b[1,3]"]

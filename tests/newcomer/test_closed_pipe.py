@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.streams import Forgiving
+from autotune.util.streams import Forgiving
 from tests.helpers import REPO, run_cli, write_study
 
 _SLEEPING_TRAINER = """#!{python}

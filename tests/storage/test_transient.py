@@ -221,7 +221,7 @@ def test_a_database_error_that_escaped_is_one_line_exit_1(
     def broken(args: argparse.Namespace) -> int:
         raise _driver_error("server closed the connection unexpectedly\n\tThis probably...")
 
-    monkeypatch.setattr("autotune.cli.cmd_status", broken)
+    monkeypatch.setattr("autotune.cli.commands.cmd_status", broken)
     assert main(["status", "x"]) == 1
     err = capsys.readouterr().err
     assert err == "autotune: error: database error: server closed the connection " \

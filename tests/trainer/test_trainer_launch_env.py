@@ -38,7 +38,7 @@ def test_slurm_master_from_env_wins() -> None:
 ])
 def test_the_rendezvous_host_is_the_first_of_the_step_nodelist(nodelist: str,
                                                                 head: str) -> None:
-    """The trainer reads the host list with the launcher's one reader (autotune.hostlist;
+    """The trainer reads the host list with the launcher's one reader (autotune.util.hostlist;
     its cases: tests/launchers/test_hostlist.py)."""
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NODELIST": nodelist}
     assert launch_env_from(env).master_addr == head

@@ -26,9 +26,13 @@ from typing import TYPE_CHECKING
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
+from autotune.feasibility.strategies import (
+    STRATEGY_REASON_CODES,
+    DeepSpeedRuntime,
+    strategy_reasons,
+)
 from autotune.hardware import GiB
 from autotune.layout import Layout, needs_no_less_memory
-from autotune.strategy_rules import STRATEGY_REASON_CODES, DeepSpeedRuntime, strategy_reasons
 
 if TYPE_CHECKING:  # the models stay out of the trainer's import path (see check_layout)
     from autotune.models.memory_uncertainty import MemoryVerdict
@@ -180,7 +184,7 @@ def check_layout(
     Structural rules always apply; ``world_size``/``global_batch`` when given; the TP
     placement rules with a ``placement``; the memory rule with a ``memory`` budget (it
     uses :func:`autotune.models.memory.estimate_memory`); the ZeRO-3 variants' and
-    Ulysses' rules (:mod:`autotune.strategy_rules`) always, MiCS's DeepSpeed version with
+    Ulysses' rules (:mod:`autotune.feasibility.strategies`) always, MiCS's DeepSpeed version with
     ``deepspeed``, the trials' DeepSpeed.
     """
     reasons: list[Reason] = []

@@ -33,7 +33,7 @@ licences of the two published tables shipped there: :func:`shipped_landscape`):
   software (PyTorch 2.5 vs 2.8, a second operator's stack): one layout gave 10.3 and
   54.7 TFLOPS per tile across them, so mixing tables would compare software, not layouts.
   Its ``zero_variant`` column (``mics``, ``hpz12``) is the layout's ZeRO-3 variant
-  (:mod:`autotune.landscape_zero`: a bare ``mics`` shards over the devices of a node).
+  (:mod:`autotune.landscape.zero`: a bare ``mics`` shards over the devices of a node).
 
 Within a group, rows with the same layout are merged: the mean of the ``ok`` rows' values
 (an ``oom`` row of a layout that also ran ``ok`` is dropped: it ran), else the first row.
@@ -65,7 +65,7 @@ from autotune.config._fields import check_choice
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS, ModelConfig
 from autotune.errors import SpecError
-from autotune.landscape_zero import ZERO_VARIANT_FORM, zero_variant_of
+from autotune.landscape.zero import ZERO_VARIANT_FORM, zero_variant_of
 from autotune.layout import Layout
 from autotune.models.flops import (
     hardware_flops_per_step,
@@ -91,7 +91,7 @@ DEFAULT_VTRAIN_HARDWARE = "a100-80gb"
 DEFAULT_AURORA_HARDWARE = "max1550-tile"
 DEFAULT_VTRAIN_DEVICES_PER_NODE = 8
 
-LANDSCAPES_DIR = Path(__file__).resolve().parents[1] / "data" / "landscapes"
+LANDSCAPES_DIR = Path(__file__).resolve().parents[2] / "data" / "landscapes"
 """The checkout's ``data/landscapes/``: the published tables the docs, tests and benchmarks
 use. Read relative to the checkout (like ``studies/``), not installed as package data."""
 SHIPPED_LANDSCAPES: tuple[str, ...] = ("vtrain_a100_single_node.csv", "aurora_pvc_70b.csv")

@@ -1,23 +1,17 @@
-"""``autotune``: the command line. Thin: parse, call the library, map errors to exit codes.
-
-Exit codes: 0 ok; 1 failure (a database that cannot be reached, a study whose trials all
-failed); 2 usage error (bad flags, bad study file, impossible search space); 130 when
-interrupted by Ctrl-C (the running trial is killed and left to be retried).
-"""
+"""The ``autotune`` subcommands: each parses nothing, calls the library and returns an exit
+code (:mod:`autotune.cli.parser` builds the flags, :func:`autotune.cli.main` maps errors)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError, UsageError
+from autotune.errors import UsageError
 from autotune.trial.outcome import StopReason
-
-__all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPT = 0, 1, 2, 130
 Handler = Callable[[argparse.Namespace], int]
@@ -307,185 +301,3 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     from autotune.campaign.cli import run
 
     return run(args)
-
-
-# -- parser ---------------------------------------------------------------------------------
-
-def build_parser() -> argparse.ArgumentParser:
-    from autotune.cli_help import EMIT_HELP, OUT_HELP, STORAGE_HELP, top_parser
-    from autotune.report.job_flags import add_job_flags
-    from autotune.runner.confirm_options import add_confirm_arguments
-
-    p = top_parser()
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    r = sub.add_parser("run", help="run (or resume) a study: measure layouts, store results")
-    r.add_argument("study", metavar="STUDY.yaml")
-    r.add_argument("--storage", metavar="URL", help="database URL (overrides the study file)")
-    r.add_argument("--n-trials", type=_positive_int, metavar="N",
-                   help="total measured trials the study should reach (resumes count)")
-    r.add_argument("--timeout", type=_positive_float, metavar="S",
-                   help="stop after S seconds (the confirmation round included)")
-    r.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_confirm_arguments(r)
-    r.add_argument("--retry-failed", action="store_true",
-                   help="resume a study stopped because its trials failed alike "
-                   "(search.stop_on_repeated_error), measuring those layouts again")
-    r.add_argument("--no-learn", action="store_true",
-                   help="do not warm-start the calibration from earlier studies in the "
-                   "database (search.learn_from_database: false)")
-    r.set_defaults(func=cmd_run)
-
-    s = sub.add_parser("status", help="trials by outcome, best so far, running trials")
-    s.add_argument("study", nargs="?", metavar="STUDY", help="study file or name (default: all)")
-    s.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
-    s.set_defaults(func=cmd_status)
-
-    b = sub.add_parser("best", help="the best layout, as JSON or a ready launch config")
-    b.add_argument("study", metavar="STUDY", help="study file or name")
-    b.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
-    b.add_argument("--emit", choices=("json", "deepspeed", "megatron-deepspeed", "command",
-                                      "slurm"), default="json", help=EMIT_HELP)
-    b.add_argument("--out", default=".", metavar="DIR", help=OUT_HELP)
-    add_job_flags(b)
-    b.set_defaults(func=cmd_best)
-
-    pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")
-    pl.add_argument("study", metavar="STUDY.yaml")
-    pl.add_argument("--top", type=_positive_int, default=20, metavar="K",
-                    help="list the K best predicted layouts (default: 20)")
-    pl.add_argument("--storage", metavar="URL",
-                    help="database to calibrate from (overrides the study file)")
-    pl.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    pl.add_argument("--no-learn", action="store_true",
-                    help="calibrate on the study's own measurements only, not on earlier "
-                    "studies' (search.learn_from_database: false)")
-    pl.add_argument("--scaling", choices=("weak", "strong"),
-                    help="the scaling curve instead: the best layout predicted at each size "
-                    "(docs/scaling.md), measured beside it where the database has it")
-    pl.add_argument("--nodes", metavar="N1,N2", help="with --scaling: the node counts "
-                    "(default: 1, 2, 4, ... up to the study's cluster)")
-    pl.add_argument("--devices", metavar="D1,D2",
-                    help="with --scaling: devices of one node instead of nodes")
-    pl.add_argument("--reference", action="append", metavar="SIZE=PCT",
-                    help="with --scaling: a published efficiency to show beside the "
-                    "prediction, e.g. 128=93 (repeatable)")
-    pl.set_defaults(func=cmd_plan)
-
-    sc = sub.add_parser("scaling", help="tune the study at several sizes (weak or strong "
-                        "scaling); the table, its CSV and plot")
-    sc.add_argument("study", metavar="STUDY.yaml")
-    sc.add_argument("--mode", choices=("weak", "strong"), required=True,
-                    help="weak: the global batch grows with the size; strong: it is fixed")
-    sc.add_argument("--nodes", metavar="N1,N2", help="node counts, e.g. 1,2,4")
-    sc.add_argument("--devices", metavar="D1,D2",
-                    help="devices of one node instead, e.g. 1,2,4")
-    sc.add_argument("--storage", metavar="URL", help="database URL (overrides the study file)")
-    sc.add_argument("--n-trials", type=_positive_int, metavar="N",
-                    help="measured trials per size (resumes count)")
-    sc.add_argument("--csv", metavar="FILE", help="write the table as CSV")
-    sc.add_argument("--report", metavar="DIR", help="write scaling.md/.html, .png, .csv")
-    sc.add_argument("--format", choices=("md", "html"), default="md")
-    sc.add_argument("--no-predict", action="store_true",
-                    help="measured rows only (no cost-model curve)")
-    sc.add_argument("--table-only", action="store_true",
-                    help="run nothing: the table of what the database has")
-    sc.add_argument("--campaign-studies", action="store_true",
-                    help="run nothing: print the studies: entries of a campaign file that "
-                    "runs each size as its own study (one job array per size)")
-    sc.add_argument("--quiet", action="store_true", help="no progress lines")
-    sc.set_defaults(func=cmd_scaling)
-
-    pf = sub.add_parser("profile", help="measure the layer times of a study's shapes (or "
-                        "fit them from a measured table) for the cost model")
-    pf.add_argument("study", nargs="?", metavar="STUDY.yaml")
-    pf.add_argument("--out", metavar="FILE", help="profile file to write or extend "
-                    "(default: the study's cluster.profile, else profiles/STUDY-NAME.json)")
-    pf.add_argument("--layers", type=_layer_counts, metavar="L1,L2",
-                    help="layer counts of the runs (default: 1,3)")
-    pf.add_argument("--top", type=_positive_int, metavar="K",
-                    help="only the shapes of the K best predicted layouts")
-    pf.add_argument("--from-landscape", metavar="CSV",
-                    help="fit from a measured table (vTrain or Aurora format) instead")
-    pf.add_argument("--hardware", metavar="NAME",
-                    help="with --from-landscape: device of a table that does not name it")
-    pf.add_argument("--devices-per-node", type=_positive_int, metavar="N",
-                    help="with --from-landscape: node size of a table that does not give it")
-    pf.add_argument("--vocab-size", type=_positive_int, metavar="V",
-                    help="with --from-landscape: vocabulary of the runs (default: 51200)")
-    pf.add_argument("--attention", choices=("flash", "explicit"),
-                    help="with --from-landscape: attention of the runs (default: the "
-                    "format's, explicit for vTrain, flash for Aurora)")
-    pf.add_argument("--quiet", action="store_true", help="no progress lines")
-    pf.set_defaults(func=cmd_profile)
-
-    rp = sub.add_parser("report", help="a study's report: tables, plots, CSV/Parquet exports")
-    rp.add_argument("study", nargs="?", metavar="STUDY", help="study file or name")
-    rp.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
-    rp.add_argument("--out", metavar="DIR",
-                    help="report directory (default: reports/STUDY, reports/campaign)")
-    rp.add_argument("--format", choices=("md", "html"), default="md")
-    rp.add_argument("--all", action="store_true",
-                    help="cross-study view of every measurement in the database")
-    rp.add_argument("--device-type", metavar="NAME", help="with --all: only this device type")
-    rp.add_argument("--model", metavar="NAME", help="with --all: only this model name")
-    rp.add_argument("--quiet", action="store_true", help="no progress lines")
-    rp.set_defaults(func=cmd_report)
-
-    d = sub.add_parser("dashboard", help="optuna-dashboard on the study database (localhost)")
-    d.add_argument("study", nargs="?", metavar="STUDY.yaml",
-                   help="take the storage URL from this study file")
-    d.add_argument("--storage", metavar="URL", help="database URL (default: the study "
-                   "file's, else sqlite:///autotune.db)")
-    d.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default: 127.0.0.1, this machine only)")
-    d.add_argument("--port", type=_port, default=8080,
-                   help="port to listen on (default: 8080; one in use is refused)")
-    d.set_defaults(func=cmd_dashboard)
-
-    from autotune.campaign.cli import add_parser as add_campaign_parser
-
-    add_campaign_parser(sub).set_defaults(func=cmd_campaign)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from autotune.streams import closed_pipes_survived
-
-    with closed_pipes_survived():  # first: a reader that goes away never ends the run
-        return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress lines instead
-    handler: Handler = args.func
-    try:
-        return handler(args)
-    except UsageError as err:
-        print(f"autotune: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except AutotuneError as err:
-        print(f"autotune: error: {err}", file=sys.stderr)
-        return EXIT_FAIL
-    except KeyboardInterrupt:
-        print("autotune: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPT
-    except BrokenPipeError:  # a stream not wrapped by survive_closed_pipes (a library's)
-        return EXIT_OK
-    except Exception as err:
-        # The storage wraps every database call (autotune.storage.guarded); one that
-        # escaped it is still a database failure, never a traceback (issue 23 B).
-        from autotune.storage import database_error, one_line
-
-        if not database_error(err):
-            raise
-        print(f"autotune: error: database error: {one_line(err)}", file=sys.stderr)
-        return EXIT_FAIL
-
-
-if __name__ == "__main__":
-    sys.exit(main())

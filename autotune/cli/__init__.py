@@ -1,0 +1,59 @@
+"""``autotune``: the command line. Thin: parse, call the library, map errors to exit codes.
+
+Exit codes: 0 ok; 1 failure (a database that cannot be reached, a study whose trials all
+failed); 2 usage error (bad flags, bad study file, impossible search space); 130 when
+interrupted by Ctrl-C (the running trial is killed and left to be retried).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from autotune.cli.commands import EXIT_FAIL, EXIT_INTERRUPT, EXIT_OK, EXIT_USAGE, Handler
+from autotune.cli.parser import build_parser
+from autotune.errors import AutotuneError, UsageError
+
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERRUPT"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from autotune.util.streams import closed_pipes_survived
+
+    with closed_pipes_survived():  # first: a reader that goes away never ends the run
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress lines instead
+    handler: Handler = args.func
+    try:
+        return handler(args)
+    except UsageError as err:
+        print(f"autotune: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except AutotuneError as err:
+        print(f"autotune: error: {err}", file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPT
+    except BrokenPipeError:  # a stream not wrapped by survive_closed_pipes (a library's)
+        return EXIT_OK
+    except Exception as err:
+        # The storage wraps every database call (autotune.storage.guarded); one that
+        # escaped it is still a database failure, never a traceback (issue 23 B).
+        from autotune.storage import database_error, one_line
+
+        if not database_error(err):
+            raise
+        print(f"autotune: error: database error: {one_line(err)}", file=sys.stderr)
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())
