@@ -61,10 +61,12 @@ def space_of(spec: StudySpec) -> dict[str, Any]:
     """The search space's axes as the study file gives them (``auto`` or the values)."""
     from autotune.layout import Layout
 
+    # The shard size's study-file key is ``zero_shard_size`` (None: the node's devices).
+    fields = {"zero_shard": "zero_shard_size"}
     out: dict[str, Any] = {}
     for axis in Layout.SEARCH_AXES:
-        value = getattr(spec.search, axis)
-        out[axis] = value if isinstance(value, str) else list(value)
+        value = getattr(spec.search, fields.get(axis, axis))
+        out[axis] = value if value is None or isinstance(value, str) else list(value)
     return out
 
 
