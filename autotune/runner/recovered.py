@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from autotune.errors import SpecError
 from autotune.layout import Layout
-from autotune.trial import TrialPaths, TrialResult, read_result
+from autotune.trial import LaunchReport, TrialPaths, TrialResult, read_result
 
-__all__ = ["Recovered", "finished_result", "JUDGED"]
+__all__ = ["Recovered", "finished_result", "recovered_report", "JUDGED"]
 
 JUDGED = ("ok", "oom")
 """Result statuses that judge a layout (recorded rather than measured again)."""
@@ -53,3 +53,13 @@ def finished_result(run_dir: str, study_name: str, layout: Layout,
     if res.layout is not None and res.layout != layout.to_dict():
         return None  # not this layout's (a directory reused by hand)
     return Recovered(retry_of, paths, res)
+
+
+def recovered_report(found: Recovered, workload: str) -> LaunchReport:
+    """The launch report of a recovered result, as if its batch had just ended: classified
+    and recorded like any other, with the trial it came from."""
+    res = found.result
+    return LaunchReport(result=res, returncode=None, elapsed_s=res.elapsed_s or 0.0,
+                        hosts=list(res.hosts), workload=workload,
+                        batch={"index": res.batch_index or 0, "size": res.batch_size or 1,
+                               "lead": None, "rerun": False, "recovered_from": found.number})
