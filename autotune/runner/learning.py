@@ -24,9 +24,11 @@ from __future__ import annotations
 import copy
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.errors import SpecError
 from autotune.feasibility import Constraints
 from autotune.launchers.replay import fewest_timed_steps
 from autotune.layout import Layout
@@ -83,8 +85,19 @@ def key_of(spec: StudySpec, workload: str) -> CalibrationKey:
 
 
 def _measured(row: dict[str, Any]) -> MeasuredRow:
-    # The key carries the axes that have no column of their own (ZeRO-3 variant, Ulysses).
-    layout = Layout.from_key(row["layout_key"])
+    layout = Layout(tp=row["tp"], pp=row["pp"], dp=row["dp"], micro_batch=row["micro_batch"],
+                    grad_accum=row["grad_accum"], zero_stage=row["zero_stage"],
+                    recompute=row["recompute"],
+                    sequence_parallel=bool(row["sequence_parallel"]))
+    # The columns are the row's own; the key adds the axes that have no column (the ZeRO-3
+    # variant, Ulysses) where it spells this layout with them.
+    try:
+        keyed = Layout.from_key(str(row["layout_key"]))
+    except SpecError:
+        keyed = None
+    if keyed is not None and replace(keyed, zero_variant="none", zero_shard=1,
+                                     ulysses=1) == layout:
+        layout = keyed
     return MeasuredRow(row["study_name"], layout, row["outcome"] == Outcome.OOM,
                        row["predicted_memory_bytes"], row["peak_memory_bytes"],
                        row["predicted_tflops_per_device"], row["model_tflops_per_device"])

@@ -138,7 +138,7 @@ def _direct_posterior(strategy: ResidualStrategy, history: list[Observation],
                       free: list[Layout]) -> tuple[np.ndarray, np.ndarray]:
     """The posterior of ``free`` by the n x n formulas (n trials) the strategy used before
     issue #23 moved them into the coefficients' space: the reference they must equal."""
-    from autotune.models.calibration import SHAPE_SCALES
+    from autotune.models.evidence import SHAPE_SCALES
     from autotune.search._residual import LAYOUT_SD
 
     feats = strategy._features
