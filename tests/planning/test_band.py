@@ -72,3 +72,21 @@ def test_the_band_before_a_trial_is_the_published_spread_and_widens_on_a_far_off
     precision = 1 / SCALE_SD**2 + 3 / LAYOUT_SD**2
     shrunk = 100.0 * math.exp(-3 * math.log(1.1) / LAYOUT_SD**2 / precision)
     assert math.sqrt(kept[LAYOUTS[5]][0] * kept[LAYOUTS[5]][1]) == pytest.approx(shrunk)
+
+
+def test_a_calibrated_plan_bands_with_the_earlier_studies_as_the_search_would() -> None:
+    from autotune.models.calibration import Calibration, CalibrationKey, Residual
+    from autotune.planning.plan import plan_study
+    from autotune.spec import load_study
+
+    spec = load_study("studies/cpu_demo.yaml")
+    fresh = plan_study(spec, top=3)
+    top = [row.layout for row in fresh.rows]
+    # Earlier studies measured the top layout at half its prediction.
+    earlier = tuple(Residual(top[0], math.log(0.5), 0.0) for _ in range(5))
+    cal = Calibration(CalibrationKey("cpu", spec.training.dtype), residuals=earlier)
+    warm = plan_study(spec, top=3, calibration=cal)
+    for row, before in zip(warm.rows, fresh.rows, strict=True):
+        assert row.layout == before.layout  # the ranking is the cost model's either way
+        assert row.tflops_band is not None and before.tflops_band is not None
+        assert row.tflops_band[1] < before.tflops_band[1]  # the warm posterior: lower
