@@ -74,6 +74,7 @@ from autotune.models.evidence import (
     STUDY_CORRELATION,
     carry_over_gaussian,
 )
+from autotune.models.prediction_spread import SCALE_SD
 
 __all__ = ["BUILTIN_WORKLOAD", "STUDY_CORRELATION", "STAGE_CORRELATION", "THROUGHPUT_PRIOR_SD",
            "THROUGHPUT_NOISE_SD", "CalibrationKey", "LogCorrection", "MemoryPoint",
@@ -89,9 +90,9 @@ unknowns are the same on every stage (the runtime, activations, fragmentation), 
 are the stage's own (the optimizer wrapper DeepSpeed picks for it, its buffers); with no
 way to know the split beforehand, each half. A generic statement, not fitted."""
 
-THROUGHPUT_PRIOR_SD = 1.0
+THROUGHPUT_PRIOR_SD = SCALE_SD
 """Prior sd of the log throughput correction: the default strategy's ``INTERCEPT_SD`` (the
-model's overall scale may be off by a factor ~e)."""
+published spread of step-time models, :mod:`autotune.models.prediction_spread`)."""
 
 THROUGHPUT_NOISE_SD = 0.2
 """Per-layout sd of a log throughput residual around the shared correction: the default

@@ -133,8 +133,12 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
                                          constraints)
     ranked = rank_layouts(model, cluster, feasible, dtype=spec.training.dtype,
                           profile=profile, constraints=constraints, ooms=ooms)
+    # The band is the search's prior as a run of this study would start it: with the
+    # earlier studies' residuals as its warm start (the worker passes the same ones).
+    warm = calibration.residuals if calibration is not None else ()
     bands = tflops_bands({c.layout: c.predicted_tflops for c in ranked},
-                         layouts=[c.layout for c in ranked[:top]]) if ranked else {}
+                         layouts=[c.layout for c in ranked[:top]],
+                         warm_start=warm) if ranked else {}
     rows = tuple(_row(spec, constraints, i + 1, c, factor, bands.get(c.layout))
                  for i, c in enumerate(ranked[:top]))
     record, line = None, None

@@ -127,7 +127,13 @@ def test_calibrate_warm_starts_from_earlier_studies_and_refits_on_its_own() -> N
                + [_row("b", peak_ratio=0.8, tflops_ratio=0.5)] * 4)
     warm = calibrate(key, earlier, [], memory_sd=SD, usable_bytes=8e9)
     assert warm.learned_from == (("a", 6), ("b", 4)) and warm.own == 0
-    assert 0.8 < warm.memory_factor < 0.85 and 0.5 < warm.throughput_factor < 0.55
+    assert 0.8 < warm.memory_factor < 0.85
+    # Ten residuals of ln 0.5 under the conjugate prior, shrunk towards 1 by the prior's
+    # width, then carried over at STUDY_CORRELATION (its mean times rho).
+    precision = 1 / THROUGHPUT_PRIOR_SD**2 + 10 / THROUGHPUT_NOISE_SD**2
+    learned = 10 * math.log(0.5) / THROUGHPUT_NOISE_SD**2 / precision
+    assert warm.throughput_factor == pytest.approx(math.exp(STUDY_CORRELATION * learned))
+    assert 0.5 < warm.throughput_factor < 0.6
     assert len(warm.residuals) == 10
     assert warm.residuals[0].log_prediction == pytest.approx(0.0, abs=1e-12)
     # The study's own trials then disagree: they win, from the carried-over prior.
@@ -135,7 +141,12 @@ def test_calibrate_warm_starts_from_earlier_studies_and_refits_on_its_own() -> N
     refit = calibrate(key, earlier, own, memory_sd=SD, usable_bytes=8e9)
     assert refit.own == 8 and refit.memory.n_ok == 18
     assert warm.memory_factor < refit.memory_factor < 1.0
-    assert 0.9 < refit.throughput_factor < 1.0
+    carried_var = (STUDY_CORRELATION**2 / precision
+                   + (1 - STUDY_CORRELATION**2) * THROUGHPUT_PRIOR_SD**2)
+    own_precision = 1 / carried_var + 8 / THROUGHPUT_NOISE_SD**2
+    expected = STUDY_CORRELATION * learned / carried_var / own_precision
+    assert refit.throughput_factor == pytest.approx(math.exp(expected))
+    assert warm.throughput_factor < refit.throughput_factor < 1.0
     # An OOM row is a bound at the usable memory; without a memory rule it is left out.
     ooms = [_row("me", oom=True)]
     assert calibrate(key, [], ooms, memory_sd=SD, usable_bytes=4.4e9).memory.n_censored == 1

@@ -40,7 +40,7 @@ def test_a_measured_trial_moves_and_narrows_the_band() -> None:
 
 def test_ratio_band_has_no_overall_scale_and_widens_with_the_axes_that_differ() -> None:
     from autotune.planning.band import ratio_band
-    from autotune.search._residual import LAYOUT_SD, TREND_SD
+    from autotune.search._residual import LAYOUT_SD, SLOPE_SD, TREND_SD
 
     a = Layout(tp=2, pp=4, dp=2, micro_batch=1, grad_accum=8)
     lo, hi = ratio_band((a, 100.0), (a, 100.0))
@@ -48,5 +48,45 @@ def test_ratio_band_has_no_overall_scale_and_widens_with_the_axes_that_differ() 
     b = Layout(tp=2, pp=4, dp=16, micro_batch=1, grad_accum=8)
     lo8, hi8 = ratio_band((a, 100.0), (b, 90.0))
     assert lo8 < 0.9 < hi8 and hi8 / lo8 > hi / lo
-    expected = math.sqrt(2 * LAYOUT_SD**2 + (3 * TREND_SD) ** 2 + (0.5 * math.log(0.9)) ** 2)
+    expected = math.sqrt(2 * LAYOUT_SD**2 + (3 * TREND_SD) ** 2 + (SLOPE_SD * math.log(0.9)) ** 2)
     assert math.log(hi8 / lo8) == pytest.approx(2 * BAND_Z * expected)
+
+
+def test_the_band_before_a_trial_is_the_published_spread_and_widens_on_a_far_offset() -> None:
+    from autotune.models.prediction_spread import SCALE_SD
+    from autotune.search._residual import LAYOUT_SD
+
+    lo, hi = tflops_bands({LAYOUTS[0]: 100.0})[LAYOUTS[0]]  # no axis varies: no trends
+    sd = math.sqrt(SCALE_SD**2 + LAYOUT_SD**2)
+    assert math.log(hi / lo) == pytest.approx(2 * BAND_Z * sd, rel=1e-6)
+    flat = {lay: 100.0 for lay in LAYOUTS}
+    # Every trial 3x below: far outside a sd of 0.185, so the evidence widens the scale and
+    # the untried layouts' band centre follows the trials nearly all the way.
+    history = [Observation(lay, "ok", 100.0 / 3) for lay in LAYOUTS[:3]]
+    after = tflops_bands(flat, history=history)
+    centre = math.sqrt(after[LAYOUTS[5]][0] * after[LAYOUTS[5]][1])
+    assert 100.0 / 3 < centre < 100.0 / 2.5
+    # Within the published spread the scale keeps its width: shrunk towards the model.
+    near = [Observation(lay, "ok", 100.0 / 1.1) for lay in LAYOUTS[:3]]
+    kept = tflops_bands(flat, history=near)
+    precision = 1 / SCALE_SD**2 + 3 / LAYOUT_SD**2
+    shrunk = 100.0 * math.exp(-3 * math.log(1.1) / LAYOUT_SD**2 / precision)
+    assert math.sqrt(kept[LAYOUTS[5]][0] * kept[LAYOUTS[5]][1]) == pytest.approx(shrunk)
+
+
+def test_a_calibrated_plan_bands_with_the_earlier_studies_as_the_search_would() -> None:
+    from autotune.models.calibration import Calibration, CalibrationKey, Residual
+    from autotune.planning.plan import plan_study
+    from autotune.spec import load_study
+
+    spec = load_study("studies/cpu_demo.yaml")
+    fresh = plan_study(spec, top=3)
+    top = [row.layout for row in fresh.rows]
+    # Earlier studies measured the top layout at half its prediction.
+    earlier = tuple(Residual(top[0], math.log(0.5), 0.0) for _ in range(5))
+    cal = Calibration(CalibrationKey("cpu", spec.training.dtype), residuals=earlier)
+    warm = plan_study(spec, top=3, calibration=cal)
+    for row, before in zip(warm.rows, fresh.rows, strict=True):
+        assert row.layout == before.layout  # the ranking is the cost model's either way
+        assert row.tflops_band is not None and before.tflops_band is not None
+        assert row.tflops_band[1] < before.tflops_band[1]  # the warm posterior: lower

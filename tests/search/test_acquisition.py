@@ -19,11 +19,11 @@ def _space() -> list[Layout]:
 
 def _choice(build_s: float) -> Layout | None:
     """The fifth proposal after four seeds, where tp1 is predicted far ahead but its
-    memory is doubtful (p_fit 0.1) and the others fit."""
+    memory is doubtful (p_fit 0.05) and the others fit."""
     cands = _space()
     predict = {lay: (200.0 if lay.tp == 1 else 100.0 - lay.tp) for lay in cands}
     strategy = make_strategy("default", seed=0, predict=predict.__getitem__,
-                             p_fit=lambda lay: 0.1 if lay.tp == 1 else 1.0,
+                             p_fit=lambda lay: 0.05 if lay.tp == 1 else 1.0,
                              cost=lambda lay: TrialSeconds(build_s, 100.0))
     seeds = [lay for lay in cands if lay.tp == 2]  # measured as predicted
     history = [Observation(lay, "ok", predict[lay]) for lay in seeds[:3]]
