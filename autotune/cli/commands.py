@@ -12,19 +12,12 @@ from typing import Any
 
 from autotune.errors import UsageError
 from autotune.trial.outcome import StopReason
+from autotune.util.argtypes import positive_int
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPT = 0, 1, 2, 130
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"got {value}; allowed: an integer >= 1")
-    return value
 
 
 def _positive_float(text: str) -> float:
@@ -215,7 +208,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _port(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"got {value}; allowed: a port 1-65535")
     return value

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from autotune.cli import commands as c
+from autotune.util.argtypes import positive_int
 
 __all__ = ["build_parser"]
 
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run (or resume) a study: measure layouts, store results")
     r.add_argument("study", metavar="STUDY.yaml")
     r.add_argument("--storage", metavar="URL", help="database URL (overrides the study file)")
-    r.add_argument("--n-trials", type=c._positive_int, metavar="N",
+    r.add_argument("--n-trials", type=positive_int, metavar="N",
                    help="total measured trials the study should reach (resumes count)")
     r.add_argument("--timeout", type=c._positive_float, metavar="S",
                    help="stop after S seconds (the confirmation round included)")
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")
     pl.add_argument("study", metavar="STUDY.yaml")
-    pl.add_argument("--top", type=c._positive_int, default=20, metavar="K",
+    pl.add_argument("--top", type=positive_int, default=20, metavar="K",
                     help="list the K best predicted layouts (default: 20)")
     pl.add_argument("--storage", metavar="URL",
                     help="database to calibrate from (overrides the study file)")
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--devices", metavar="D1,D2",
                     help="devices of one node instead, e.g. 1,2,4")
     sc.add_argument("--storage", metavar="URL", help="database URL (overrides the study file)")
-    sc.add_argument("--n-trials", type=c._positive_int, metavar="N",
+    sc.add_argument("--n-trials", type=positive_int, metavar="N",
                     help="measured trials per size (resumes count)")
     sc.add_argument("--csv", metavar="FILE", help="write the table as CSV")
     sc.add_argument("--report", metavar="DIR", help="write scaling.md/.html, .png, .csv")
@@ -104,15 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: the study's cluster.profile, else profiles/STUDY-NAME.json)")
     pf.add_argument("--layers", type=c._layer_counts, metavar="L1,L2",
                     help="layer counts of the runs (default: 1,3)")
-    pf.add_argument("--top", type=c._positive_int, metavar="K",
+    pf.add_argument("--top", type=positive_int, metavar="K",
                     help="only the shapes of the K best predicted layouts")
     pf.add_argument("--from-landscape", metavar="CSV",
                     help="fit from a measured table (vTrain or Aurora format) instead")
     pf.add_argument("--hardware", metavar="NAME",
                     help="with --from-landscape: device of a table that does not name it")
-    pf.add_argument("--devices-per-node", type=c._positive_int, metavar="N",
+    pf.add_argument("--devices-per-node", type=positive_int, metavar="N",
                     help="with --from-landscape: node size of a table that does not give it")
-    pf.add_argument("--vocab-size", type=c._positive_int, metavar="V",
+    pf.add_argument("--vocab-size", type=positive_int, metavar="V",
                     help="with --from-landscape: vocabulary of the runs (default: 51200)")
     pf.add_argument("--attention", choices=("flash", "explicit"),
                     help="with --from-landscape: attention of the runs (default: the "

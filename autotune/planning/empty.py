@@ -75,14 +75,21 @@ def excluded_summary(excluded: Sequence[tuple[Layout, Sequence[Reason]]],
                      limit: int = 3) -> list[str]:
     """The excluded layouts by first reason code, most frequent first, each with the
     message of its first layout (at most ``limit`` codes)."""
+    return [f"{n} excluded by {code}, e.g. {example}"
+            for code, n, example in by_first_reason(excluded)[:limit]]
+
+
+def by_first_reason(excluded: Sequence[tuple[Layout, Sequence[Reason]]]
+                    ) -> list[tuple[str, int, str]]:
+    """``(code, count, example)`` of the excluded layouts by first reason code, most
+    frequent first; the example is the first such layout's key and message."""
     counts: Counter[str] = Counter()
     examples: dict[str, str] = {}
     for layout, reasons in excluded:
         code = reasons[0].code
         counts[code] += 1
         examples.setdefault(code, f"{layout.key()}: {reasons[0].message}")
-    return [f"{n} excluded by {code}, e.g. {examples[code]}"
-            for code, n in counts.most_common(limit)]
+    return [(code, n, examples[code]) for code, n in counts.most_common()]
 
 
 def empty_space_reasons(search: SearchConfig, world_size: int, global_batch: int,

@@ -41,7 +41,7 @@ from autotune.models.memory import MemoryEstimate, estimate_memory
 from autotune.models.memory_uncertainty import Verdict
 from autotune.planning.band import Band, tflops_bands
 from autotune.planning.candidates import Candidate, partition_space, rank_layouts
-from autotune.planning.empty import empty_space_reasons
+from autotune.planning.empty import by_first_reason, empty_space_reasons
 from autotune.spec import StudySpec
 from autotune.workloads.deepspeed_version import deepspeed_for_study
 
@@ -149,13 +149,8 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
         line = learned_from_line(record)
     verdicts = Counter(c.memory_verdict.value for c in ranked)
     verdicts["exceeds"] = sum(reasons[0].code == "memory" for _, reasons in excluded)
-    counts: Counter[str] = Counter()
-    examples: dict[str, str] = {}
-    for layout, reasons in excluded:
-        code = reasons[0].code
-        counts[code] += 1
-        examples.setdefault(code, f"{layout.key()}: {reasons[0].message}")
-    exclusions = tuple(Exclusion(code, n, examples[code]) for code, n in counts.most_common())
+    exclusions = tuple(Exclusion(code, n, example)
+                       for code, n, example in by_first_reason(excluded))
     return PlanResult(
         study=spec.name, model=spec.model.name, world_size=spec.world_size,
         global_batch=spec.training.global_batch, device=spec.cluster.device,

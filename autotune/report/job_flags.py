@@ -10,18 +10,9 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.layout import Layout
+from autotune.util.argtypes import positive_int
 
 __all__ = ["add_job_flags", "emit_job"]
-
-
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an integer >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"got {value}; allowed: an integer >= 1")
-    return value
 
 
 def add_job_flags(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +20,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("--emit slurm (the production job script)")
     group.add_argument("--site", metavar="NAME", help="site profile (autotune/sites/*.yaml "
                        "name or file; default: the study's launcher.slurm.site)")
-    group.add_argument("--steps", type=_steps, metavar="N", help="optimizer steps of the "
+    group.add_argument("--steps", type=positive_int, metavar="N", help="optimizer steps of the "
                        "production run (default: workload.production_train_iters)")
     group.add_argument("--time", default="01:00:00", metavar="T",
                        help="job time limit, SLURM format (default: 01:00:00)")

@@ -53,17 +53,7 @@ def decide(runs: list[dict[str, Any]], keys: list[str], max_rounds: int, *, marg
     """The verdict of the complete rounds among ``runs`` (``None``: none is complete). A
     run stored ``stopped`` by an earlier version (which stopped them early) is dropped
     with its round."""
-    rounds: dict[int, dict[str, float]] = {}
-    precision: dict[int, dict[str, float | None]] = {}
-    failed: set[int] = set()
-    for r in runs:
-        value = r.get("model_tflops_per_device")
-        if r.get("outcome") != "complete" or not value:
-            failed.add(r["round"])
-        else:
-            rounds.setdefault(r["round"], {})[r["layout_key"]] = float(value)
-            precision.setdefault(r["round"], {})[r["layout_key"]] = r.get("measure_precision")
-    whole = [n for n, v in sorted(rounds.items()) if n not in failed and sorted(v) == sorted(keys)]
+    rounds, precision, whole = _complete_rounds(runs, keys)
     if not whole:
         return None
     first = paired_decision([rounds[n] for n in whole], max_rounds=max_rounds)
@@ -81,15 +71,8 @@ def favoured(runs: list[dict[str, Any]], keys: list[str], single_pass: str) -> s
     mean; ``None`` when none did (the single pass's best is then kept). Interleaved
     rounds see drift alike for every member, so their majority is less biased than the
     single pass's order, without being a verdict at any confidence."""
-    rounds: dict[int, dict[str, float]] = {}
-    failed: set[int] = set()
-    for r in runs:
-        value = r.get("model_tflops_per_device")
-        if r.get("outcome") != "complete" or not value:
-            failed.add(r["round"])
-        else:
-            rounds.setdefault(r["round"], {})[r["layout_key"]] = float(value)
-    whole = [v for n, v in rounds.items() if n not in failed and sorted(v) == sorted(keys)]
+    rounds, _, numbers = _complete_rounds(runs, keys)
+    whole = [rounds[n] for n in numbers]
     best: tuple[float, str] | None = None
     for key in keys:
         if key == single_pass or not whole:
@@ -121,3 +104,22 @@ def noise_cannot_flip(storage: Storage, study_name: str,
             return None
     return (f"the study's launch-to-launch noise (±{noise.pct:.1f}%, {noise.df} repeats) "
             f"cannot turn a rival ahead of the best {best.key}")
+
+
+def _complete_rounds(runs: list[dict[str, Any]], keys: list[str]
+                     ) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float | None]],
+                                list[int]]:
+    """Per round, each candidate's measured value and its run's precision, and the numbers
+    of the rounds in which every candidate completed (a failed run drops its round)."""
+    rounds: dict[int, dict[str, float]] = {}
+    precision: dict[int, dict[str, float | None]] = {}
+    failed: set[int] = set()
+    for r in runs:
+        value = r.get("model_tflops_per_device")
+        if r.get("outcome") != "complete" or not value:
+            failed.add(r["round"])
+        else:
+            rounds.setdefault(r["round"], {})[r["layout_key"]] = float(value)
+            precision.setdefault(r["round"], {})[r["layout_key"]] = r.get("measure_precision")
+    whole = [n for n, v in sorted(rounds.items()) if n not in failed and sorted(v) == sorted(keys)]
+    return rounds, precision, whole
