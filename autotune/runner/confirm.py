@@ -7,10 +7,11 @@ those whose interval overlaps its interval, ``search.confirm`` at most
 alternating order (A B C, then C B A: a drift linear in time then favours no slot), with
 the study's trial settings and never an early stop (``trial.early_stop_tolerance`` is the
 search's: a confirmation run is measured to the end, so every round is usable). With the
-built-in trainer and a launcher that batches, the rounds of a step go into one launch
-(A B C C B A in one process: start-up paid once); otherwise (a user's program, the replay
-launcher) each run is its own launch, in the same interleaved order. After each step of
-two rounds the verdict is taken (:func:`autotune.trial.paired.paired_decision`, whose
+built-in trainer and a launcher that batches, every round the budget affords runs in one
+launch holding every candidate's engine, rotating among them and stopped once the verdict
+settles (:mod:`autotune.runner.confirm_rotation`; start-up paid once); otherwise (a user's
+program, the replay launcher) each run is its own launch, in the same interleaved order.
+After each pair of rounds the verdict is taken (:func:`autotune.trial.paired.paired_decision`, whose
 error rate its docstring states) until it is distinguishable or equivalent, or
 ``search.confirm_max_rounds``, the device budget (``search.confirm_budget`` of the
 search's device-seconds) or the run's wall-time limit ends it
@@ -47,6 +48,7 @@ from optuna.trial import TrialState
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.runner.confirm_budget import Allowance, launch_noise, search_cost
+from autotune.runner.confirm_rotation import plan_rotation, rotate_rounds, rotates
 from autotune.runner.confirm_verdict import decide, favoured, noise_cannot_flip
 from autotune.runner.lifecycle import StopSignals, heartbeat
 from autotune.spec import StudySpec
@@ -181,7 +183,7 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
                              [c.trial_number for c in cands],
                              world_size=Layout.from_key(cands[0].key).world_size,
                              deadline=deadline, batched=launcher.batches)
-    while len(cands) > 2 and allowance.refusal(MIN_ROUNDS * len(cands), 0.0) is not None:
+    while len(cands) > 2 and not _fits(spec, storage, launcher, cands, allowance):
         cands = cands[:-1]  # the farthest rival first: within the budget, the closest
     basis = _basis(cands)
     claimed = storage.retrying("claiming the confirmation round", lambda: claim_confirmation(
@@ -234,6 +236,14 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
     decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
                       launch=launch)
     out_of_budget: str | None = None
+    rotating = rotates(launcher)
+    trials = {c.key: c.trial_number for c in cands}
+
+    def _settles(runs: list[dict[str, Any]]) -> bool:
+        found = decide(runs, keys, cap, margin=_assumed(spec), same_launch=same_launch,
+                       launch=launch)
+        return found is not None and settled(found, cap)
+
     while decision is None or not settled(decision, cap):
         ended = _stop_request(launcher, signals)
         if ended is not None:
@@ -245,7 +255,18 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         want = min(want, cap - done_rounds)
         if want <= 0:
             break
-        refused = allowance.refusal(want * len(keys), device_s)
+        step = None
+        if rotating:
+            step = rotate_rounds(spec, storage, launcher, claimed.id, trials, keys,
+                                 first_round=done_rounds, rounds_left=cap - done_rounds,
+                                 allowance=allowance, spent_device_s=device_s, worker=worker,
+                                 settles=lambda new, old=stored: _settles(old + new))
+            if step.apart is not None:
+                say(f"confirmation round: {step.apart}")
+                rotating = False
+                continue
+        refused = step.refusal if step is not None else \
+            allowance.refusal(want * len(keys), device_s)
         if refused is not None and refused[0] == "timeout":
             release_confirmation(storage, claimed.id)
             return ConfirmResult(None, f"confirmation round: stopped at the wall-time limit "
@@ -255,22 +276,23 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         if refused is not None:
             out_of_budget = refused[1]
             break
-        new_runs, step_launches, step_device_s = _measure(
-            spec, launcher, claimed.id, by_key, keys, range(done_rounds, done_rounds + want),
-            worker=worker)
-        if _stop_request(launcher, signals) is not None:
-            continue  # cut short: its runs are not stored (the check above releases)
-        per_round: dict[int, list[dict[str, Any]]] = {}
-        for run in new_runs:
-            per_round.setdefault(run["round"], []).append(run)
-        for i, (_, runs) in enumerate(sorted(per_round.items())):
-            # The step's cost is charged with its first round (one launch for a batch).
-            _record(storage, claimed.id, spec.name, runs,
-                    step_launches if i == 0 else 0, step_device_s if i == 0 else 0.0)
+        if step is not None:  # its complete rounds are recorded already, cost included
+            new_runs, step_launches, step_device_s = step.runs, step.launches, step.device_s
+            want = len({r["round"] for r in new_runs})
+        else:
+            new_runs, step_launches, step_device_s = _measure(
+                spec, launcher, claimed.id, by_key, keys,
+                range(done_rounds, done_rounds + want), worker=worker)
+            if _stop_request(launcher, signals) is not None:
+                continue  # cut short: its runs are not stored (the check above releases)
+            _record_step(storage, claimed.id, spec.name, new_runs, step_launches,
+                         step_device_s)
         launches, device_s = launches + step_launches, device_s + step_device_s
         stored += new_runs
         allowance.observe(device_s, len(stored))
         done_rounds += want
+        if step is not None and _stop_request(launcher, signals) is not None:
+            continue  # the rounds measured before the interrupt are stored
         decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
                           launch=launch)
         shown = (decision_line(confirmation_record(
@@ -312,11 +334,30 @@ def _of_budget(allowance: Allowance) -> str:
             else "")
 
 
-def _record(storage: Storage, confirmation_id: int, study: str, runs: list[dict[str, Any]],
-            launches: int, device_s: float) -> None:
-    storage.retrying("recording a confirmation round", lambda: record_round(
-        storage, confirmation_id, study_name=study, runs=runs, launches=launches,
-        device_s=device_s))
+def _record_step(storage: Storage, confirmation_id: int, study: str,
+                 new_runs: list[dict[str, Any]], launches: int, device_s: float) -> None:
+    """A step's runs, round by round; its cost charged with its first round (one launch
+    for a batch)."""
+    per_round: dict[int, list[dict[str, Any]]] = {}
+    for run in new_runs:
+        per_round.setdefault(run["round"], []).append(run)
+    for i, (_, runs) in enumerate(sorted(per_round.items())):
+        storage.retrying("recording a confirmation round", lambda runs=runs, i=i: record_round(
+            storage, confirmation_id, study_name=study, runs=runs,
+            launches=launches if i == 0 else 0, device_s=device_s if i == 0 else 0.0))
+
+
+def _fits(spec: StudySpec, storage: Storage, launcher: Launcher,
+          cands: list[ConfirmCandidate], allowance: Allowance) -> bool:
+    """Whether a first A B, B A step of ``cands`` fits the bounds (one rotating launch
+    with the built-in trainer, else the runs' estimated cost)."""
+    if not rotates(launcher):
+        return allowance.refusal(MIN_ROUNDS * len(cands), 0.0) is None
+    plan = plan_rotation(storage, spec.name, [c.trial_number for c in cands],
+                         allowance=allowance, spent_device_s=0.0,
+                         rounds_left=spec.search.confirm_max_rounds,
+                         steps_per_slot=max(spec.trial.measure_steps, 1))
+    return plan.rounds >= MIN_ROUNDS
 
 
 def _measure(spec: StudySpec, launcher: Launcher, confirmation_id: int,
