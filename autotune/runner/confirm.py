@@ -48,7 +48,7 @@ from optuna.trial import TrialState
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.runner.confirm_budget import Allowance, launch_noise, search_cost
-from autotune.runner.confirm_rotation import plan_rotation, rotate_rounds, rotates
+from autotune.runner.confirm_rotation import first_step_fits, rotate_rounds, rotates
 from autotune.runner.confirm_verdict import decide, favoured, noise_cannot_flip
 from autotune.runner.lifecycle import StopSignals, heartbeat
 from autotune.spec import StudySpec
@@ -183,7 +183,7 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
                              [c.trial_number for c in cands],
                              world_size=Layout.from_key(cands[0].key).world_size,
                              deadline=deadline, batched=launcher.batches)
-    while len(cands) > 2 and not _fits(spec, storage, launcher, cands, allowance):
+    while len(cands) > 2 and not first_step_fits(spec, storage, launcher, cands, allowance):
         cands = cands[:-1]  # the farthest rival first: within the budget, the closest
     basis = _basis(cands)
     claimed = storage.retrying("claiming the confirmation round", lambda: claim_confirmation(
@@ -240,9 +240,14 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
     trials = {c.key: c.trial_number for c in cands}
 
     def _settles(runs: list[dict[str, Any]]) -> bool:
+        """Asked inside a rotating launch; each unsettled round is told as it comes."""
         found = decide(runs, keys, cap, margin=_assumed(spec), same_launch=same_launch,
                        launch=launch)
-        return found is not None and settled(found, cap)
+        if found is not None and settled(found, cap):
+            return True  # told after the launch, with its cost
+        say(f"confirmation round {len({r['round'] for r in runs})}/{cap}: "
+            + _shown(found, runs, cands, complete) + " (measuring on)")
+        return False
 
     while decision is None or not settled(decision, cap):
         ended = _stop_request(launcher, signals)
@@ -295,11 +300,8 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
             continue  # the rounds measured before the interrupt are stored
         decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
                           launch=launch)
-        shown = (decision_line(confirmation_record(
-            decision, cands, state="decided", launches=0, device_s=0.0,
-            complete_trials=complete, favours=favoured(stored, keys, cands[0].key)))
-                 if decision is not None else "every round so far had a failed run")
-        say(f"confirmation round {done_rounds}/{cap}: {shown}; "
+        say(f"confirmation round {done_rounds}/{cap}: "
+            f"{_shown(decision, stored, cands, complete)}; "
             f"{device_s:.1f} device-s spent{_of_budget(allowance)}")
     if decision is None or (out_of_budget is not None and not settled(decision, cap)):
         state = "budget" if out_of_budget is not None else "failed"
@@ -321,6 +323,16 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
     set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
     return ConfirmResult(record, f"confirmation round: {decision_line(record)}; "
                          + cost_line(record))
+
+
+def _shown(decision: PairedDecision | None, runs: list[dict[str, Any]],
+           cands: list[ConfirmCandidate], complete: int) -> str:
+    if decision is None:
+        return "every round so far had a failed run"
+    keys = [c.key for c in cands]
+    return decision_line(confirmation_record(
+        decision, cands, state="decided", launches=0, device_s=0.0, complete_trials=complete,
+        favours=favoured(runs, keys, cands[0].key)))
 
 
 def _budget_words(allowance: Allowance) -> str:
@@ -345,19 +357,6 @@ def _record_step(storage: Storage, confirmation_id: int, study: str,
         storage.retrying("recording a confirmation round", lambda runs=runs, i=i: record_round(
             storage, confirmation_id, study_name=study, runs=runs,
             launches=launches if i == 0 else 0, device_s=device_s if i == 0 else 0.0))
-
-
-def _fits(spec: StudySpec, storage: Storage, launcher: Launcher,
-          cands: list[ConfirmCandidate], allowance: Allowance) -> bool:
-    """Whether a first A B, B A step of ``cands`` fits the bounds (one rotating launch
-    with the built-in trainer, else the runs' estimated cost)."""
-    if not rotates(launcher):
-        return allowance.refusal(MIN_ROUNDS * len(cands), 0.0) is None
-    plan = plan_rotation(storage, spec.name, [c.trial_number for c in cands],
-                         allowance=allowance, spent_device_s=0.0,
-                         rounds_left=spec.search.confirm_max_rounds,
-                         steps_per_slot=max(spec.trial.measure_steps, 1))
-    return plan.rounds >= MIN_ROUNDS
 
 
 def _measure(spec: StudySpec, launcher: Launcher, confirmation_id: int,

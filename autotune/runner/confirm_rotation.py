@@ -39,10 +39,12 @@ from autotune.spec import StudySpec
 from autotune.storage.db import Storage
 from autotune.storage.schema import Measurement
 from autotune.trial import LaunchReport, TrialPaths, TrialSpec
+from autotune.trial.paired import MIN_ROUNDS, ConfirmCandidate
 from autotune.workloads.base import BuiltinWorkload, Placement, ProgressWatch
 
 __all__ = ["RotationPlan", "plan_rotation", "abba_orders", "run_rotation", "rotates",
-           "RotationOutcome", "RotationStep", "rotate_rounds", "round_runs", "plan_of"]
+           "RotationOutcome", "RotationStep", "rotate_rounds", "round_runs", "plan_of",
+           "first_step_fits"]
 
 _START_PHASES = ("process_start", "imports", "rendezvous", "device_setup")
 _ENGINE_PHASES = ("build", "warmup")
@@ -160,6 +162,19 @@ def plan_of(*, round_s: float, start_up_s: float, allowance: Allowance,
     if affordable < 2:
         return RotationPlan(0, steps_per_slot, start_up, per_round, why)
     return RotationPlan(affordable, steps_per_slot, start_up, per_round)
+
+
+def first_step_fits(spec: StudySpec, storage: Storage, launcher: Launcher,
+                    cands: list[ConfirmCandidate], allowance: Allowance) -> bool:
+    """Whether a first A B, B A step of ``cands`` fits the bounds: one rotating launch
+    with the built-in trainer, else two rounds of runs at their estimated cost."""
+    if not rotates(launcher):
+        return allowance.refusal(MIN_ROUNDS * len(cands), 0.0) is None
+    plan = plan_rotation(storage, spec.name, [c.trial_number for c in cands],
+                         allowance=allowance, spent_device_s=0.0,
+                         rounds_left=spec.search.confirm_max_rounds,
+                         steps_per_slot=max(spec.trial.measure_steps, 1))
+    return plan.rounds >= MIN_ROUNDS
 
 
 class _RotationWorkload(BuiltinWorkload):
