@@ -338,6 +338,8 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
     cost = {"launches": 0, "device_s": 0.0}
 
     def on_round(data: dict[str, Any], wall_s: float) -> bool:
+        if launcher.cancelled:
+            return True  # after a Ctrl-C nothing more is stored: the user asked to stop
         number = first_round + len({r["round"] for r in runs})
         new = round_runs(data, number=number, world_size=world, by_trial=trials,
                          launcher=launcher.kind, worker=worker, run_dir=str(root))

@@ -130,3 +130,60 @@ def test_one_launch_measures_abba_rounds_to_a_verdict(tmp_path: Path,
     launches = list((Path(spec.launcher.run_dir) / spec.name / "confirm-001").iterdir())
     assert [p.name for p in launches] == ["rotation-00"]
     assert any("side by side" in line for line in seen)
+
+
+def test_the_watch_hands_each_round_on_once_and_asks_to_stop(tmp_path: Path) -> None:
+    from autotune.runner.confirm_rotation import _RoundWatch
+
+    result, stop = tmp_path / "result.json", tmp_path / "stop"
+    seen: list[int] = []
+    watch = _RoundWatch(result, stop, lambda data, _s: seen.append(data["round"]) or
+                        data["round"] == 1)
+    watch.poll()  # nothing written yet
+    result.write_text(json.dumps({"rounds": [{"round": 0}]}))
+    assert not watch.stalled() and seen == [0] and not stop.exists()
+    result.write_text(json.dumps({"rounds": [{"round": 0}, {"round": 1}]}))
+    watch.poll()
+    watch.poll()
+    assert seen == [0, 1] and stop.exists()
+
+
+def test_ctrl_c_in_the_rotation_keeps_its_rounds_and_the_next_run_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.runner import confirm_rotation
+
+    spec = _spec(tmp_path, confirm_max_rounds=12)
+    storage = open_storage(spec.storage)
+    study = _study_with_two_close_trials(spec)
+    monkeypatch.setattr(confirm_module, "search_cost",
+                        lambda *_: SearchCost(10.0, {0: 1.0, 1: 1.0}, 10))
+    launcher = make_launcher(spec.launcher, spec.model, spec.cluster, spec.training,
+                             workload=spec.workload)
+    original = confirm_rotation.round_runs
+
+    def then_ctrl_c(*args: Any, **kw: Any) -> list[dict[str, Any]]:
+        launcher.cancel()  # what the runner's SIGINT handler does, at the first round read
+        return original(*args, **kw)
+
+    monkeypatch.setattr(confirm_rotation, "round_runs", then_ctrl_c)
+    result = confirm_best(spec, storage, study, launcher, worker="w")
+    assert result.ended == "interrupt" and result.record is None
+    assert "unconfirmed" in result.line
+    # The round read before the interrupt is kept; none read after it.
+    kept = sorted({r["round"] for r in stored_runs(storage, 1)})
+    assert kept == [0]
+    monkeypatch.setattr(confirm_rotation, "round_runs", original)
+    again = make_launcher(spec.launcher, spec.model, spec.cluster, spec.training,
+                          workload=spec.workload)
+    seen: list[str] = []
+    resumed = confirm_best(spec, storage, study, again, worker="w", say=seen.append)
+    assert resumed.record is not None and resumed.record["state"] == "decided"
+    assert any(f"resumed after {len(kept)} stored round" in line for line in seen)
+    runs = stored_runs(storage, 1)
+    keys = [layout.key() for layout in LAYOUTS]
+    rounds = sorted({r["round"] for r in runs})
+    assert rounds == list(range(len(rounds)))
+    for n in rounds:  # the second launch goes on in the ABBA order where the first stopped
+        assert [r["layout_key"] for r in runs if r["round"] == n] == (
+            keys if n % 2 == 0 else keys[::-1])
+    assert resumed.record["launches"] == (2 if len(rounds) > len(kept) else 1)
