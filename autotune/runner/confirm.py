@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -239,8 +240,9 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
     rotating = rotates(launcher)
     trials = {c.key: c.trial_number for c in cands}
 
-    def _settles(runs: list[dict[str, Any]]) -> bool:
+    def _settles(new: list[dict[str, Any]]) -> bool:
         """Asked inside a rotating launch; each unsettled round is told as it comes."""
+        runs = stored + new
         found = decide(runs, keys, cap, margin=_assumed(spec), same_launch=same_launch,
                        launch=launch)
         if found is not None and settled(found, cap):
@@ -265,7 +267,7 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
             step = rotate_rounds(spec, storage, launcher, claimed.id, trials, keys,
                                  first_round=done_rounds, rounds_left=cap - done_rounds,
                                  allowance=allowance, spent_device_s=device_s, worker=worker,
-                                 settles=lambda new, old=stored: _settles(old + new))
+                                 settles=_settles)
             if step.apart is not None:
                 say(f"confirmation round: {step.apart}")
                 rotating = False
@@ -354,8 +356,8 @@ def _record_step(storage: Storage, confirmation_id: int, study: str,
     for run in new_runs:
         per_round.setdefault(run["round"], []).append(run)
     for i, (_, runs) in enumerate(sorted(per_round.items())):
-        storage.retrying("recording a confirmation round", lambda runs=runs, i=i: record_round(
-            storage, confirmation_id, study_name=study, runs=runs,
+        storage.retrying("recording a confirmation round", partial(
+            record_round, storage, confirmation_id, study_name=study, runs=runs,
             launches=launches if i == 0 else 0, device_s=device_s if i == 0 else 0.0))
 
 
