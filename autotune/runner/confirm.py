@@ -285,7 +285,8 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
             break
         if step is not None:  # its complete rounds are recorded already, cost included
             new_runs, step_launches, step_device_s = step.runs, step.launches, step.device_s
-            want = len({r["round"] for r in new_runs})
+            if not (want := len({r["round"] for r in new_runs})):
+                break  # no round measured (a failed launch, or none left): no relaunch
         else:
             new_runs, step_launches, step_device_s = _measure(
                 spec, launcher, claimed.id, by_key, keys,
@@ -338,9 +339,8 @@ def _shown(decision: PairedDecision | None, runs: list[dict[str, Any]],
 
 
 def _budget_words(allowance: Allowance) -> str:
-    if allowance.budget_device_s is None:
-        return "no device budget"
-    return f"a budget of {allowance.budget_device_s:.1f} device-s"
+    budget = allowance.budget_device_s
+    return "no device budget" if budget is None else f"a budget of {budget:.1f} device-s"
 
 
 def _of_budget(allowance: Allowance) -> str:

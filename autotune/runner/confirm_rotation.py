@@ -58,7 +58,7 @@ def rotates(launcher: Launcher) -> bool:
 @dataclass(frozen=True)
 class RotationPlan:
     rounds: int
-    """Rounds the launch runs at most (even, >= 2; 0: none fits, see ``refusal``)."""
+    """Rounds the launch runs at most (ending on a pair; 0: none, see ``refusal``)."""
     steps_per_slot: int
     start_up_device_s: float
     round_device_s: float
@@ -110,7 +110,7 @@ def _search_facts(storage: Storage, study_name: str,
 
 def plan_rotation(storage: Storage, study_name: str, trial_numbers: list[int], *,
                   allowance: Allowance, spent_device_s: float, rounds_left: int,
-                  steps_per_slot: int) -> RotationPlan:
+                  steps_per_slot: int, first_round: int = 0) -> RotationPlan:
     """The most rounds (even) one rotating launch may run within the bounds, from what
     the search measured (:func:`plan_of`)."""
     step_s, engines_s, start_s = _search_facts(storage, study_name, trial_numbers)
@@ -121,14 +121,16 @@ def plan_rotation(storage: Storage, study_name: str, trial_numbers: list[int], *
         round_s = steps_per_slot * sum(step_s.values())
     return plan_of(round_s=round_s, start_up_s=start_s + engines_s, allowance=allowance,
                    spent_device_s=spent_device_s, rounds_left=rounds_left,
-                   steps_per_slot=steps_per_slot)
+                   steps_per_slot=steps_per_slot, first_round=first_round)
 
 
 def plan_of(*, round_s: float, start_up_s: float, allowance: Allowance,
-            spent_device_s: float, rounds_left: int, steps_per_slot: int) -> RotationPlan:
+            spent_device_s: float, rounds_left: int, steps_per_slot: int,
+            first_round: int = 0) -> RotationPlan:
     """The plan of a launch whose start-up takes ``start_up_s`` and each round ``round_s``
     wall seconds on ``allowance.world_size`` devices: the most rounds (even, at most
-    ``rounds_left``) the budget left and the wall-time limit afford.
+    ``rounds_left``) the budget left and the wall-time limit afford, ending on a pair of
+    rounds counted from round 0 (``first_round``: the rounds stored before).
 
     >>> a = Allowance(budget_device_s=100.0, deadline=None, world_size=4, per_run_device_s=0)
     >>> plan = plan_of(round_s=1.5, start_up_s=10.0, allowance=a, spent_device_s=0.0,
@@ -158,8 +160,9 @@ def plan_of(*, round_s: float, start_up_s: float, allowance: Allowance,
             affordable = by_time
             why = ("timeout", f"{max(left_s, 0.0):.0f} s of the run's wall-time limit left "
                    f"after a start-up of about {start_up_s:.0f} s")
-    affordable = max(affordable - affordable % 2, 0)
-    if affordable < 2:
+    # The launch ends on a pair's boundary (a verdict is taken on pairs of rounds).
+    affordable = max(affordable - (first_round + affordable) % 2, 0)
+    if affordable == 0 or first_round + affordable < 2:
         return RotationPlan(0, steps_per_slot, start_up, per_round, why)
     return RotationPlan(affordable, steps_per_slot, start_up, per_round)
 
@@ -325,7 +328,7 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
     steps = max(spec.trial.measure_steps, 1)
     plan = plan_rotation(storage, spec.name, [trials[k] for k in keys], allowance=allowance,
                          spent_device_s=spent_device_s, rounds_left=rounds_left,
-                         steps_per_slot=steps)
+                         steps_per_slot=steps, first_round=first_round)
     if plan.rounds == 0:
         return RotationStep([], 0, 0.0, refusal=plan.refusal)
     run_cfg = replace(spec.run_config(None), early_stop_tolerance=None,

@@ -187,3 +187,16 @@ def test_ctrl_c_in_the_rotation_keeps_its_rounds_and_the_next_run_goes_on(
         assert [r["layout_key"] for r in runs if r["round"] == n] == (
             keys if n % 2 == 0 else keys[::-1])
     assert resumed.record["launches"] == (2 if len(rounds) > len(kept) else 1)
+
+
+def test_a_resumed_plan_ends_on_a_pair_of_rounds() -> None:
+    free = Allowance(budget_device_s=None, deadline=None, world_size=2, per_run_device_s=0)
+    odd = plan_of(round_s=0.1, start_up_s=1.0, allowance=free, spent_device_s=0.0,
+                  rounds_left=11, steps_per_slot=2, first_round=1)
+    assert odd.rounds == 11  # rounds 1..11: twelve in all
+    last = plan_of(round_s=0.1, start_up_s=1.0, allowance=free, spent_device_s=0.0,
+                   rounds_left=1, steps_per_slot=2, first_round=11)
+    assert last.rounds == 1
+    none = plan_of(round_s=0.1, start_up_s=1.0, allowance=free, spent_device_s=0.0,
+                   rounds_left=0, steps_per_slot=2, first_round=12)
+    assert none.rounds == 0 and none.refusal is None
