@@ -4,7 +4,8 @@ Start it under ``torchrun``, ``srun`` (one task per device) or ``mpiexec``; with
 launcher it runs as a single rank. Several ``--spec/--result`` pairs run one after the
 other in the same process group (same world size), which saves the start-up per trial.
 Exit codes: 0 ok, 1 a trial failed (status ``error`` or ``oom``), 2 an invalid spec or
-invalid arguments. See ``docs/trainer.md``.
+invalid arguments. ``--rotation SCHEDULE.json`` instead measures several candidates'
+engines side by side in this launch (:mod:`trainer.rotation`). See ``docs/trainer.md``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,19 @@ import trainer.timeline  # noqa: F401  (first: it stamps the process start)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spec", action="append", required=True, help="trial spec (JSON)")
-    parser.add_argument("--result", action="append", required=True,
+    parser.add_argument("--spec", action="append", default=[], help="trial spec (JSON)")
+    parser.add_argument("--result", action="append", default=[],
                         help="where rank 0 writes the result (JSON), one per --spec")
+    parser.add_argument("--rotation", help="a confirmation schedule (JSON, trainer.rotation)")
     args = parser.parse_args(argv)
+    if args.rotation is not None:
+        if args.spec or args.result:
+            parser.error("--rotation takes no --spec/--result (the schedule names them)")
+        from trainer.rotation import run_rotation
+
+        return run_rotation(args.rotation)
+    if not args.spec:
+        parser.error("--spec is required (or --rotation)")
     if len(args.spec) != len(args.result):
         parser.error(f"got {len(args.spec)} --spec but {len(args.result)} --result; "
                      "give them in pairs")

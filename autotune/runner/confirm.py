@@ -7,10 +7,11 @@ those whose interval overlaps its interval, ``search.confirm`` at most
 alternating order (A B C, then C B A: a drift linear in time then favours no slot), with
 the study's trial settings and never an early stop (``trial.early_stop_tolerance`` is the
 search's: a confirmation run is measured to the end, so every round is usable). With the
-built-in trainer and a launcher that batches, the rounds of a step go into one launch
-(A B C C B A in one process: start-up paid once); otherwise (a user's program, the replay
-launcher) each run is its own launch, in the same interleaved order. After each step of
-two rounds the verdict is taken (:func:`autotune.trial.paired.paired_decision`, whose
+built-in trainer and a launcher that batches, every round the budget affords runs in one
+launch holding every candidate's engine, rotating among them and stopped once the verdict
+settles (:mod:`autotune.runner.confirm_rotation`; start-up paid once); otherwise (a user's
+program, the replay launcher) each run is its own launch, in the same interleaved order.
+After each pair of rounds the verdict is taken (:func:`autotune.trial.paired.paired_decision`, whose
 error rate its docstring states) until it is distinguishable or equivalent, or
 ``search.confirm_max_rounds``, the device budget (``search.confirm_budget`` of the
 search's device-seconds) or the run's wall-time limit ends it
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ from optuna.trial import TrialState
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.runner.confirm_budget import Allowance, launch_noise, search_cost
+from autotune.runner.confirm_rotation import first_step_fits, rotate_rounds, rotates
 from autotune.runner.confirm_verdict import decide, favoured, noise_cannot_flip
 from autotune.runner.lifecycle import StopSignals, heartbeat
 from autotune.spec import StudySpec
@@ -184,7 +187,7 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
                              [c.trial_number for c in cands],
                              world_size=Layout.from_key(cands[0].key).world_size,
                              deadline=deadline, batched=launcher.batches)
-    while len(cands) > 2 and allowance.refusal(MIN_ROUNDS * len(cands), 0.0) is not None:
+    while len(cands) > 2 and not first_step_fits(spec, storage, launcher, cands, allowance):
         cands = cands[:-1]  # the farthest rival first: within the budget, the closest
     basis = _basis(cands)
     claimed = storage.retrying("claiming the confirmation round", lambda: claim_confirmation(
@@ -237,6 +240,20 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
     decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
                       launch=launch)
     out_of_budget: str | None = None
+    rotating = rotates(launcher)
+    trials = {c.key: c.trial_number for c in cands}
+
+    def _settles(new: list[dict[str, Any]]) -> bool:
+        """Asked inside a rotating launch; each unsettled round is told as it comes."""
+        runs = stored + new
+        found = decide(runs, keys, cap, margin=_assumed(spec), same_launch=same_launch,
+                       launch=launch)
+        if found is not None and settled(found, cap):
+            return True  # told after the launch, with its cost
+        say(f"confirmation round {len({r['round'] for r in runs})}/{cap}: "
+            + _shown(found, runs, cands, complete) + " (measuring on)")
+        return False
+
     while decision is None or not settled(decision, cap):
         ended = _stop_request(launcher, signals)
         if ended is not None:
@@ -248,7 +265,18 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         want = min(want, cap - done_rounds)
         if want <= 0:
             break
-        refused = allowance.refusal(want * len(keys), device_s)
+        step = None
+        if rotating:
+            step = rotate_rounds(spec, storage, launcher, claimed.id, trials, keys,
+                                 first_round=done_rounds, rounds_left=cap - done_rounds,
+                                 allowance=allowance, spent_device_s=device_s, worker=worker,
+                                 settles=_settles)
+            if step.apart is not None:
+                say(f"confirmation round: {step.apart}")
+                rotating = False
+                continue
+        refused = step.refusal if step is not None else \
+            allowance.refusal(want * len(keys), device_s)
         if refused is not None and refused[0] == "timeout":
             release_confirmation(storage, claimed.id)
             return ConfirmResult(None, f"confirmation round: stopped at the wall-time limit "
@@ -258,29 +286,28 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         if refused is not None:
             out_of_budget = refused[1]
             break
-        new_runs, step_launches, step_device_s = _measure(
-            spec, launcher, claimed.id, by_key, keys, range(done_rounds, done_rounds + want),
-            worker=worker)
-        if _stop_request(launcher, signals) is not None:
-            continue  # cut short: its runs are not stored (the check above releases)
-        per_round: dict[int, list[dict[str, Any]]] = {}
-        for run in new_runs:
-            per_round.setdefault(run["round"], []).append(run)
-        for i, (_, runs) in enumerate(sorted(per_round.items())):
-            # The step's cost is charged with its first round (one launch for a batch).
-            _record(storage, claimed.id, spec.name, runs,
-                    step_launches if i == 0 else 0, step_device_s if i == 0 else 0.0)
+        if step is not None:  # its complete rounds are recorded already, cost included
+            new_runs, step_launches, step_device_s = step.runs, step.launches, step.device_s
+            if not (want := len({r["round"] for r in new_runs})):
+                break  # no round measured (a failed launch, or none left): no relaunch
+        else:
+            new_runs, step_launches, step_device_s = _measure(
+                spec, launcher, claimed.id, by_key, keys,
+                range(done_rounds, done_rounds + want), worker=worker)
+            if _stop_request(launcher, signals) is not None:
+                continue  # cut short: its runs are not stored (the check above releases)
+            _record_step(storage, claimed.id, spec.name, new_runs, step_launches,
+                         step_device_s)
         launches, device_s = launches + step_launches, device_s + step_device_s
         stored += new_runs
         allowance.observe(device_s, len(stored))
         done_rounds += want
+        if step is not None and _stop_request(launcher, signals) is not None:
+            continue  # the rounds measured before the interrupt are stored
         decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
                           launch=launch)
-        shown = (decision_line(confirmation_record(
-            decision, cands, state="decided", launches=0, device_s=0.0,
-            complete_trials=complete, favours=favoured(stored, keys, cands[0].key)))
-                 if decision is not None else "every round so far had a failed run")
-        say(f"confirmation round {done_rounds}/{cap}: {shown}; "
+        say(f"confirmation round {done_rounds}/{cap}: "
+            f"{_shown(decision, stored, cands, complete)}; "
             f"{device_s:.1f} device-s spent{_of_budget(allowance)}")
     if decision is None or (out_of_budget is not None and not settled(decision, cap)):
         state = "budget" if out_of_budget is not None else "failed"
@@ -304,10 +331,19 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
                          + cost_line(record))
 
 
+def _shown(decision: PairedDecision | None, runs: list[dict[str, Any]],
+           cands: list[ConfirmCandidate], complete: int) -> str:
+    if decision is None:
+        return "every round so far had a failed run"
+    keys = [c.key for c in cands]
+    return decision_line(confirmation_record(
+        decision, cands, state="decided", launches=0, device_s=0.0, complete_trials=complete,
+        favours=favoured(runs, keys, cands[0].key)))
+
+
 def _budget_words(allowance: Allowance) -> str:
-    if allowance.budget_device_s is None:
-        return "no device budget"
-    return f"a budget of {allowance.budget_device_s:.1f} device-s"
+    budget = allowance.budget_device_s
+    return "no device budget" if budget is None else f"a budget of {budget:.1f} device-s"
 
 
 def _of_budget(allowance: Allowance) -> str:
@@ -315,11 +351,17 @@ def _of_budget(allowance: Allowance) -> str:
             else "")
 
 
-def _record(storage: Storage, confirmation_id: int, study: str, runs: list[dict[str, Any]],
-            launches: int, device_s: float) -> None:
-    storage.retrying("recording a confirmation round", lambda: record_round(
-        storage, confirmation_id, study_name=study, runs=runs, launches=launches,
-        device_s=device_s))
+def _record_step(storage: Storage, confirmation_id: int, study: str,
+                 new_runs: list[dict[str, Any]], launches: int, device_s: float) -> None:
+    """A step's runs, round by round; its cost charged with its first round (one launch
+    for a batch)."""
+    per_round: dict[int, list[dict[str, Any]]] = {}
+    for run in new_runs:
+        per_round.setdefault(run["round"], []).append(run)
+    for i, (_, runs) in enumerate(sorted(per_round.items())):
+        storage.retrying("recording a confirmation round", partial(
+            record_round, storage, confirmation_id, study_name=study, runs=runs,
+            launches=launches if i == 0 else 0, device_s=device_s if i == 0 else 0.0))
 
 
 def _measure(spec: StudySpec, launcher: Launcher, confirmation_id: int,
