@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.atomic import write_json_atomic
+
 from autotune.errors import AutotuneError
 from autotune.feasibility import check_layout
 from autotune.trial import TrialSpec

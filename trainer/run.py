@@ -54,37 +54,11 @@ from autotune.trial import TrialResult, TrialSpec
 from autotune.util.atomic import write_json_atomic
 from trainer.distributed import LaunchEnv, launch_env_from
 from trainer.results import Measured, RankFacts, write_failed, write_ok, write_result
+from trainer.status import STATUS_CODES, Terminated, is_out_of_memory, result_status_of_exception
 from trainer.timeline import LAUNCH_TIME_ENV, Timeline
 
 __all__ = ["run_trials", "result_status_of_exception", "is_out_of_memory",
            "STATUS_CODES"]
-
-STATUS_CODES = {"ok": 0, "oom": 1, "error": 2}
-_OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory",
-                "failed to allocate")
-
-
-class Terminated(Exception):
-    """SIGTERM arrived (torchrun stops the other ranks when one fails)."""
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    """True for allocator failures on any device (CUDA/XPU OOM, host ``ENOMEM``)."""
-    if isinstance(err, MemoryError):
-        return True
-    name = type(err).__name__
-    if name == "OutOfMemoryError":  # torch.OutOfMemoryError, torch.cuda.OutOfMemoryError
-        return True
-    return isinstance(err, RuntimeError) and any(m in str(err).lower() for m in _OOM_MARKERS)
-
-
-def result_status_of_exception(err: BaseException | None) -> str:
-    """The result-file status (:data:`STATUS_CODES`) of a rank whose trial ended with
-    ``err`` (``None``: it finished): ``oom`` for an allocator failure, else ``error``."""
-    if err is None:
-        return "ok"
-    return "oom" if is_out_of_memory(err) else "error"
-
 
 @dataclass
 class _Job:

@@ -36,8 +36,7 @@ from autotune.atomic import write_json_atomic
 from autotune.launchers.base import Launcher
 from autotune.runner.confirm_budget import Allowance
 from autotune.spec import StudySpec
-from autotune.storage.db import Storage
-from autotune.storage.schema import Measurement
+from autotune.storage import Measurement, Storage
 from autotune.trial import LaunchReport, TrialPaths, TrialSpec
 from autotune.trial.paired import MIN_ROUNDS, ConfirmCandidate
 from autotune.workloads.base import BuiltinWorkload, Placement, ProgressWatch
@@ -323,7 +322,7 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
     from dataclasses import replace
 
     from autotune.layout import Layout
-    from autotune.storage.confirmations import record_round
+    from autotune.storage import record_round
 
     steps = max(spec.trial.measure_steps, 1)
     plan = plan_rotation(storage, spec.name, [trials[k] for k in keys], allowance=allowance,
