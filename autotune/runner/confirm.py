@@ -14,19 +14,19 @@ program, the replay launcher) each run is its own launch, in the same interleave
 After each pair of rounds the verdict is taken (:func:`autotune.trial.paired.
 paired_decision`, its error rate stated there) until it is distinguishable or equivalent,
 or ``search.confirm_max_rounds``, the device budget (``search.confirm_budget`` of the
-search's device-seconds) or the wall-time limit ends it (:mod:`.confirm_budget`). Out of budget, the verdict is "not decided within
-the budget" and the single pass's best stands; out of time, the round is left unfinished
-for the next run. A round whose rivals the study's launch-to-launch noise cannot overtake
-is skipped in one line. Not distinguishable, the single pass's best is kept unless the
-rounds favour another (:func:`~autotune.runner.confirm_verdict.favoured`), and the two
-the rounds rank first are named equivalent where the interval says so; the budget trims
-the farthest rivals first until one A B, B A step fits.
+search's device-seconds) or the wall-time limit ends it (:mod:`.confirm_budget`). Out of
+budget, the verdict is "not decided within the budget" and the single pass's best stands;
+out of time, the round is left unfinished for the next run. A round whose rivals the
+study's launch-to-launch noise cannot overtake is skipped in one line. Not
+distinguishable, the single pass's best is kept unless the rounds favour another
+(:func:`~autotune.runner.confirm_verdict.favoured`), and the two the rounds rank first are
+named equivalent where the interval says so; the budget trims the farthest rivals first.
 
 With several node groups in one run, the first group's launcher measures it. Of many
 workers sharing a study, the one that finds every trial recorded (no live claim, no retry
 waiting) claims the round (the study's lock and a lease, as a layout's claim); the others
-end their run, saying who confirms. A runner killed inside it leaves its stored rounds and a lease that runs out; the
-next run of the study goes on from those rounds. Ctrl-C releases the lease at once.
+end their run, saying who confirms. A runner killed inside it leaves its stored rounds and
+a lease that runs out; the next run goes on from them. Ctrl-C releases the lease at once.
 
 The verdict is stored on the study (:data:`~autotune.storage.keys.StudyAttr.
 CONFIRMATION`) and each run in ``confirmation_runs``; no run is an Optuna trial, so none
