@@ -325,3 +325,32 @@ def test_an_upward_import_is_caught() -> None:
         "autotune.storage.x"}}
     assert upward(graph) == ["autotune.storage.x (layer 4, autotune.storage) imports "
                              "autotune.runner.worker (layer 9, autotune.runner)"]
+
+
+def test_every_import_of_the_tree_names_a_module_that_exists() -> None:
+    """A module moved or renamed leaves no import of its old path behind, also inside a
+    function (mypy, with ``ignore_missing_imports``, does not say so; a lazy import fails
+    only when its code runs)."""
+    modules = {module_name(p) for top in ("autotune", "trainer")
+               for p in (REPO / top).rglob("*.py")}
+    missing = []
+    for top in ("autotune", "trainer", "tests", "benchmarks"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            module = module_name(path)
+            package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    base = node.module or ""
+                    if node.level:
+                        parts = package.split(".")
+                        base = ".".join([*parts[:len(parts) - node.level + 1],
+                                         *([base] if base else [])])
+                    names = [base]
+                else:
+                    continue
+                missing += [f"{module} (line {node.lineno}) imports {name}" for name in names
+                            if name.split(".")[0] in ("autotune", "trainer")
+                            and name not in modules]
+    assert not missing, "\n".join(missing)

@@ -36,11 +36,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.atomic import write_json_atomic
-
 from autotune.errors import AutotuneError
 from autotune.feasibility import check_layout
 from autotune.trial import TrialSpec
+from autotune.util.atomic import write_json_atomic
 from trainer.distributed import launch_env_from
 from trainer.run import (
     _agree,

@@ -32,13 +32,13 @@ from typing import Any
 
 from sqlalchemy import select
 
-from autotune.atomic import write_json_atomic
 from autotune.launchers.base import Launcher
 from autotune.runner.confirm_budget import Allowance
 from autotune.spec import StudySpec
 from autotune.storage import Measurement, Storage
 from autotune.trial import LaunchReport, TrialPaths, TrialSpec
 from autotune.trial.paired import MIN_ROUNDS, ConfirmCandidate
+from autotune.util.atomic import write_json_atomic
 from autotune.workloads.base import BuiltinWorkload, Placement, ProgressWatch
 
 __all__ = ["RotationPlan", "plan_rotation", "abba_orders", "run_rotation", "rotates",
