@@ -8,7 +8,6 @@ values that can never form a layout, with the values that would; :func:`empty_sp
 adds, for a space whose layouts all fail the check, the excluded counts by first reason.
 
 >>> from autotune.config.study import SearchConfig
-from autotune.errors import UsageError
 >>> structural_reasons(SearchConfig(tp=(2,), pp=(1,), micro_batch=(1,)), 3, 16)
 ['tp=2 does not divide the world size 3 (allowed tp: 1, 3)']
 >>> structural_reasons(SearchConfig(tp=(1,), pp=(1,), micro_batch=(32,)), 1, 16)
