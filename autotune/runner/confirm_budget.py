@@ -20,9 +20,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import select
-
-from autotune.storage import Measurement, Storage
+from autotune.storage import Storage
 
 __all__ = ["SearchCost", "search_cost", "Allowance", "launch_noise", "LaunchNoise"]
 
@@ -37,15 +35,12 @@ class SearchCost:
 
 
 def search_cost(storage: Storage, study_name: str) -> SearchCost:
-    with storage.session() as s:
-        rows = s.execute(select(Measurement.trial_number, Measurement.elapsed_s,
-                                Measurement.world_size)
-                         .where(Measurement.study_name == study_name)
-                         .order_by(Measurement.id)).all()
+    rows = storage.study_measurements(study_name, ("trial_number", "elapsed_s", "world_size"))
     per: dict[int, float] = {}
     total = 0.0
-    for number, elapsed, world in rows:
-        cost = float(elapsed or 0.0) * int(world or 0)
+    for r in rows:
+        number = r["trial_number"]
+        cost = float(r["elapsed_s"] or 0.0) * int(r["world_size"] or 0)
         total += cost
         per[int(number)] = cost
     return SearchCost(total, per, len(rows))
@@ -114,12 +109,10 @@ class LaunchNoise:
 def launch_noise(storage: Storage, study_name: str) -> LaunchNoise | None:
     """The pooled launch-to-launch variance of the study's repeated layouts (module
     docstring)."""
-    with storage.session() as s:
-        rows = s.execute(select(Measurement.layout_key, Measurement.model_tflops_per_device)
-                         .where(Measurement.study_name == study_name,
-                                Measurement.outcome == "complete")).all()
+    rows = storage.study_measurements(study_name, ("layout_key", "model_tflops_per_device"),
+                                      outcome="complete")
     by_key: dict[str, list[float]] = {}
-    for key, value in rows:
+    for key, value in ((r["layout_key"], r["model_tflops_per_device"]) for r in rows):
         if value is not None and value > 0:
             by_key.setdefault(str(key), []).append(math.log(float(value)))
     squares, df = 0.0, 0

@@ -30,12 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 from autotune.launchers.base import Launcher
 from autotune.runner.confirm_budget import Allowance
 from autotune.spec import StudySpec
-from autotune.storage import Measurement, Storage
+from autotune.storage import Storage
 from autotune.trial import LaunchReport, TrialPaths, TrialSpec
 from autotune.trial.paired import MIN_ROUNDS, ConfirmCandidate
 from autotune.util.atomic import write_json_atomic
@@ -86,15 +84,12 @@ def _search_facts(storage: Storage, study_name: str,
                   trial_numbers: list[int]) -> tuple[dict[int, float], float, float]:
     """The candidates' step times, their engines' build + warm-up (s), a launch's
     start-up (s): the largest the search's results recorded."""
-    with storage.session() as s:
-        rows = s.execute(select(Measurement.trial_number, Measurement.step_time_s,
-                                Measurement.result_json)
-                         .where(Measurement.study_name == study_name)
-                         .order_by(Measurement.id)).all()
+    rows = storage.study_measurements(study_name, ("trial_number", "step_time_s", "result_json"))
     step_s: dict[int, float] = {}
     engines: dict[int, float] = {}
     start_up = 0.0
-    for number, step, text in rows:
+    for number, step, text in ((r["trial_number"], r["step_time_s"], r["result_json"])
+                               for r in rows):
         try:
             timings = (json.loads(text) or {}).get("timings_s") or {} if text else {}
         except ValueError:

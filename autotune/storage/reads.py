@@ -65,6 +65,26 @@ class MeasurementReads:
         rows = self.retrying("reading the measurements", read)
         return [dict(zip(columns, row, strict=True)) for row in reversed(rows)]
 
+    def study_measurements(self, study: str, columns: Sequence[str], *,
+                           outcome: str | None = None) -> list[dict[str, Any]]:
+        """``columns`` of every measurement of ``study`` (of one ``outcome``, if given),
+        oldest first; one query through the retry layer."""
+        try:
+            selected = [getattr(Measurement, c) for c in columns]
+        except AttributeError as err:
+            raise ValueError(f"study_measurements: no column {err.name!r}") from None
+        query = select(*selected).where(Measurement.study_name == study)
+        if outcome is not None:
+            query = query.where(Measurement.outcome == outcome)
+        query = query.order_by(Measurement.id)
+
+        def read() -> list[Any]:
+            with self.session() as s:
+                return list(s.execute(query).all())
+
+        rows = self.retrying("reading the study's measurements", read)
+        return [dict(zip(columns, row, strict=True)) for row in rows]
+
     # -- layout claims (autotune.storage.claims owns the writes) ------------------------
 
     def claims_since(self, study: str, after_id: int) -> list[tuple[int, str, int]]:
