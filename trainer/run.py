@@ -248,21 +248,25 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
         write_json_atomic(err_path, {"rank": launch.rank, "host": socket.gethostname(),
                                      "status": result_status_of_exception(err),
                                      "error": _tail(err)})
+        print(f"trainer: rank {launch.rank}: {type(err).__name__}: {str(err)[:1000]}",
+              file=sys.stderr)  # the launch's output says why, whichever rank fails first
     metrics.close()
     status = _agree(result_status_of_exception(error), ctx)
-    alloc, reserved = distributed.peak_memory(device)
-    n_params = engine.n_params_local if engine is not None else 0
-    if engine is not None:
-        try:
-            engine.close()
-        except Exception:
-            pass
-        engine = None
-    distributed.release_memory(device)  # the next trial of the launch starts clean
-    # A peer that exits now makes torchrun SIGTERM this rank; the result must still be
-    # written (torchrun's SIGKILL follows only after its grace period).
+    # Once every rank agreed, a peer may exit (a failed trial ends its launch), and
+    # torchrun then SIGTERMs this rank: the result must still be written (torchrun's
+    # SIGKILL follows only after its grace period). Rank 0 still releasing memory when a
+    # faster peer left lost its result so (CI, loaded: a failed MiCS trial without one).
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
+        alloc, reserved = distributed.peak_memory(device)
+        n_params = engine.n_params_local if engine is not None else 0
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception:
+                pass
+            engine = None
+        distributed.release_memory(device)  # the next trial of the launch starts clean
         batch = (index, ctx.batch_size)
         if status == "ok":
             everyone = _gather(RankFacts(socket.gethostname(), n_params, alloc, reserved,

@@ -333,10 +333,15 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
             / f"rotation-{first_round:02d}")
     runs: list[dict[str, Any]] = []
     cost = {"launches": 0, "device_s": 0.0}
+    settled = [False]
 
     def on_round(data: dict[str, Any], wall_s: float) -> bool:
-        if launcher.cancelled:
-            return True  # after a Ctrl-C nothing more is stored: the user asked to stop
+        if launcher.cancelled or settled[0]:
+            # After a Ctrl-C nothing more is stored: the user asked to stop. After the
+            # verdict settled, rounds the trainer wrote before it saw the stop file (a slow
+            # poll reads several at once) are not stored either: the sequential rule stops
+            # at the settling pair, and a round more could unsettle it and cost a launch.
+            return True
         number = first_round + len({r["round"] for r in runs})
         new = round_runs(data, number=number, world_size=world, by_trial=trials,
                          launcher=launcher.kind, worker=worker, run_dir=str(root))
@@ -346,7 +351,8 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
             launches=1 if first else 0, device_s=wall_s * world))
         cost["launches"], cost["device_s"] = 1, cost["device_s"] + wall_s * world
         runs.extend(new)
-        return (number + 1) % 2 == 0 and settles(runs)
+        settled[0] = (number + 1) % 2 == 0 and settles(runs)
+        return settled[0]
 
     timeout = spec.trial.timeout_s * (len(keys) + 1) + 2 * plan.device_s / world
     out = run_rotation(launcher, specs, keys, abba_orders(len(keys), first_round, plan.rounds),

@@ -200,3 +200,42 @@ def test_a_resumed_plan_ends_on_a_pair_of_rounds() -> None:
     none = plan_of(round_s=0.1, start_up_s=1.0, allowance=free, spent_device_s=0.0,
                    rounds_left=0, steps_per_slot=2, first_round=12)
     assert none.rounds == 0 and none.refusal is None
+
+
+def test_rounds_read_after_the_settling_pair_are_not_stored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow poll can read several rounds at once; the rule stops at the pair that settled
+    the verdict, so the rounds the trainer wrote before it saw the stop file are dropped
+    (one more, odd, round could unsettle the verdict and cost another launch: CI, loaded)."""
+    from autotune.runner import confirm_rotation
+    from autotune.storage.confirmations import ConfirmClaimed, claim_confirmation
+    from autotune.trial import LaunchReport
+
+    spec = _spec(tmp_path, confirm_max_rounds=12)
+    storage = open_storage(spec.storage)
+    _study_with_two_close_trials(spec)
+    claimed = claim_confirmation(storage, study_name=spec.name, basis="b", worker="w")
+    assert isinstance(claimed, ConfirmClaimed)
+    keys = [layout.key() for layout in LAYOUTS]
+
+    def four_rounds_in_one_poll(launcher: Any, specs: Any, keys_: list[str], orders: Any, *,
+                                on_round: Any, **_: Any) -> confirm_rotation.RotationOutcome:
+        asked = [on_round({"slots": [{"slot": i, "layout_key": k, "step_time_s": 0.1,
+                                      "model_tflops_per_device": 1.0 + i / 100}
+                                     for i, k in enumerate(keys_)]}, 0.5) for _ in range(4)]
+        assert asked == [False, True, True, True]
+        return confirm_rotation.RotationOutcome(LaunchReport(None, 0, elapsed_s=3.0),
+                                                {"rounds": []}, 0.1)
+
+    monkeypatch.setattr(confirm_rotation, "run_rotation", four_rounds_in_one_poll)
+    allowance = Allowance(budget_device_s=None, deadline=None, world_size=2,
+                          per_run_device_s=1.0)
+    launcher = make_launcher(spec.launcher, spec.model, spec.cluster, spec.training,
+                             workload=spec.workload)
+    step = confirm_rotation.rotate_rounds(
+        spec, storage, launcher, claimed.id, {k: n for n, k in enumerate(keys)}, keys,
+        first_round=0, rounds_left=12, allowance=allowance, spent_device_s=0.0, worker="w",
+        settles=lambda runs: len({r["round"] for r in runs}) >= 2)
+    assert sorted({r["round"] for r in step.runs}) == [0, 1]
+    assert sorted({r["round"] for r in stored_runs(storage, claimed.id)}) == [0, 1]
+    assert step.launches == 1
