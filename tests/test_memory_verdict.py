@@ -12,7 +12,7 @@ from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.errors import SpecError
 from autotune.feasibility import Constraints, MemoryBudget, check_layout
 from autotune.layout import Layout
-from autotune.models.memory_uncertainty import Verdict
+from autotune.models.memory_uncertainty import FitVerdict
 from autotune.planning.candidates import rank_candidates
 from autotune.search import Observation, make_strategy, untried
 from autotune.spec import parse_study
@@ -34,23 +34,23 @@ def dp8(mb: int, recompute: str = "none", zero: int = 2) -> Layout:
 def test_only_exceeds_is_excluded_and_the_reason_agrees_with_the_verdict() -> None:
     cons = constraints()
     verdicts = {mb: cons.memory_verdict(dp8(mb), MODEL) for mb in (1, 8)}
-    assert verdicts[1].verdict is Verdict.FITS and verdicts[1].p_fit > 0.999
+    assert verdicts[1].verdict is FitVerdict.FITS and verdicts[1].p_fit > 0.999
     # micro-batch 8 without recompute: predicted ~38 of 38 GiB usable, about even odds
-    assert verdicts[8].verdict is Verdict.UNCERTAIN and 0.2 < verdicts[8].p_fit < 0.8
+    assert verdicts[8].verdict is FitVerdict.UNCERTAIN and 0.2 < verdicts[8].p_fit < 0.8
     assert cons.check(dp8(8), MODEL) == []
     big = Layout(tp=1, pp=1, dp=1, micro_batch=64, grad_accum=1, zero_stage=0)
     wide = Constraints(world_size=1, global_batch=64, placement=None, memory=cons.memory)
     [reason] = wide.check(big, MODEL)
     assert reason.code == "memory" and "P(fit)" in reason.message
-    assert wide.memory_verdict(big, MODEL).verdict is Verdict.EXCEEDS
+    assert wide.memory_verdict(big, MODEL).verdict is FitVerdict.EXCEEDS
 
 
 def test_threshold_is_a_study_setting() -> None:
     default = constraints()
     strict, never = constraints(memory_min_p_fit=0.3), constraints(memory_min_p_fit=0.0)
     layout = dp8(8, "full", zero=0)  # P(fit) about 1/4
-    assert default.memory_verdict(layout, MODEL).verdict is Verdict.UNCERTAIN
-    assert strict.memory_verdict(layout, MODEL).verdict is Verdict.EXCEEDS
+    assert default.memory_verdict(layout, MODEL).verdict is FitVerdict.UNCERTAIN
+    assert strict.memory_verdict(layout, MODEL).verdict is FitVerdict.EXCEEDS
     assert [r.code for r in strict.check(layout, MODEL)] == ["memory"]
     big = dp8(8, zero=0)  # P(fit) ~0: excluded by default, not with a threshold of 0
     assert [r.code for r in default.check(big, MODEL)] == ["memory"]
@@ -85,17 +85,17 @@ def test_a_correction_and_its_uncertainty_can_be_passed_in() -> None:
 def test_an_oom_on_a_layout_predicted_to_fit_moves_its_siblings() -> None:
     cons = constraints()
     oom = dp8(4)  # predicted to fit, then measured out of memory
-    assert cons.memory_verdict(oom, MODEL).verdict is Verdict.FITS
+    assert cons.memory_verdict(oom, MODEL).verdict is FitVerdict.FITS
     hungrier = dp8(8)  # same shard, larger micro-batch: needs no less memory
-    assert cons.memory_verdict(hungrier, MODEL).verdict is Verdict.UNCERTAIN
+    assert cons.memory_verdict(hungrier, MODEL).verdict is FitVerdict.UNCERTAIN
     after = cons.memory_verdict(hungrier, MODEL, ooms=[oom])
-    assert after.verdict is Verdict.EXCEEDS and after.p_fit == 0 and after.oom == oom.key()
+    assert after.verdict is FitVerdict.EXCEEDS and after.p_fit == 0 and after.oom == oom.key()
     # A sibling that needs less is not ruled out, but is no longer taken as sure to fit.
     lighter = dp8(2)
     before = cons.memory_verdict(lighter, MODEL)
     conditioned = cons.memory_verdict(lighter, MODEL, ooms=[oom])
-    assert before.verdict is Verdict.FITS
-    assert conditioned.p_fit < before.p_fit and conditioned.verdict is not Verdict.EXCEEDS
+    assert before.verdict is FitVerdict.FITS
+    assert conditioned.p_fit < before.p_fit and conditioned.verdict is not FitVerdict.EXCEEDS
     # Another shard (tp 2) shares no model state with the OOM: unchanged.
     other = Layout(tp=2, pp=1, dp=4, micro_batch=4, grad_accum=2, zero_stage=2)
     assert cons.memory_verdict(other, MODEL, ooms=[oom]) == cons.memory_verdict(other, MODEL)
@@ -118,10 +118,10 @@ def test_candidates_carry_the_verdict_and_rank_by_expected_throughput() -> None:
                              Constraints.from_configs(spec.cluster, spec.training,
                                                       spec.search, spec.trial),
                              profile=spec.profile)
-    assert {c.memory_verdict for c in ranked} == {Verdict.FITS, Verdict.UNCERTAIN}
+    assert {c.memory_verdict for c in ranked} == {FitVerdict.FITS, FitVerdict.UNCERTAIN}
     expected = [c.expected_tflops for c in ranked]
     assert expected == sorted(expected, reverse=True)
-    unsure = next(c for c in ranked if c.memory_verdict is Verdict.UNCERTAIN)
+    unsure = next(c for c in ranked if c.memory_verdict is FitVerdict.UNCERTAIN)
     assert unsure.expected_tflops == pytest.approx(unsure.predicted_tflops * unsure.p_fit)
     assert all(check_layout(c.layout, spec.model) == [] for c in ranked)
 

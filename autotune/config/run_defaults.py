@@ -7,14 +7,17 @@ measure alike (issue #20: they disagreed on ``max_measure_steps`` and
 from __future__ import annotations
 
 __all__ = ["WARMUP_STEPS", "MEASURE_STEPS", "MEASURE_PRECISION", "MAX_MEASURE_STEPS",
-           "MAX_STEPS", "CONFIDENCE", "COLLECTIVE_TIMEOUT_S", "DEVICE", "DEVICES",
+           "MAX_STEPS", "PRECISION", "CONFIDENCE", "COLLECTIVE_TIMEOUT_S", "DEVICE", "DEVICES",
            "step_cap"]
 
 WARMUP_STEPS = 1
 """Untimed optimizer steps (compilation, allocator warm-up)."""
 MEASURE_STEPS = 3
 """Timed optimizer steps; with a precision, the fewest."""
-MEASURE_PRECISION: float | None = 0.05
+PRECISION = 0.05
+"""The relative precision a trial's median step time is measured to by default; also what
+the confirmation round assumes of a trial measured without one."""
+MEASURE_PRECISION: float | None = PRECISION
 """Relative precision the median step time is measured to (``None``: exactly
 ``MEASURE_STEPS`` steps)."""
 MAX_MEASURE_STEPS = 12

@@ -328,13 +328,13 @@ class Constraints:
         if not ooms:
             return fit
         from autotune.models.memory_uncertainty import (
-            Verdict,
+            FitVerdict,
             classify_fit,
             oom_conditioned_p_fit,
         )
         for oom in ooms:
             if needs_no_less_memory(layout, oom):
-                return replace(fit, verdict=Verdict.EXCEEDS, p_fit=0.0, oom=oom.key())
+                return replace(fit, verdict=FitVerdict.EXCEEDS, p_fit=0.0, oom=oom.key())
         # With one shared error, the most surprising OOM (the most headroom) says the most.
         siblings = [self.memory.verdict(model, oom).headroom_sd for oom in ooms
                     if oom.tp == layout.tp and oom.pp == layout.pp]

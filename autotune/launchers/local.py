@@ -31,6 +31,7 @@ from autotune.launchers.base import Launcher
 from autotune.launchers.launch_record import write_launch_record
 from autotune.trial import TrialPaths, TrialSpec
 from autotune.workloads.base import Placement
+from trainer.timeline import LAUNCH_TIME_ENV
 
 __all__ = ["LocalLauncher", "trainer_env"]
 
@@ -44,7 +45,7 @@ def trainer_env(spec: TrialSpec, extra: dict[str, str] | None = None) -> dict[st
     env.setdefault("OMP_NUM_THREADS", "1")
     # The trainer books the time from here to its first line as its "process_start"
     # (trainer/timeline.py): torchrun's or srun's start and the interpreter's.
-    env["AUTOTUNE_LAUNCH_TIME"] = repr(time.time())
+    env[LAUNCH_TIME_ENV] = repr(time.time())
     env["PYTHONUNBUFFERED"] = "1"
     if spec.run.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"

@@ -43,7 +43,7 @@ prediction is the median: as likely over as under.
 
 ``P(fit) = P(peak <= usable) = Phi((ln(usable) - ln(c * predicted)) / s)``, usable = the
 device memory less ``trial.memory_margin``. :func:`classify_fit` maps it to a
-:class:`Verdict` with ``trial.memory_min_p_fit`` (default 2.5%, about 2 sd): *exceeds*
+:class:`FitVerdict` with ``trial.memory_min_p_fit`` (default 2.5%, about 2 sd): *exceeds*
 below it, *fits* above ``1 - min_p_fit``, *uncertain* in between. Only *exceeds* is
 excluded. Nothing here is fitted to a measured table.
 
@@ -81,7 +81,7 @@ from autotune.models.memory import (
 )
 from autotune.models.p_fit import fit_probability, log_sigma, oom_conditioned_p_fit
 
-__all__ = ["Verdict", "MemoryUncertainty", "MemoryVerdict", "estimate_uncertainty",
+__all__ = ["FitVerdict", "MemoryUncertainty", "MemoryVerdict", "estimate_uncertainty",
            "grad_accumulation_sigma_bytes", "flat_partition_sigma_bytes",
            "activation_sigma_bytes", "logits_sigma_bytes", "buffer_sigma_bytes",
            "runtime_sigma_bytes", "fragmentation_sigma_bytes", "log_sigma",
@@ -116,7 +116,7 @@ CPU_RUNTIME_SD_FRACTION = 0.10
 ``runtime_bytes`` in autotune/hardware.py)."""
 
 
-class Verdict(str, Enum):
+class FitVerdict(str, Enum):
     """The memory check's answer for one layout (``str`` values for CSV/JSON)."""
 
     FITS = "fits"
@@ -148,7 +148,7 @@ class MemoryUncertainty:
 class MemoryVerdict:
     """The memory check on one layout: prediction, error bar, probability, verdict."""
 
-    verdict: Verdict
+    verdict: FitVerdict
     p_fit: float
     """P(true peak <= usable bytes) under the log-normal model (module docstring)."""
     predicted_bytes: int
@@ -366,11 +366,11 @@ def estimate_uncertainty(model: ModelConfig, layout: Layout, est: MemoryEstimate
 # -------------------------------------------------------------- probability and verdict
 
 
-def classify_fit(p_fit: float, min_p_fit: float) -> Verdict:
+def classify_fit(p_fit: float, min_p_fit: float) -> FitVerdict:
     """*exceeds* below ``min_p_fit``, *fits* at or above ``1 - min_p_fit``, else
     *uncertain*. ``min_p_fit = 0`` never excludes on the prediction alone."""
     if p_fit < min_p_fit:
-        return Verdict.EXCEEDS
+        return FitVerdict.EXCEEDS
     if p_fit >= 1.0 - min_p_fit:
-        return Verdict.FITS
-    return Verdict.UNCERTAIN
+        return FitVerdict.FITS
+    return FitVerdict.UNCERTAIN

@@ -32,7 +32,7 @@ from autotune.feasibility import Constraints, Reason
 from autotune.layout import Layout
 from autotune.models.cost import estimate_step
 from autotune.models.memory import estimate_memory
-from autotune.models.memory_uncertainty import Verdict
+from autotune.models.memory_uncertainty import FitVerdict
 from autotune.models.profile import LayerProfile
 from autotune.planning.space import enumerate_layouts
 
@@ -49,7 +49,7 @@ class Candidate:
     p_fit: float = 1.0
     """Probability that the layout fits the device (1 without a memory rule), conditioned
     on the measured OOMs given to the ranking."""
-    memory_verdict: Verdict = Verdict.FITS
+    memory_verdict: FitVerdict = FitVerdict.FITS
     """*fits* or *uncertain*; *exceeds* only through measured OOMs (a dominating one:
     ``p_fit`` 0, which the strategies skip; siblings conditioned below the threshold keep
     their small ``p_fit``). A layout whose prediction alone exceeds is no candidate."""

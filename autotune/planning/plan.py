@@ -38,7 +38,7 @@ from autotune.layout import Layout
 from autotune.models.calibration import Calibration
 from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
-from autotune.models.memory_uncertainty import Verdict
+from autotune.models.memory_uncertainty import FitVerdict
 from autotune.planning.band import Band, tflops_bands
 from autotune.planning.candidates import Candidate, partition_space, rank_layouts
 from autotune.planning.empty import by_first_reason, empty_space_reasons
@@ -58,7 +58,7 @@ class PlanRow:
     layout: Layout
     step: StepEstimate
     memory: MemoryEstimate
-    memory_verdict: Verdict = Verdict.FITS
+    memory_verdict: FitVerdict = FitVerdict.FITS
     """*fits* or *uncertain*: the memory check's verdict (docs/models.md)."""
     p_fit: float = 1.0
     """Probability that the layout fits the device."""
@@ -159,7 +159,7 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
         memory_capacity_bytes=spec.cluster.device_spec().memory_bytes, rows=rows,
         excluded=exclusions,
         profile=profile.label if profile is not None else None,
-        memory_verdicts=tuple((v.value, verdicts[v.value]) for v in Verdict),
+        memory_verdicts=tuple((v.value, verdicts[v.value]) for v in FitVerdict),
         memory_min_p_fit=constraints.memory.min_p_fit if constraints.memory else None,
         calibration=line, calibration_record=record,
         empty_reasons=() if feasible else tuple(empty_space_reasons(
@@ -206,7 +206,7 @@ def _row_values(row: PlanRow) -> list[Any]:
 
 def _fit_cell(row: PlanRow) -> str:
     """``fits`` or ``uncertain 31%`` (the probability only where it is not ~1)."""
-    if row.memory_verdict is Verdict.FITS:
+    if row.memory_verdict is FitVerdict.FITS:
         return "fits"
     return f"{row.memory_verdict.value} {100 * row.p_fit:.0f}%"
 

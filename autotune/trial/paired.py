@@ -44,12 +44,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.config import run_defaults
+
 __all__ = ["ConfirmCandidate", "PairedDecision", "Noise", "overlapping", "paired_decision",
            "min_rounds", "settled", "decision_line", "cost_line", "throughput_interval",
            "looks", "log_ratio_interval", "equivalence_text", "CONFIDENCE", "MIN_ROUNDS",
            "ROUNDS_PER_STEP"]
 
-CONFIDENCE = 0.95
+CONFIDENCE = run_defaults.CONFIDENCE
 """Confidence of the paired interval: the trials' own (``run.measure_confidence``)."""
 
 

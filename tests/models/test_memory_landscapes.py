@@ -18,7 +18,7 @@ from autotune.config.study import TrainingConfig, TrialConfig
 from autotune.feasibility import MemoryBudget, check_layout
 from autotune.landscape import LandscapeGroup, Measurement, load_landscape, shipped_landscape
 from autotune.layout import Layout
-from autotune.models.memory_uncertainty import Verdict
+from autotune.models.memory_uncertainty import FitVerdict
 
 LANDSCAPES = ("vtrain_a100_single_node.csv", "aurora_pvc_70b.csv")
 
@@ -29,7 +29,7 @@ def default_budget(group: LandscapeGroup) -> MemoryBudget:
     return MemoryBudget.for_study(group.cluster, training, TrialConfig())
 
 
-def judged(name: str) -> list[tuple[LandscapeGroup, Measurement, Verdict, bool]]:
+def judged(name: str) -> list[tuple[LandscapeGroup, Measurement, FitVerdict, bool]]:
     """(group, row, verdict, excluded on memory by check_layout) for every row of a file."""
     out = []
     for group in load_landscape(shipped_landscape(name)):
@@ -49,7 +49,7 @@ def test_no_measured_ok_row_is_excluded_at_default_settings(name: str) -> None:
     excluded = [f"{g.name} {m.layout.key()}" for g, m, _, ex in ok if ex]
     assert excluded == []
     # the Reason and the verdict agree: only 'exceeds' is excluded
-    assert all(ex == (v is Verdict.EXCEEDS) for _, _, v, ex in rows)
+    assert all(ex == (v is FitVerdict.EXCEEDS) for _, _, v, ex in rows)
 
 
 def test_aurora_row_that_ran_at_13_tflops_per_tile_is_kept() -> None:
@@ -64,7 +64,7 @@ def test_aurora_row_that_ran_at_13_tflops_per_tile_is_kept() -> None:
     budget = default_budget(group)
     assert check_layout(layout, group.model, memory=budget) == []
     fit = budget.verdict(group.model, layout)
-    assert fit.verdict is Verdict.UNCERTAIN and fit.predicted_bytes > budget.usable_bytes
+    assert fit.verdict is FitVerdict.UNCERTAIN and fit.predicted_bytes > budget.usable_bytes
     assert 0.05 < fit.p_fit < 0.95
 
 
@@ -95,5 +95,5 @@ def test_clearly_impossible_layouts_are_still_excluded(what, model, device, layo
     budget = MemoryBudget.for_study(cluster, TrainingConfig(global_batch=layout.global_batch),
                                     TrialConfig())
     fit = budget.verdict(cfg, layout)
-    assert fit.verdict is Verdict.EXCEEDS and fit.p_fit < 1e-3, (what, fit)
+    assert fit.verdict is FitVerdict.EXCEEDS and fit.p_fit < 1e-3, (what, fit)
     assert [r.code for r in check_layout(layout, cfg, memory=budget)] == ["memory"]

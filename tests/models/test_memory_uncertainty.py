@@ -10,7 +10,7 @@ from autotune.config.model import MODEL_PRESETS, ModelConfig
 from autotune.layout import Layout
 from autotune.models import memory as mem
 from autotune.models import memory_uncertainty as unc
-from autotune.models.memory_uncertainty import Verdict
+from autotune.models.memory_uncertainty import FitVerdict
 
 M = ModelConfig(n_layer=4, hidden=64, n_head=4, seq_len=32, vocab_size=100, ffn_hidden=256)
 GiB = 2**30
@@ -91,11 +91,11 @@ def test_fit_probability_is_a_lognormal_around_the_corrected_median() -> None:
 
 
 def test_verdict_thresholds() -> None:
-    assert unc.classify_fit(0.01, 0.025) is Verdict.EXCEEDS
-    assert unc.classify_fit(0.025, 0.025) is Verdict.UNCERTAIN
-    assert unc.classify_fit(0.5, 0.025) is Verdict.UNCERTAIN
-    assert unc.classify_fit(0.975, 0.025) is Verdict.FITS
-    assert unc.classify_fit(0.0, 0.0) is not Verdict.EXCEEDS  # 0 never excludes
+    assert unc.classify_fit(0.01, 0.025) is FitVerdict.EXCEEDS
+    assert unc.classify_fit(0.025, 0.025) is FitVerdict.UNCERTAIN
+    assert unc.classify_fit(0.5, 0.025) is FitVerdict.UNCERTAIN
+    assert unc.classify_fit(0.975, 0.025) is FitVerdict.FITS
+    assert unc.classify_fit(0.0, 0.0) is not FitVerdict.EXCEEDS  # 0 never excludes
 
 
 def test_an_oom_conditions_its_siblings() -> None:

@@ -20,7 +20,7 @@ import autotune.runner.worker as worker_module
 from autotune.feasibility import Constraints
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
-from autotune.models.memory_uncertainty import Verdict
+from autotune.models.memory_uncertainty import FitVerdict
 from autotune.runner.learning import plan_calibration
 from autotune.runner.study import run_study
 from autotune.search import Observation, Strategy
@@ -104,7 +104,7 @@ def test_an_oom_on_a_layout_predicted_to_fit_moves_its_siblings(
     constraints = Constraints.from_configs(spec.cluster, spec.training, spec.search,
                                            spec.trial)
     fresh = constraints.memory_verdict(first, spec.model)
-    assert fresh is not None and fresh.verdict is Verdict.FITS  # predicted to fit, with room
+    assert fresh is not None and fresh.verdict is FitVerdict.FITS  # predicted to fit, with room
 
     (before, _), (after, history) = seen[0], seen[1]
     assert [o.status for o in history] == ["oom"]
