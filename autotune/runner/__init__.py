@@ -13,7 +13,8 @@ module                    owns
 ``recovered.py``          a cut-short execution's finished result, recorded by its retry
 ``stop_early.py``         the study stops when trials fail alike on different layouts
                           (the program is broken); a resumed one asks first
-``lifecycle.py``          lease renewals while a trial runs; SIGINT/SIGTERM
+``lifecycle.py``          lease renewals while a trial or a confirmation round runs (a
+                          lost lease abandons its launch); SIGINT/SIGTERM
 ``progress.py``           progress lines, the trial table and the stop messages
 ``param_space.py``        the distributions a trial's parameters are stored with
 ``verdict_note.py``       the confirmation verdict as a user attribute and dashboard note

@@ -27,6 +27,9 @@ workers sharing a study, the one that finds every trial recorded (no live claim,
 waiting) claims the round (the study's lock and a lease, as a layout's claim); the others
 end their run, saying who confirms. A runner killed inside it leaves its stored rounds and
 a lease that runs out; the next run goes on from them. Ctrl-C releases the lease at once.
+A runner whose round was taken over (silent for the grace period: an outage, a frozen node)
+learns it at its next heartbeat or write: its launch is killed, nothing more is stored, and
+the round is left to the worker that holds it now.
 
 The verdict is stored on the study (:data:`~autotune.storage.keys.StudyAttr.
 CONFIRMATION`) and each run in ``confirmation_runs``; no run is an Optuna trial, so none
@@ -36,9 +39,7 @@ counts against the budget and none is left RUNNING.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import partial
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -48,12 +49,14 @@ from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.runner.confirm_budget import Allowance, launch_noise, search_cost
 from autotune.runner.confirm_rotation import first_step_fits, rotate_rounds, rotates
+from autotune.runner.confirm_runs import measure_rounds, record_step
 from autotune.runner.confirm_verdict import decide, favoured, noise_cannot_flip
 from autotune.runner.lifecycle import StopSignals, heartbeat
 from autotune.spec import StudySpec
 from autotune.storage import (
     ConfirmClaimed,
     ConfirmRefused,
+    Lease,
     Storage,
     StudyAttr,
     TrialAttr,
@@ -62,15 +65,12 @@ from autotune.storage import (
     confirmation_lease,
     decided_record,
     finish_confirmation,
-    record_round,
     release_confirmation,
     repair_stale,
     set_user_attrs,
     stored_runs,
     trial_layout,
 )
-from autotune.trial import TrialPaths, TrialSpec
-from autotune.trial.classify import classify
 from autotune.trial.paired import (
     MIN_ROUNDS,
     ROUNDS_PER_STEP,
@@ -98,7 +98,9 @@ class ConfirmResult:
     """What to tell the user."""
     ended: str | None = None
     """Why the round stopped unfinished: ``interrupt``, ``sigterm`` or ``timeout`` (the
-    run's end: :class:`autotune.runner.worker.RunSummary`'s ``stopped_by``)."""
+    run's end: :class:`autotune.runner.worker.RunSummary`'s ``stopped_by``). ``None`` too
+    when the round is another worker's (claimed by it, or its lease lost mid-round): this
+    run then ends as its search did, and the round's holder names the best."""
 
 
 def candidates_of(study: optuna.Study, spec: StudySpec) -> list[ConfirmCandidate]:
@@ -204,9 +206,29 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
                              f"{float(found.get('device_s') or 0.0):.1f} device-seconds)")
     if not isinstance(claimed, ConfirmClaimed):
         return ConfirmResult(None, "confirmation round: another worker runs it")
-    with heartbeat(storage, 0, lease=confirmation_lease(storage, claimed.id)):
+    lease = confirmation_lease(storage, claimed.id, worker)
+    launcher.clear_abandoned()  # a search trial's lost lease is no concern of the round
+    # A lost lease (another worker claimed the round after this one was silent for the
+    # grace period) kills the launch at once: the round is the new holder's, and two
+    # workers measuring it would store its rounds twice.
+    with heartbeat(storage, 0, lease=lease, on_lost=lambda _: launcher.abandon()):
         return _rounds(spec, storage, study, launcher, claimed, cands, worker=worker,
-                       signals=signals, say=say, complete=complete, allowance=allowance)
+                       signals=signals, say=say, complete=complete, allowance=allowance,
+                       lease=lease)
+
+
+def _lost(lease: Lease, launcher: Launcher) -> bool:
+    """Whether the round is another worker's now: its renewal was refused (the heartbeat
+    abandoned the launch), or a write of the round was (the launch abandoned likewise)."""
+    return lease.lost is not None or launcher.abandoned
+
+
+def _left(lease: Lease) -> ConfirmResult:
+    """The round left to the worker that holds it now: nothing more stored by this one."""
+    why = lease.lost or (f"{lease.what}: another worker claimed it; it is left to the "
+                         "worker that holds it now")
+    return ConfirmResult(None, f"{why}: its launch is cancelled, nothing more is stored; "
+                         "the best below is unconfirmed")
 
 
 def _stop_request(launcher: Launcher, signals: StopSignals | None) -> str | None:
@@ -220,7 +242,7 @@ def _stop_request(launcher: Launcher, signals: StopSignals | None) -> str | None
 def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: Launcher,
             claimed: ConfirmClaimed, cands: list[ConfirmCandidate], *, worker: str,
             signals: StopSignals | None, say: Callable[[str], None],
-            complete: int, allowance: Allowance) -> ConfirmResult:
+            complete: int, allowance: Allowance, lease: Lease) -> ConfirmResult:
     keys = [c.key for c in cands]
     by_key = {c.key: c for c in cands}
     stored = stored_runs(storage, claimed.id)
@@ -253,9 +275,11 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         return False
 
     while decision is None or not settled(decision, cap):
+        if _lost(lease, launcher):
+            return _left(lease)
         ended = _stop_request(launcher, signals)
         if ended is not None:
-            release_confirmation(storage, claimed.id)
+            release_confirmation(storage, claimed.id, worker)
             return ConfirmResult(None, "confirmation round: interrupted; the best below is "
                                  "unconfirmed; the next run goes on from its "
                                  f"{done_rounds} stored round(s)", ended=ended)
@@ -269,6 +293,8 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
                                  first_round=done_rounds, rounds_left=cap - done_rounds,
                                  allowance=allowance, spent_device_s=device_s, worker=worker,
                                  settles=_settles)
+            if _lost(lease, launcher):
+                return _left(lease)
             if step.apart is not None:
                 say(f"confirmation round: {step.apart}")
                 rotating = False
@@ -276,7 +302,7 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         refused = step.refusal if step is not None else \
             allowance.refusal(want * len(keys), device_s)
         if refused is not None and refused[0] == "timeout":
-            release_confirmation(storage, claimed.id)
+            release_confirmation(storage, claimed.id, worker)
             return ConfirmResult(None, f"confirmation round: stopped at the wall-time limit "
                                  f"({refused[1]}); the best below is unconfirmed; the next "
                                  f"run goes on from its {done_rounds} stored round(s)",
@@ -289,13 +315,14 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
             if not (want := len({r["round"] for r in new_runs})):
                 break  # no round measured (a failed launch, or none left): no relaunch
         else:
-            new_runs, step_launches, step_device_s = _measure(
+            new_runs, step_launches, step_device_s = measure_rounds(
                 spec, launcher, claimed.id, by_key, keys,
                 range(done_rounds, done_rounds + want), worker=worker)
-            if _stop_request(launcher, signals) is not None:
-                continue  # cut short: its runs are not stored (the check above releases)
-            _record_step(storage, claimed.id, spec.name, new_runs, step_launches,
-                         step_device_s)
+            if _lost(lease, launcher) or _stop_request(launcher, signals) is not None:
+                continue  # cut short: its runs are not stored (the checks above end it)
+            if not record_step(storage, claimed.id, spec.name, new_runs, step_launches,
+                               step_device_s, worker=worker):
+                return _left(lease)
         launches, device_s = launches + step_launches, device_s + step_device_s
         stored += new_runs
         allowance.observe(device_s, len(stored))
@@ -319,11 +346,11 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         record = confirmation_record(decision, cands, state="decided", launches=launches,
                                      device_s=device_s, complete_trials=complete,
                                      favours=favoured(stored, keys, cands[0].key))
-    if record["state"] == "budget":
-        # Left open: a later run with a larger budget goes on from its stored rounds.
-        release_confirmation(storage, claimed.id)
-    else:
-        finish_confirmation(storage, claimed.id, record)
+    # "budget": left open, a later run with a larger budget goes on from its stored rounds.
+    kept = (release_confirmation(storage, claimed.id, worker) if record["state"] == "budget"
+            else finish_confirmation(storage, claimed.id, record, worker))
+    if not kept:  # taken over since the last heartbeat: the verdict is the holder's
+        return _left(lease)
     set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
     return ConfirmResult(record, f"confirmation round: {decision_line(record)}; "
                          + cost_line(record))
@@ -347,54 +374,3 @@ def _budget_words(allowance: Allowance) -> str:
 def _of_budget(allowance: Allowance) -> str:
     return (f" of {allowance.budget_device_s:.1f}" if allowance.budget_device_s is not None
             else "")
-
-
-def _record_step(storage: Storage, confirmation_id: int, study: str,
-                 new_runs: list[dict[str, Any]], launches: int, device_s: float) -> None:
-    """A step's runs, round by round; its cost charged with its first round (one launch
-    for a batch)."""
-    per_round: dict[int, list[dict[str, Any]]] = {}
-    for run in new_runs:
-        per_round.setdefault(run["round"], []).append(run)
-    for i, (_, runs) in enumerate(sorted(per_round.items())):
-        storage.retrying("recording a confirmation round", partial(
-            record_round, storage, confirmation_id, study_name=study, runs=runs,
-            launches=launches if i == 0 else 0, device_s=device_s if i == 0 else 0.0))
-
-
-def _measure(spec: StudySpec, launcher: Launcher, confirmation_id: int,
-             by_key: dict[str, ConfirmCandidate], keys: list[str], rounds: range, *,
-             worker: str) -> tuple[list[dict[str, Any]], int, float]:
-    """Measure ``rounds`` of every candidate, interleaved; the runs, launches, device-s."""
-    # Never stopped early: the early stop's bar is the search's, and a run cut short
-    # would leave its round without a value.
-    run_cfg = replace(spec.run_config(None), early_stop_tolerance=None,
-                      best_model_tflops_per_device=None)
-    order: list[tuple[int, int, str]] = []
-    for n in rounds:
-        members = keys if n % 2 == 0 else list(reversed(keys))
-        order += [(n, slot, key) for slot, key in enumerate(members)]
-    root = Path(spec.launcher.run_dir) / spec.name / f"confirm-{confirmation_id:03d}"
-    paths = [TrialPaths(root=root / f"round-{n:02d}-{slot}-{key}") for n, slot, key in order]
-    layouts = {key: Layout.from_key(key) for key in keys}
-    specs = [TrialSpec(model=spec.model, layout=layouts[key], run=run_cfg)
-             for _, _, key in order]
-    reports = launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s)
-    batched = launcher.batches and len(specs) > 1
-    launches = (1 + sum(bool((r.batch or {}).get("rerun")) for r in reports)) if batched \
-        else len(reports)
-    world = layouts[keys[0]].world_size
-    wall = sum(r.elapsed_s for r in reports)
-    runs = []
-    for (n, slot, key), report, path in zip(order, reports, paths, strict=True):
-        outcome = classify(report, launcher.workload.oom_signatures)
-        res = report.result
-        runs.append({"round": n, "slot": slot, "layout_key": key,
-                     "trial_number": by_key[key].trial_number, "outcome": outcome.kind,
-                     "reason": outcome.reason,
-                     "model_tflops_per_device": outcome.value,
-                     "step_time_s": res.step_time_s if res else None,
-                     "measure_precision": res.measure_precision if res else None,
-                     "elapsed_s": report.elapsed_s, "world_size": world,
-                     "launcher": launcher.kind, "worker": worker, "run_dir": str(path.root)})
-    return runs, launches, wall * world

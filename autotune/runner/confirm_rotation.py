@@ -336,19 +336,22 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
     settled = [False]
 
     def on_round(data: dict[str, Any], wall_s: float) -> bool:
-        if launcher.cancelled or settled[0]:
-            # After a Ctrl-C nothing more is stored: the user asked to stop. After the
-            # verdict settled, rounds the trainer wrote before it saw the stop file (a slow
-            # poll reads several at once) are not stored either: the sequential rule stops
-            # at the settling pair, and a round more could unsettle it and cost a launch.
+        if launcher.cancelled or launcher.abandoned or settled[0]:
+            # After a Ctrl-C nothing more is stored: the user asked to stop; after a lost
+            # lease (the launch abandoned) the round is another worker's. After the verdict
+            # settled, rounds the trainer wrote before it saw the stop file (a slow poll
+            # reads several at once) are not stored either: the sequential rule stops at
+            # the settling pair, and a round more could unsettle it and cost a launch.
             return True
         number = first_round + len({r["round"] for r in runs})
         new = round_runs(data, number=number, world_size=world, by_trial=trials,
                          launcher=launcher.kind, worker=worker, run_dir=str(root))
         first = cost["launches"] == 0
-        storage.retrying("recording a confirmation round", lambda: record_round(
-            storage, confirmation_id, study_name=spec.name, runs=new,
-            launches=1 if first else 0, device_s=wall_s * world))
+        if not storage.retrying("recording a confirmation round", lambda: record_round(
+                storage, confirmation_id, study_name=spec.name, runs=new,
+                launches=1 if first else 0, device_s=wall_s * world, worker=worker)):
+            launcher.abandon()  # taken over since the last heartbeat: the launch ends now
+            return True
         cost["launches"], cost["device_s"] = 1, cost["device_s"] + wall_s * world
         runs.extend(new)
         settled[0] = (number + 1) % 2 == 0 and settles(runs)
@@ -358,9 +361,11 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
     out = run_rotation(launcher, specs, keys, abba_orders(len(keys), first_round, plan.rounds),
                        steps_per_slot=steps, root=root, timeout_s=timeout, on_round=on_round)
     tail = (out.tail_s if runs else out.report.elapsed_s) * world
-    storage.retrying("recording a confirmation round", lambda: record_round(
-        storage, confirmation_id, study_name=spec.name, runs=[],
-        launches=0 if runs else 1, device_s=tail))
+    if not launcher.abandoned and not storage.retrying(
+            "recording a confirmation round", lambda: record_round(
+                storage, confirmation_id, study_name=spec.name, runs=[],
+                launches=0 if runs else 1, device_s=tail, worker=worker)):
+        launcher.abandon()  # the round is another worker's: its cost is not charged to it
     apart = None
     if not out.coexist and not runs:
         apart = ("the candidates' engines do not fit in memory together: one launch per "

@@ -4,8 +4,11 @@ The same mechanism as a layout's claim (:mod:`autotune.storage.claims`): under t
 row lock one transaction checks the round's claim and writes it with its lease; the
 worker's heartbeat renews the lease; a round whose lease ran out (or whose runner was a
 process of this host that no longer exists) is taken over by the next worker, which keeps
-the rounds already stored and goes on. No Optuna trial is created: a killed confirmation
-round leaves no RUNNING trial, only a claim whose lease runs out.
+the rounds already stored and goes on. The round's row names its holder: the runner it
+was taken from finds its renewal refused at its next heartbeat, and every write it would
+still make (a round, the release, the verdict) is refused the same way. No Optuna trial is
+created: a killed confirmation round leaves no RUNNING trial, only a claim whose lease runs
+out.
 
 Each round is stored in one transaction (all its runs, the round's cost), so a kill leaves
 whole rounds only.
@@ -87,44 +90,65 @@ def claim_confirmation(storage: Storage, *, study_name: str, basis: str,
         return ConfirmClaimed(row.id, row.launches, row.device_s, resumed=True)
 
 
-def confirmation_lease(storage: Storage, confirmation_id: int) -> Lease:
-    """The round's lease (the same :class:`~autotune.storage.leases.Lease` as a claim's)."""
+def confirmation_lease(storage: Storage, confirmation_id: int,
+                       worker: str | None = None) -> Lease:
+    """The round's lease (the same :class:`~autotune.storage.leases.Lease` as a claim's);
+    ``worker``: its holder, whose renewal is refused once another worker claimed the round
+    (a takeover keeps the row, so the lease alone would still renew)."""
     return Lease(storage, Confirmation, Confirmation.id, confirmation_id,
-                 "the confirmation round")
+                 "the confirmation round",
+                 holder=None if worker is None else (Confirmation.worker, worker))
 
 
-def renew_confirmation(storage: Storage, confirmation_id: int) -> bool:
-    return confirmation_lease(storage, confirmation_id).renew()
+def renew_confirmation(storage: Storage, confirmation_id: int,
+                       worker: str | None = None) -> bool:
+    return confirmation_lease(storage, confirmation_id, worker).renew()
 
 
-def release_confirmation(storage: Storage, confirmation_id: int) -> None:
-    """Give the round up unfinished (Ctrl-C, SIGTERM): the next run goes on at once."""
+def _held_by(worker: str | None) -> list[Any]:
+    """The condition that the round is still ``worker``'s (none without a worker): a
+    runner whose round was taken over writes nothing into its new holder's row."""
+    return [] if worker is None else [Confirmation.worker == worker]
+
+
+def release_confirmation(storage: Storage, confirmation_id: int,
+                         worker: str | None = None) -> bool:
+    """Give the round up unfinished (Ctrl-C, SIGTERM): the next run goes on at once.
+    ``False``: not ``worker``'s any more (nothing changed)."""
     with storage.session() as s:
-        s.execute(update(Confirmation).where(Confirmation.id == confirmation_id,
-                                             Confirmation.state == "running")
-                  .values(lease_until=None))
+        done = s.execute(update(Confirmation).where(
+            Confirmation.id == confirmation_id, Confirmation.state == "running",
+            *_held_by(worker)).values(lease_until=None))
+    return getattr(done, "rowcount", 0) == 1
 
 
 def record_round(storage: Storage, confirmation_id: int, *, study_name: str,
-                 runs: Sequence[Mapping[str, Any]], launches: int, device_s: float) -> None:
-    """One round's runs (:data:`RUN_COLUMNS`) and its cost, in one transaction."""
+                 runs: Sequence[Mapping[str, Any]], launches: int, device_s: float,
+                 worker: str | None = None) -> bool:
+    """One round's runs (:data:`RUN_COLUMNS`) and its cost, in one transaction;
+    ``False`` (nothing written) when the round is not ``worker``'s any more."""
     now = utcnow()
     with storage.session() as s:
+        row = s.get(Confirmation, confirmation_id, with_for_update=True)
+        if row is None or (worker is not None and row.worker != worker):
+            return False
         for run in runs:
             s.add(ConfirmationRun(confirmation_id=confirmation_id, study_name=study_name,
                                   finished_at=now, **{k: run.get(k) for k in RUN_COLUMNS}))
-        row = s.get(Confirmation, confirmation_id, with_for_update=True)
-        if row is not None:
-            row.launches += launches
-            row.device_s += device_s
+        row.launches += launches
+        row.device_s += device_s
+    return True
 
 
 def finish_confirmation(storage: Storage, confirmation_id: int,
-                        decision: Mapping[str, Any]) -> None:
+                        decision: Mapping[str, Any], worker: str | None = None) -> bool:
+    """Store the verdict; ``False`` (nothing written) when the round is not ``worker``'s
+    any more: its new holder decides it."""
     with storage.session() as s:
-        s.execute(update(Confirmation).where(Confirmation.id == confirmation_id)
-                  .values(state="done", lease_until=None,
-                          decision_json=json.dumps(dict(decision))))
+        done = s.execute(update(Confirmation).where(
+            Confirmation.id == confirmation_id, *_held_by(worker))
+            .values(state="done", lease_until=None, decision_json=json.dumps(dict(decision))))
+    return getattr(done, "rowcount", 0) == 1
 
 
 def stored_runs(storage: Storage, confirmation_id: int) -> list[dict[str, Any]]:

@@ -39,13 +39,18 @@ class Lease:
     nobody can repair the trial either, and once it is back the next renewal either moves
     the lease on (nobody took it) or is refused (someone did), within one heartbeat.
     Giving up on failures alone would throw away launches that nobody else took.
+
+    ``holder``: the row's worker column and this runner's name, for a row that is taken
+    over in place (a confirmation round keeps its id when the next worker claims it, where
+    a layout's retry is a new trial): a renewal is refused once another runner holds it.
     """
 
     def __init__(self, storage: Storage, table: Any, key_column: Any, key: int,
-                 what: str) -> None:
+                 what: str, *, holder: tuple[Any, str] | None = None) -> None:
         self.storage, self.table, self.key_column, self.key = storage, table, key_column, key
         self.what = what
         """Whose lease, for people (``trial 12``, ``the confirmation round``)."""
+        self.holder = holder
         self.lost: str | None = None
         """Why the lease is lost (one line), ``None`` while it is held."""
         self.first_error: BaseException | None = None
@@ -57,11 +62,12 @@ class Lease:
 
     def renew(self) -> bool:
         """Move the lease on by the grace period; ``False`` if the row has none any more
-        (recorded, released, or repaired)."""
+        (recorded, released, or repaired) or, with a ``holder``, another runner holds it."""
         until = utcnow() + timedelta(seconds=self.storage.config.grace_period_s)
+        mine = [] if self.holder is None else [self.holder[0] == self.holder[1]]
         with self.storage.session() as s:
             done = s.execute(update(self.table).where(
-                self.key_column == self.key, self.table.lease_until.is_not(None))
+                self.key_column == self.key, self.table.lease_until.is_not(None), *mine)
                 .values(lease_until=until))
         return getattr(done, "rowcount", 0) == 1
 
@@ -82,8 +88,8 @@ class Lease:
             return True
         silent_s = self.clock() - self._renewed_at
         self.lost = (f"{self.what}: its lease was taken over after {silent_s:.0f} s without "
-                     "a renewal (repaired: silent longer than storage.grace_period_s); it "
-                     "is left to its new holder")
+                     "a renewal (silent longer than storage.grace_period_s, it was repaired "
+                     "or claimed again); it is left to the worker that holds it now")
         return False
 
 

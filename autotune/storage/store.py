@@ -146,9 +146,9 @@ class TrialStore:
     def confirmation(self, *, basis: str, worker: str
                      ) -> tuple[confirmations.ConfirmClaimed, Lease] | confirmations.ConfirmRefused:
         """Claim the study's confirmation round on these candidates (``basis``), with the
-        same lease as a trial's claim."""
+        same lease as a trial's claim (refused once another worker claimed the round)."""
         got = self._retrying(lambda: confirmations.claim_confirmation(
             self.storage, study_name=self.study_name, basis=basis, worker=worker))
         if isinstance(got, confirmations.ConfirmRefused):
             return got
-        return got, confirmations.confirmation_lease(self.storage, got.id)
+        return got, confirmations.confirmation_lease(self.storage, got.id, worker)

@@ -73,3 +73,43 @@ def test_the_confirmation_round_is_claimed_with_a_lease(tmp_path: Path) -> None:
         assert lease.renew() and lease.beat() and lease.lost is None
     finally:
         store.storage.close()
+
+
+def test_a_confirmation_round_taken_over_refuses_its_old_holder(tmp_path: Path) -> None:
+    """A takeover keeps the round's row: the old holder's lease and writes are refused by
+    the row's worker, not by the lease alone (which the new holder keeps alive)."""
+    from sqlalchemy import update
+
+    from autotune.storage import finish_confirmation, record_round, release_confirmation
+    from autotune.storage.schema import Confirmation
+
+    store = _store(tmp_path)
+    try:
+        first = store.confirmation(basis="a,b", worker="nohost:1")
+        assert isinstance(first, tuple)
+        claimed, old = first
+        with store.storage.session() as s:  # its runner silent past the grace period
+            s.execute(update(Confirmation).values(lease_until=Confirmation.created_at))
+        second = store.confirmation(basis="a,b", worker="nohost:2")
+        assert isinstance(second, tuple)
+        taken, new = second
+        assert taken.id == claimed.id and taken.resumed
+        assert not old.beat() and old.lost is not None
+        assert "left to the worker that holds it now" in old.lost
+        assert new.beat() and new.lost is None
+        run = {"round": 0, "slot": 0, "layout_key": "a", "trial_number": 0,
+               "outcome": "complete", "world_size": 2, "launcher": "local"}
+        assert not record_round(store.storage, claimed.id, study_name="s", runs=[run],
+                                launches=1, device_s=1.0, worker="nohost:1")
+        assert not release_confirmation(store.storage, claimed.id, "nohost:1")
+        assert not finish_confirmation(store.storage, claimed.id, {"winner": "a"}, "nohost:1")
+        with store.storage.session() as s:
+            row = s.get(Confirmation, claimed.id)
+            assert row is not None
+            assert (row.worker, row.state, row.launches, row.decision_json) == (
+                "nohost:2", "running", 0, None)
+            assert row.lease_until is not None
+        assert record_round(store.storage, claimed.id, study_name="s", runs=[run],
+                            launches=1, device_s=1.0, worker="nohost:2")
+    finally:
+        store.storage.close()
