@@ -1,5 +1,5 @@
 """What the benchmarks share: reading landscapes, the study's feasibility check of a group,
-a study of it replayed, and layer profiles fitted on held-out groups.
+a study of it replayed through the strategy interface, and the rank statistic.
 
 * :func:`add_landscape_arguments` / :func:`load_groups`: ``--landscape FILE`` (repeatable;
   default the tables shipped in ``data/landscapes/``), ``--hardware``,
@@ -17,31 +17,26 @@ a study of it replayed, and layer profiles fitted on held-out groups.
   strategy (the memory verdict, conditioned on the OOMs measured so far). Both
   benchmarks replay the default strategy through it (``search_efficiency`` to count its
   trials, ``cost_model_accuracy`` to rank with what it has learned: the ``online`` row).
-* :func:`held_out_profiles` (``--profile-cv``): for each group, a layer profile fitted only
-  on groups of another layer count, device count or global batch (handed to the cost model
-  as ``profile=``; the cluster names a profile's path only).
-* :func:`with_error` (``--cost-model-error``): the cost model made wrong about whole axes,
-  to see what the search and the online calibration do where the model is not this good.
 * :func:`spearman`: the rank correlation the accuracy rows report.
+
+Beside it: ``_study_run.py`` (a group replayed by the study runner itself, what ``autotune
+run`` does with the group's replay study file) and ``_cost_model_variants.py`` (the cost
+model made wrong on purpose, or given layer profiles fitted on held-out groups).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.feasibility import Constraints, Reason
-from autotune.hardware import get_device
 from autotune.landscape import (
     SHIPPED_LANDSCAPES,
     LandscapeGroup,
@@ -50,8 +45,6 @@ from autotune.landscape import (
 )
 from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
-from autotune.models.profile import LayerProfile
-from autotune.models.profile_fit import fit_layer_profile, landscape_samples
 from autotune.models.stacks import REPLAY_STACK
 from autotune.search import (
     FitProbability,
@@ -62,12 +55,9 @@ from autotune.search import (
     plan_order,
 )
 
-__all__ = ["CV_SCHEMES", "StudyCheck", "add_landscape_arguments", "add_profile_cv_argument",
-           "average_ranks", "candidates_of", "excluded_groups", "held_out_profiles",
-           "landscape_paths", "load_groups", "parse_profile_cv", "print_study_check",
-           "replay", "spearman", "study_check", "study_constraints", "study_p_fit",
-           "study_strategy", "perturbed", "with_error", "StudyTrial", "replay_spec",
-           "study_run", "replay_device_seconds", "wrong_links"]
+__all__ = ["StudyCheck", "add_landscape_arguments", "average_ranks", "candidates_of",
+           "excluded_groups", "landscape_paths", "load_groups", "print_study_check", "replay",
+           "spearman", "study_check", "study_constraints", "study_p_fit", "study_strategy"]
 
 # ------------------------------------------------------------------------------ landscapes
 
@@ -257,182 +247,6 @@ def replay(strategy: Strategy, group: LandscapeGroup, check: StudyCheck | None =
             obs = Observation(lay, "oom" if res.status == "oom" else "error")
         history.append(obs)
         yield obs
-
-
-# ------------------------------------------------------ the real runner, replaying a group
-
-
-@dataclass(frozen=True)
-class StudyTrial:
-    """One trial the runner launched in a replayed study, in launch order."""
-
-    layout: Layout
-    status: str
-    """``ok``, ``oom`` or ``error`` (as :class:`~autotune.search.Observation`)."""
-    value: float | None
-    device_seconds: float
-    """What it cost: the seconds of its timing breakdown (``timings_s``: a failed build
-    for an OOM, :func:`autotune.launchers.replay.replay_timings`) times its devices."""
-
-
-def replay_spec(group: LandscapeGroup, strategy: str, *, seed: int, n_trials: int,
-                workdir: str, study_check: bool = True,
-                memory_margin: float | None = None, name: str = "replay",
-                build_s: float | None = None) -> Any:
-    """The study file a user would write to replay ``group`` with ``autotune run``: the
-    group's model, cluster and global batch, ``search.strategy``/``seed``/``n_trials``,
-    every other setting at the shipped default, a SQLite database and run folder under
-    ``workdir``, and ``launcher.replay.study_check`` (the memory check on by default)."""
-    from autotune.config.launcher import LauncherConfig, ReplayOptions
-    from autotune.config.study import StorageConfig
-    from autotune.spec import StudySpec
-
-    trial = TrialConfig() if memory_margin is None else TrialConfig(memory_margin=memory_margin)
-    return StudySpec(
-        name=name, model=group.model, cluster=group.cluster,
-        training=TrainingConfig(group.global_batch, group.dtype, REPLAY_STACK),
-        search=SearchConfig(strategy=strategy, seed=seed, n_trials=n_trials), trial=trial,
-        storage=StorageConfig(url=f"sqlite:///{workdir}/study.db"),
-        launcher=LauncherConfig(kind="replay", run_dir=f"{workdir}/runs",
-                                replay=ReplayOptions(
-                                    landscape=group.name, study_check=study_check,
-                                    build_s=ReplayOptions.build_s if build_s is None
-                                    else build_s)))
-
-
-def study_run(group: LandscapeGroup, strategy: str, *, seed: int, n_trials: int | None = None,
-              study_check: bool = True, memory_margin: float | None = None,
-              build_s: float | None = None) -> list[StudyTrial]:
-    """``group`` replayed by the study runner itself (:func:`autotune.runner.study.
-    run_study`, the replay launcher, the spec of :func:`replay_spec`, SQLite in a temporary
-    folder, in this process): the trials it launched, in order, until ``n_trials`` (default:
-    every row) or until it stopped. What ``autotune run`` does with that study file."""
-    import tempfile
-
-    from autotune.launchers.replay import ReplayLauncher
-    from autotune.runner.study import run_study
-    from autotune.storage.db import Storage
-    from autotune.storage.keys import TrialAttr
-    from autotune.storage.records import trial_layout, trial_outcome
-
-    n = n_trials or len(group.measurements)
-    with tempfile.TemporaryDirectory(prefix="autotune-replay-") as workdir:
-        spec = replay_spec(group, strategy, seed=seed, n_trials=n, workdir=workdir,
-                           study_check=study_check, memory_margin=memory_margin,
-                           build_s=build_s)
-        launcher = ReplayLauncher(group, build_s=spec.launcher.replay.build_s)
-        storage = Storage(spec.storage)
-        try:
-            summary = run_study(spec, storage, launcher)
-        finally:
-            storage.close()
-    out = []
-    for t in sorted(summary.trials, key=lambda t: t.number):
-        kind, layout = trial_outcome(t), trial_layout(t)
-        if layout is None or kind not in ("complete", "oom", "error", "timeout", "stopped"):
-            continue  # refused (infeasible, dominated by an OOM) or skipped: not launched
-        timings = t.user_attrs.get(TrialAttr.TIMINGS_S) or {}
-        seconds = sum(float(v) for v in timings.values())
-        status = "ok" if kind in ("complete", "stopped") else ("oom" if kind == "oom"
-                                                                else "error")
-        out.append(StudyTrial(layout, status, t.value if status == "ok" else None,
-                              seconds * layout.world_size))
-    return out
-
-
-def replay_device_seconds(group: LandscapeGroup, build_s: float | None = None
-                          ) -> Callable[[Layout], float]:
-    """What a replayed trial of each layout of ``group`` costs in device-seconds, as
-    :func:`study_run` counts it (the replay launcher's timing breakdown at the shipped
-    defaults): for the replays that do not go through the runner."""
-    from autotune.launchers.replay import ReplayLauncher
-    from autotune.spec import StudySpec
-
-    spec = StudySpec(name="cost", model=group.model, cluster=group.cluster,
-                     training=TrainingConfig(global_batch=group.global_batch,
-                                             dtype=group.dtype))
-    launcher = ReplayLauncher(group) if build_s is None else ReplayLauncher(group,
-                                                                             build_s=build_s)
-    run = spec.run_config()
-    return lambda lay: (sum(launcher.result_for(lay, run).timings_s.values())
-                        * lay.world_size)
-
-
-# ------------------------------------------------------- a deliberately wrong cost model
-
-
-def perturbed(predict: Predictor, layouts: list[Layout], sd: float, seed: str) -> Predictor:
-    """``predict`` times ``exp(N(0, sd^2))`` per axis value (tp=4, recompute=full, ...):
-    a cost model that is wrong about whole axes, as real ones are (docs/models.md)."""
-    rng = random.Random(seed)  # a str seed hashes the same in every process
-    factor = {(a, v): math.exp(rng.gauss(0.0, sd)) for a in Layout.SEARCH_AXES
-              for v in sorted({getattr(lay, a) for lay in layouts}, key=str)}
-    return lambda lay: predict(lay) * math.prod(factor[a, v] for a, v in lay.params().items())
-
-
-def wrong_links(cluster: ClusterConfig, factor: float) -> ClusterConfig:
-    """``cluster`` told that every link (within a card, within a node, between nodes) has
-    ``factor`` times its real bandwidth (the device's table figures): a cost model wrong
-    about the interconnect, as one is with a mis-set ``cluster.links`` (0.25: it thinks
-    NVLink four times slower, so it overrates pipelines and underrates tensor parallelism)."""
-    dev = get_device(cluster.device)
-    return replace(cluster, links=replace(
-        cluster.links, intra_card_gbps=dev.intra_card.gbps * factor,
-        intra_node_gbps=dev.intra_node.gbps * factor,
-        inter_node_gbps=dev.inter_node.gbps * factor))
-
-
-def with_error(predict: Predictor, group: LandscapeGroup, sd: float, draw: int) -> Predictor:
-    """``predict`` itself when ``sd`` is 0, else its :func:`perturbed` draw ``draw`` for
-    ``group`` (the same draw for every strategy and replay that asks for it)."""
-    if sd <= 0:
-        return predict
-    return perturbed(predict, candidates_of(group), sd, f"{group.name}/{draw}")
-
-
-# ----------------------------------------------------------------- held-out layer profiles
-
-CV_SCHEMES: dict[str, Callable[[LandscapeGroup], int]] = {
-    "layers": lambda g: g.model.n_layer,
-    "world": lambda g: g.world_size,
-    "batch": lambda g: g.global_batch,
-}
-"""Cross-validation schemes of measured layer profiles: the key whose every value is held
-out in turn. Each is a situation a user is in: profiles from shallower or deeper models of
-the same width (``layers``), from other device counts (``world``), from other global
-batches (``batch``)."""
-
-
-def parse_profile_cv(values: Sequence[str]) -> list[str]:
-    """``--profile-cv`` values (repeated or comma lists) as distinct scheme names, in order;
-    :class:`ValueError` names an unknown one."""
-    schemes = [v.strip() for value in values for v in value.split(",") if v.strip()]
-    for s in schemes:
-        if s not in CV_SCHEMES:
-            raise ValueError(f"--profile-cv: unknown {s!r}; allowed: {', '.join(CV_SCHEMES)}")
-    return list(dict.fromkeys(schemes))
-
-
-def add_profile_cv_argument(parser: argparse.ArgumentParser) -> None:
-    """The ``--profile-cv`` option, the same in both benchmarks."""
-    parser.add_argument("--profile-cv", action="append", default=[], metavar="SCHEME",
-                        help="also predict with layer profiles fitted on the other groups "
-                        f"(held out by: {', '.join(CV_SCHEMES)}; repeatable or a comma list)")
-
-
-def held_out_profiles(groups: Sequence[LandscapeGroup], scheme: str,
-                      fit_on: Sequence[LandscapeGroup] | None = None) -> list[LayerProfile]:
-    """For each of ``groups``, the profile fitted on the groups of ``fit_on`` (default:
-    ``groups``) whose ``scheme`` key differs from its own: nothing measured in a group, nor
-    in any group sharing its key, enters its prediction. One fit per key value."""
-    key = CV_SCHEMES[scheme]
-    pool = groups if fit_on is None else fit_on
-    folds: dict[int, LayerProfile] = {}
-    for value in sorted({key(g) for g in groups}):
-        folds[value] = fit_layer_profile(
-            landscape_samples(g for g in pool if key(g) != value),
-            source=f"landscape groups with {scheme} != {value}")
-    return [folds[key(g)] for g in groups]
 
 
 # ------------------------------------------------------------------------ rank statistics

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from autotune.launchers import make_launcher  # noqa: E402
 from autotune.runner.study import run_study  # noqa: E402
 from autotune.spec import parse_study  # noqa: E402
-from autotune.storage.db import open_storage  # noqa: E402
+from autotune.storage import open_storage  # noqa: E402
 
 HEADER = ("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
           "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n")

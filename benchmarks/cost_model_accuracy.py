@@ -64,6 +64,7 @@ from autotune.models.profile import LayerProfile, load_profile
 from autotune.models.stacks import REPLAY_STACK
 from autotune.search import cost_model_predictor
 from benchmarks import _common as common
+from benchmarks import _cost_model_variants as variants
 from benchmarks import _errors as errors
 from benchmarks import _online as online
 from benchmarks._common import spearman
@@ -191,7 +192,7 @@ def profiled_variants(ev: Evaluation, schemes: list[str], given: LayerProfile | 
     ``--profile`` (``file``). Every loaded group is fitted on (small ones too): a held-out
     group's own key value never is, so the only question is how much of the rest a user
     would have measured."""
-    profiles = {s: common.held_out_profiles(ev.selected, s, fit_on=ev.loaded) for s in schemes}
+    profiles = {s: variants.held_out_profiles(ev.selected, s, fit_on=ev.loaded) for s in schemes}
     if given is not None:
         profiles["file"] = [given] * len(ev.selected)
     return {name: _profiled_variant(ev.selected, ps) for name, ps in profiles.items()}
@@ -201,20 +202,20 @@ def online_variant(ev: Evaluation, after: list[int], *, error_sd: float = 0.0,
                    draws: int = 1, link_factor: float | None = None) -> dict[str, Any]:
     """The ``online`` row (``benchmarks/_online.py``) of the selected groups: its summary
     per count of trials, its definition and the per-group entries (empty without counts).
-    ``error_sd`` > 0: the cost model made wrong (``common.with_error``), ``draws`` draws a
+    ``error_sd`` > 0: the cost model made wrong (``variants.with_error``), ``draws`` draws a
     group, for this row alone (its analytic columns rank with the same wrong model);
     ``link_factor``: the cost model told every link has that times its bandwidth
-    (``common.wrong_links``), likewise for this row alone."""
+    (``variants.wrong_links``), likewise for this row alone."""
     if not after:
         return {}
     draws = draws if error_sd > 0 else 1
     rows = []
     for draw in range(draws):
         for g, c in zip(ev.selected, ev.selected_checks, strict=True):
-            told = g.cluster if link_factor is None else common.wrong_links(g.cluster,
-                                                                            link_factor)
-            predict = common.with_error(cost_model_predictor(g.model, told, dtype=g.dtype),
-                                        g, error_sd, draw)
+            told = g.cluster if link_factor is None else variants.wrong_links(g.cluster,
+                                                                              link_factor)
+            predict = variants.with_error(cost_model_predictor(g.model, told, dtype=g.dtype),
+                                          g, error_sd, draw)
             row = online.online_group(g, c, after, predict)
             rows.append({**row, "draw": draw} if error_sd > 0 else row)
     out = {"definition": online.DEFINITION, "after": online.summarize_online(rows, after),
@@ -297,7 +298,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str],
     """The options, the ``--profile-cv`` schemes and the ``--profile`` file read."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_landscape_arguments(p)
-    common.add_profile_cv_argument(p)
+    variants.add_profile_cv_argument(p)
     p.add_argument("--profile", metavar="FILE",
                    help="also predict with this layer profile (written by autotune profile)")
     p.add_argument("--online-after", default="2,4", metavar="K,K",
@@ -320,7 +321,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str],
         p.error(f"--link-factor: got {args.link_factor}; allowed: a factor > 0 and <= 1000")
     try:
         args.online_after = online.parse_after(args.online_after)
-        return args, common.parse_profile_cv(args.profile_cv), (
+        return args, variants.parse_profile_cv(args.profile_cv), (
             load_profile(args.profile) if args.profile else None)
     except (ValueError, SpecError) as err:
         p.error(str(err))

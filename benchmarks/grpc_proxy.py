@@ -6,9 +6,9 @@ On a PostgreSQL database of its own, per trial of a replay study (no launch), ti
 ``--trials`` trials, the median, and the server's commits (``pg_stat_database.
 xact_commit``) per trial:
 
-* ``direct``: what the runner does: :func:`autotune.storage.claims.claim_layout` (trial,
+* ``direct``: what the runner does: :func:`autotune.storage.claim_first` (trial,
   parameters, claim with its lease, measurements row) and
-  :func:`~autotune.storage.claims.record_execution` (values, attributes, constraint,
+  :func:`~autotune.storage.record_execution` (values, attributes, constraint,
   state, measurement, claim), one transaction each;
 * ``optuna_api``: the same trial written through Optuna's storage API on the same
   database (``create_new_trial`` with its parameters, one ``set_trial_user_attr`` per
@@ -98,10 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.layout import Layout
     from autotune.runner.optuna_io import layout_params, open_study
     from autotune.spec import load_study
-    from autotune.storage import open_storage
-    from autotune.storage._optuna_rdb import CONSTRAINT_ATTR
-    from autotune.storage.claims import Claimed, claim_layout, record_execution
-    from autotune.storage.records import TrialFacts, measurement_row, user_attrs
+    from autotune.storage import (
+        CONSTRAINT_ATTR,
+        ClaimRequest,
+        Refused,
+        TrialFacts,
+        claim_first,
+        measurement_row,
+        open_storage,
+        record_execution,
+        user_attrs,
+    )
     from autotune.trial import TrialResult
     from autotune.trial.outcome import Verdict
     from tests.replay_study import table_rows
@@ -142,12 +149,12 @@ def main(argv: list[str] | None = None) -> int:
 
         def direct(i: int) -> None:
             lay = layouts[i]
-            claimed = claim_layout(storage, study_name=spec.name, key=lay.key(),
-                                   n_trials=10_000, worker="bench",
-                                   params=layout_params(lay, spec),
-                                   user_attrs={"layout": lay.key()},
-                                   measurement=row_of(facts(lay, 0, 0, Verdict("killed"))))
-            assert isinstance(claimed, Claimed)
+            request = ClaimRequest(lay.key(), layout_params(lay, spec), {"layout": lay.key()},
+                                   row_of(facts(lay, 0, 0, Verdict("killed"))))
+            got = claim_first(storage, study_name=spec.name, requests=[request],
+                              n_trials=10_000, worker="bench")
+            assert not isinstance(got, Refused)
+            claimed = got[1]
             done = facts(lay, claimed.trial_id, claimed.number, Verdict("complete", 20.0))
             record_execution(storage, trial_id=claimed.trial_id, state=TrialState.COMPLETE,
                              value=20.0, user_attrs=user_attrs(done),

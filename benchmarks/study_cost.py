@@ -101,8 +101,7 @@ def _arm_study(base: dict[str, Any], tmp: Path, arm: str, args: argparse.Namespa
 def _run_arm(path: Path, name: str) -> dict[str, Any]:
     import optuna
 
-    from autotune.storage.keys import TrialAttr
-    from autotune.storage.records import best_trial, trial_layout_key, trial_outcome
+    from autotune.storage import TrialAttr, best_trial, trial_layout_key, trial_outcome
 
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "autotune", "run", str(path)], cwd=REPO,
@@ -153,17 +152,14 @@ def _run_arm(path: Path, name: str) -> dict[str, Any]:
 
 def _confirmation(url: str, name: str, record: Any, search_device_s: float) -> dict[str, Any]:
     """What the study's confirmation round spent (every round of it in the database)."""
+    from sqlalchemy import func, select
+
     from autotune.config.study import StorageConfig
-    from autotune.storage.confirmations import confirmation_cost
-    from autotune.storage.db import open_storage
+    from autotune.storage import ConfirmationRun, confirmation_cost, open_storage
     from autotune.trial.paired import decision_line
 
     storage = open_storage(StorageConfig(url=url))
     cost = confirmation_cost(storage, name)
-    from sqlalchemy import func, select
-
-    from autotune.storage.schema import ConfirmationRun
-
     with storage.session() as s:
         stopped = s.scalar(select(func.count(ConfirmationRun.id)).where(
             ConfirmationRun.study_name == name, ConfirmationRun.outcome == "stopped"))

@@ -241,9 +241,25 @@ def _is_module(target: str) -> bool:
 
 
 def test_nothing_outside_storage_imports_a_private_storage_module() -> None:
-    bad = [str(i) for i in storage_imports(("autotune", "trainer"))
+    """The service, the trainer and the benchmarks: a benchmark is a script, but it reads
+    the database as any reader does (its imports read as ``benchmarks.NAME``'s)."""
+    bad = [str(i) for i in storage_imports(("autotune", "trainer", "benchmarks"))
            if _is_module(i.target) and i.target not in STORAGE_PUBLIC]
     assert not bad, "import the door (autotune.storage) instead:\n  " + "\n  ".join(bad)
+
+
+MAX_MODULE_LINES = 400
+"""The most lines a module of ``autotune/``, ``trainer/`` or ``benchmarks/`` may hold: a
+module owns one concern and reads top to bottom; one past this holds several, and is split
+along their seams."""
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    long = [f"{path.relative_to(REPO)}: {n} lines"
+            for top in ("autotune", "trainer", "benchmarks")
+            for path in sorted((REPO / top).rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"over {MAX_MODULE_LINES} lines:\n  " + "\n  ".join(long)
 
 
 def test_the_runner_imports_at_most_two_storage_modules() -> None:

@@ -72,7 +72,7 @@ from autotune.storage.records import (
     user_attrs,
     verdict_attrs,
 )
-from autotune.storage.schema import LayoutClaim, Measurement
+from autotune.storage.schema import ConfirmationRun, LayoutClaim, Measurement
 from autotune.storage.store import Claim, TrialStore
 from autotune.storage.study_records import (
     learned_from_line,
@@ -105,6 +105,7 @@ __all__ = [
     "best_trial", "measurement_row", "set_user_attrs", "trial_energy", "trial_energy_line",
     "trial_layout", "trial_layout_key", "trial_outcome", "trial_reason",
     "trial_tokens_per_s", "user_attrs", "verdict_attrs", "LayoutClaim", "Measurement",
+    "ConfirmationRun",
     "learned_from_line", "learned_from_of", "learned_from_record", "search_stop_line",
     "search_stop_of", "search_stop_record", "search_stop_threshold", "study_attrs",
     "study_device_memory_gib", "study_fingerprint", "study_workload", "workload_record",

@@ -47,7 +47,7 @@ SUMMARY_KEYS = (*HISTORY_KEYS, TrialAttr.LAYOUT, TrialAttr.STEP_TIME_S,
                 TrialAttr.PEAK_MEMORY_GIB, TrialAttr.REASON, TrialAttr.TIMINGS_S)
 """What a run's summary holds of each trial (``RunSummary.trials``): what its closing
 table reads (:func:`autotune.runner.progress.trials_table`) and the timings a trial's
-device-seconds are summed from (``benchmarks/_common.py``, ``study_run``)."""
+device-seconds are summed from (``benchmarks/_study_run.py``, ``study_run``)."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from autotune.hardware import GiB
 from autotune.landscape import LandscapeGroup
 from autotune.models.memory import estimate_memory
 from autotune.search import make_strategy
-from benchmarks._common import study_check, study_constraints
+from benchmarks._common import replay, study_check, study_constraints
+from benchmarks._search_replays import trials_to_hit, until_stop
 from tests.search.conftest import synthetic_group
 
 
@@ -55,17 +56,16 @@ def test_excluded_rows_the_best_and_the_loss() -> None:
     assert check.to_dict().keys() >= {"ok_excluded", "best_excluded", "loss"}
 
 
-def test_a_group_whose_best_is_excluded_is_a_search_failure(bench) -> None:
+def test_a_group_whose_best_is_excluded_is_a_search_failure() -> None:
     group = squeezed(synthetic_group(n_good=3))
     check = study_check(group)
     assert check.best_excluded  # the fastest layout needs the most memory here
     for name in ("default", "random", "grid"):
-        assert bench.trials_to_hit(make_strategy(name, seed=0), group, 0.02,
-                                   check=check) is None
-        run = bench.until_stop(make_strategy(name, seed=0), group, 10, 0.02, check)
+        assert trials_to_hit(make_strategy(name, seed=0), group, 0.02, check=check) is None
+        run = until_stop(make_strategy(name, seed=0), group, 10, 0.02, check)
         assert run["success"] is False
     # The replay only ever offers what the study would: no excluded layout is proposed.
-    proposed = [o.layout for o in bench.replay(make_strategy("grid", seed=0), group, check)]
+    proposed = [o.layout for o in replay(make_strategy("grid", seed=0), group, check)]
     assert proposed and not set(proposed) & set(check.excluded)
 
 

@@ -6,19 +6,25 @@ import json
 import statistics
 
 from autotune.search import make_strategy
+from benchmarks._search_replays import (
+    good_count,
+    random_expectation,
+    random_success_probability,
+    trials_to_hit,
+)
 from tests.search.conftest import synthetic_group
 
 
-def test_random_matches_the_analytic_expectation(bench):
+def test_random_matches_the_analytic_expectation():
     group = synthetic_group(n_good=3)
-    n, k = len(group.measurements), bench.good_count(group, 0.02)
+    n, k = len(group.measurements), good_count(group, 0.02)
     assert k == 3
-    trials = [bench.trials_to_hit(make_strategy("random", seed=s), group, 0.02)
+    trials = [trials_to_hit(make_strategy("random", seed=s), group, 0.02)
               for s in range(400)]
-    expected = bench.random_expectation(n, k)  # (N+1)/(k+1)
+    expected = random_expectation(n, k)  # (N+1)/(k+1)
     # Sd of one draw is below N/2; the mean of 400 is within ~4 sd of noise.
     assert abs(statistics.fmean(trials) - expected) < 4 * (n / 2) / 20
-    p = bench.random_success_probability(n, k, 5)
+    p = random_success_probability(n, k, 5)
     hit = sum(t <= 5 for t in trials) / len(trials)
     assert abs(hit - p) < 0.1
 
@@ -75,10 +81,10 @@ def test_early_stop_extends_the_json_without_changing_it(bench, tmp_path):
         assert 0.0 <= r["regret"] < 1.0 and isinstance(r["success"], bool)
 
 
-def test_max_trials_censors_a_late_hit_as_a_miss(bench):
+def test_max_trials_censors_a_late_hit_as_a_miss():
     group = synthetic_group(n_good=1)
     # Grid order is deterministic: find where it hits, then censor one trial earlier.
-    hit = bench.trials_to_hit(make_strategy("grid", seed=0), group, 0.02)
+    hit = trials_to_hit(make_strategy("grid", seed=0), group, 0.02)
     assert hit is not None and hit > 1
-    assert bench.trials_to_hit(make_strategy("grid", seed=0), group, 0.02, hit) == hit
-    assert bench.trials_to_hit(make_strategy("grid", seed=0), group, 0.02, hit - 1) is None
+    assert trials_to_hit(make_strategy("grid", seed=0), group, 0.02, hit) == hit
+    assert trials_to_hit(make_strategy("grid", seed=0), group, 0.02, hit - 1) is None

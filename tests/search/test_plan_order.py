@@ -24,6 +24,7 @@ from autotune.spec import parse_study
 from autotune.storage import open_storage
 from autotune.storage.keys import SKIPPED
 from autotune.storage.records import trial_layout, trial_outcome
+from benchmarks._common import candidates_of, replay
 from tests.search.conftest import synthetic_group
 
 
@@ -52,12 +53,12 @@ def _study_proposals(group: LandscapeGroup, strategy: str, seed: int, n_trials: 
 
 @pytest.mark.parametrize("oom_mb", [None, 2], ids=["all-ok", "with-ooms"])
 @pytest.mark.parametrize("strategy, seed", [("grid", 0), ("random", 7)])
-def test_a_study_proposes_what_the_benchmark_replays(bench, tmp_path: Path, strategy: str,
-                                                     seed: int, oom_mb: int | None) -> None:
+def test_a_study_proposes_what_the_benchmark_replays(tmp_path: Path, strategy: str, seed: int,
+                                                     oom_mb: int | None) -> None:
     group = synthetic_group(oom_mb=oom_mb)
     proposed = _study_proposals(group, strategy, seed, 12, tmp_path / "s.db")
     replayed = [obs.layout for obs in itertools.islice(
-        bench.replay(make_strategy(strategy, seed=seed), group), len(proposed))]
+        replay(make_strategy(strategy, seed=seed), group), len(proposed))]
     assert [lay.key() for lay in proposed] == [lay.key() for lay in replayed]
     if strategy == "grid":
         # Plan order, not the cost model's: grid is the enumeration baseline.
@@ -68,6 +69,6 @@ def test_a_study_proposes_what_the_benchmark_replays(bench, tmp_path: Path, stra
         assert len(proposed) == 13 and len(set(proposed)) == 13
 
 
-def test_the_benchmark_replays_candidates_in_plan_order(bench) -> None:
+def test_the_benchmark_replays_candidates_in_plan_order() -> None:
     group = synthetic_group()
-    assert bench.candidates_of(group) == plan_order(group.layouts())
+    assert candidates_of(group) == plan_order(group.layouts())

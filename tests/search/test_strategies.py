@@ -12,6 +12,7 @@ from autotune.search import (
     dominated_by_oom,
     make_strategy,
 )
+from benchmarks._common import candidates_of
 from tests.search.conftest import synthetic_group
 
 FAST = [s for s in STRATEGIES if s != "gp"]
@@ -22,9 +23,9 @@ def _predict(lay: Layout) -> float:
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_never_proposes_outside_candidates_or_a_repeat(name, bench):
+def test_never_proposes_outside_candidates_or_a_repeat(name):
     group = synthetic_group(oom_mb=8)
-    candidates = bench.candidates_of(group)
+    candidates = candidates_of(group)
     strategy = make_strategy(name, seed=3, predict=_predict)
     history: list[Observation] = []
     while (lay := strategy.propose(candidates, history)) is not None:
@@ -38,10 +39,10 @@ def test_never_proposes_outside_candidates_or_a_repeat(name, bench):
 
 
 @pytest.mark.slow
-def test_gp_proposes_untried_candidates(bench):
+def test_gp_proposes_untried_candidates():
     pytest.importorskip("scipy")
     group = synthetic_group()
-    candidates = bench.candidates_of(group)
+    candidates = candidates_of(group)
     strategy = make_strategy("gp", seed=0)
     history: list[Observation] = []
     for _ in range(6):
@@ -72,8 +73,8 @@ def test_oom_dominance():
     assert make_strategy("random", seed=0).propose([bigger], hist) == bigger  # baseline
 
 
-def test_default_starts_with_the_cost_models_favourite(group, bench):
-    candidates = bench.candidates_of(group)
+def test_default_starts_with_the_cost_models_favourite(group):
+    candidates = candidates_of(group)
     first = make_strategy("default", seed=0, predict=_predict).propose(candidates, [])
     assert first == max(candidates, key=_predict)
 
