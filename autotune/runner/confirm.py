@@ -70,7 +70,7 @@ from autotune.storage import (
     trial_layout,
 )
 from autotune.trial import TrialPaths, TrialSpec
-from autotune.trial.classify import classify
+from autotune.trial.classify import classify, storable
 from autotune.trial.paired import (
     MIN_ROUNDS,
     ROUNDS_PER_STEP,
@@ -388,7 +388,7 @@ def _measure(spec: StudySpec, launcher: Launcher, confirmation_id: int,
     runs = []
     for (n, slot, key), report, path in zip(order, reports, paths, strict=True):
         outcome = classify(report, launcher.workload.oom_signatures)
-        res = report.result
+        res = storable(report).result
         runs.append({"round": n, "slot": slot, "layout_key": key,
                      "trial_number": by_key[key].trial_number, "outcome": outcome.kind,
                      "reason": outcome.reason,
