@@ -23,7 +23,7 @@ __all__ = [
 
 SHOWN_CHARS = 80
 """At most this much of a bad value (its ``repr``) is quoted in a message: a 50 MB name or
-an alias bomb must not become a 50 MB message (issue #17)."""
+an alias bomb must not become a 50 MB message."""
 _HUGE_INT_BITS = 256  # ~77 digits; a bigger integer is shown by its size, not its digits
 
 

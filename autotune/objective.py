@@ -1,4 +1,4 @@
-"""Which measured layout is the study's best: ``search.objective`` (issue #25).
+"""Which measured layout is the study's best: ``search.objective``.
 
 * ``throughput`` (default): the highest model TFLOPS per device;
 * ``energy``: the fewest joules per token;

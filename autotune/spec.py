@@ -6,7 +6,7 @@ A study file has the sections ``name``, ``model``, ``cluster``, ``training``, ``
 turns it into a :class:`StudySpec` of typed, validated configs, or raises
 :class:`~autotune.errors.SpecError` naming the field, the value and what is allowed.
 
-Study files come from users, so reading one is bounded (issue #17): :func:`read_yaml`
+Study files come from users, so reading one is bounded: :func:`read_yaml`
 (also used for campaign and site files) refuses a file over :data:`MAX_FILE_BYTES` and
 parses with :class:`StudyLoader`, which refuses duplicate keys, nesting deeper than
 :data:`MAX_DEPTH`, a list or mapping of more than :data:`MAX_ITEMS` entries, more than
@@ -74,7 +74,7 @@ _PLAIN_NUMBER = re.compile(r"[-+]?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?|\.[0-9]+)"
                            r"(?:[eE][-+]?[0-9]+)?"
                            r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)")
 """The numbers YAML 1.1 and 1.2 read alike. PyYAML is YAML 1.1: ``global_batch: 1:0`` is
-sexagesimal 60, ``0x10`` 16, ``010`` 8 and ``1_000`` 1000 (issue 23); those are refused,
+sexagesimal 60, ``0x10`` 16, ``010`` 8 and ``1_000`` 1000; those are refused,
 by their key path, rather than read as a number nobody wrote."""
 
 
@@ -310,7 +310,7 @@ def read_yaml(path: str | os.PathLike[str], *, field: str = "STUDY") -> Any:
     p = Path(path)
     try:
         if not stat.S_ISREG(p.stat().st_mode):
-            # Opening a FIFO blocks until a writer comes (for ever, issue 23); a device or
+            # Opening a FIFO blocks until a writer comes (for ever); a device or
             # a directory is no study file either.
             raise SpecError(field, str(p), "not a regular file (a FIFO, device or "
                             "directory); allowed: a YAML file")

@@ -46,8 +46,8 @@ def _leave(code: int) -> None:
 
     The results are files written atomically and closed; what the teardown would still
     run are the destructors and ``atexit`` hooks of DeepSpeed, torch and gloo objects of
-    the launch, in no order of ours. On a loaded machine a rank failing there made a launch
-    exit 1 after rank 0 had written an ok result (issue 23, G), so the exit code would say
+    the launch, in no order of ours. On a loaded machine a rank failing there makes a launch
+    exit 1 after rank 0 has written an ok result, so the exit code would say
     "failed" of trials that were measured. The process groups are destroyed by then
     (``trainer.run._close``); the output is flushed here."""
     import logging

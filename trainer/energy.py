@@ -1,4 +1,4 @@
-"""Energy of the timed steps, from the counters the platform has (issue #25).
+"""Energy of the timed steps, from the counters the platform has.
 
 A rank reads its counter right before its first timed step and right after its last one
 (both follow a device synchronisation: every step ends with one, :class:`StepClock`); the

@@ -281,8 +281,8 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
                 if not result.early_stopped and result.model_tflops_per_device:
                     best = result.model_tflops_per_device
             # Every rank keeps the same bar for the launch's next trial; after its last
-            # there is none, and a rank 0 that sent and exited left a slower peer's
-            # receive to fail ("Connection closed by peer", issue 23 G).
+            # there is none, and a rank 0 that sent and exited would leave a slower peer's
+            # receive to fail ("Connection closed by peer").
             best = _rank0_value(best, ctx, index + 1 < ctx.batch_size)
             if best > 0:
                 ctx.best_tflops.append(best)
@@ -301,9 +301,9 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
 def _close(ctx: _Context) -> None:
     """End the launch together: a barrier, then the process groups destroyed, on every rank.
 
-    Without it a rank left as soon as its part of the last collective was done: under CPU
-    load a peer still waiting to receive from it then failed with gloo's "Connection closed
-    by peer" and exited 1 after rank 0 had written an ok result (issue 23, G; the pattern
+    Without it a rank leaves as soon as its part of the last collective is done: under CPU
+    load a peer still waiting to receive from it then fails with gloo's "Connection closed
+    by peer" and exits 1 after rank 0 has written an ok result (the pattern
     of pytorch/pytorch#75512, and PyTorch's "Shutdown" advice to call
     ``destroy_process_group`` at the end, docs/source/distributed.rst). In a barrier every
     rank's receive is posted before any rank leaves it. A failure here comes after every

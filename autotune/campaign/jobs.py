@@ -143,7 +143,7 @@ def study_progress(url: str, study: str) -> StudyProgress:
     storage = Storage(StorageConfig(url=url))
     try:
         # Fail dead runners' trials first (their claims then wait for a retry), then count:
-        # a study whose last trial was killed is not done (issue #17).
+        # a study whose last trial was killed is not done.
         repair_stale(storage, study)
         counts = claim_counts(storage, study)
         prog = StudyProgress(claimed=counts.claimed)

@@ -46,7 +46,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_OK
     except Exception as err:
         # The storage wraps every database call (autotune.storage.guarded); one that
-        # escaped it is still a database failure, never a traceback (issue 23 B).
+        # escaped it is still a database failure, never a traceback.
         from autotune.storage import database_error, one_line
 
         if not database_error(err):

@@ -1,4 +1,4 @@
-"""``launcher.replay.drift``: injected drift for replayed tables (issue #24).
+"""``launcher.replay.drift``: injected drift for replayed tables.
 
 A replayed table answers every trial of a layout with the same figure, which no real
 machine does: its speed drifts (another job on the node or the network, a throttled

@@ -30,8 +30,8 @@ def check_int(field: str, value: Any, *, minimum: int = 1, maximum: int | None =
 def check_float(field: str, value: Any, *, minimum: float = 0.0, maximum: float | None = None,
                 strict: bool = False) -> float:
     """A finite real number within ``[minimum, maximum]`` (``(minimum, ...`` when
-    ``strict``): ``.inf`` and ``.nan`` are refused (``timeout_s: .inf`` reached the SLURM
-    launcher as an ``OverflowError``, issue #17), and so is an integer too big for a float."""
+    ``strict``): ``.inf`` and ``.nan`` are refused (``timeout_s: .inf`` would reach the SLURM
+    launcher as an ``OverflowError``), and so is an integer too big for a float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(field, value, "allowed: a number")
     try:
@@ -55,7 +55,7 @@ def check_list(field: str, value: Any, *, maximum: int = MAX_LIST_ITEMS) -> list
 
 def check_text(field: str, value: Any, *, max_chars: int = 4096) -> str:
     """One line of printable text of at most ``max_chars`` characters (a path, a URL, a
-    label): a newline or NUL would reach file names, job scripts or ``exec`` (issue #17)."""
+    label): a newline or NUL would reach file names, job scripts or ``exec``."""
     if not isinstance(value, str) or len(value) > max_chars or not value.isprintable():
         raise SpecError(field, value, f"allowed: one line of printable text of at most "
                         f"{max_chars} characters")

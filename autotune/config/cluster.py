@@ -19,7 +19,7 @@ __all__ = ["ClusterConfig", "LinkConfig", "profile_path"]
 
 _LEVELS = ("intra_card", "intra_node", "inter_node")
 MAX_NODES = 100_000
-"""Most nodes of one trial (the largest machines have ~10,000; issue #17: bounds keep the
+"""Most nodes of one trial (the largest machines have ~10,000; the bound keeps the
 planner's enumeration and arithmetic small)."""
 MAX_DEVICES_PER_NODE = 1_024
 """Most devices per node (8-12 on today's nodes)."""

@@ -101,7 +101,7 @@ class ReplayOptions:
     """Which landscape group of the file (index as listed by ``autotune landscapes``);
     None: the group matching the study's model, world size and global batch."""
     drift: tuple[DriftRule, ...] = ()
-    """Injected drift (tests and benchmarks of noisy machines: issue #24): each rule
+    """Injected drift (tests and benchmarks of noisy machines): each rule
     multiplies the step time of ``layout`` (``*``: every layout) by ``factors[n]`` at the
     launcher's n-th answer of the run (0-based, over all layouts; the last factor holds
     after), and divides its TFLOPS and tokens per second by the same, as a neighbour's job

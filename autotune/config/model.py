@@ -29,7 +29,7 @@ MAX_DIMENSIONS: dict[str, int] = {
     "n_layer": 10_000, "hidden": 1_000_000, "n_head": 100_000, "seq_len": 100_000_000,
     "vocab_size": 10_000_000, "ffn_hidden": 10_000_000, "n_kv_head": 100_000}
 """Upper bounds of the dimensions: far above any model trained (GPT-3 175B: 96 layers,
-hidden 12,288, 96 heads), low enough that FLOPs and bytes stay finite floats (issue #17)."""
+hidden 12,288, 96 heads), low enough that FLOPs and bytes stay finite floats."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The one set of defaults of how a trial runs, read by the study file's ``trial`` section
 (:class:`autotune.config.study.TrialConfig`) and by the trial spec's ``run`` object
 (:class:`autotune.trial.spec.RunConfig`), so that a hand-written spec and a study's trial
-measure alike (issue #20: they disagreed on ``max_measure_steps`` and
-``measure_precision``)."""
+measure alike (two copies of the defaults drift apart: ``max_measure_steps`` and
+``measure_precision`` did)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ __all__ = ["TrainingConfig", "SearchConfig", "TrialConfig", "StorageConfig",
 AUTO = "auto"
 STRATEGIES: tuple[str, ...] = ("default", "cost-model-only", "tpe", "gp", "random", "grid")
 
-# Upper bounds (issue #17): generous for real use, and low enough that no value makes the
+# Upper bounds: generous for real use, and low enough that no value makes the
 # planner enumerate for long, a float overflow or a timer refuse its timeout.
 MAX_GLOBAL_BATCH = 10_000_000
 """Most sequences per step (GPT-3: 1,536; Llama 3 405B: 16M tokens = 2,048 sequences)."""
@@ -151,8 +151,8 @@ class SearchConfig:
     """Measured trials to run (the budget); infeasible proposals do not count."""
     min_improvement: float | None = None
     """Stop before the budget once the largest expected relative improvement over the best
-    measured throughput, among the untried layouts, is below this fraction (0.01 = 1%;
-    issue #5). ``default`` strategy only (the others estimate no expected improvement: an
+    measured throughput, among the untried layouts, is below this fraction (0.01 = 1%).
+    ``default`` strategy only (the others estimate no expected improvement: an
     error, not a silently ignored setting); never before its seed trials nor without a
     measured value. Off (``null``) by default: the budget is the user's, and the
     expectation is only as good as the cost model. On the vTrain landscapes 0.01 spends
@@ -176,8 +176,8 @@ class SearchConfig:
     may be (a fraction: 0.05 = 5%)."""
     learn_from_database: bool = True
     """Warm-start the memory and step-time corrections from the ``measurements`` of earlier
-    studies of the same device type, dtype and workload in the study's database (issue
-    #13; docs/models.md, "Calibration from measurements"). ``false`` (or ``--no-learn``)
+    studies of the same device type, dtype and workload in the study's database
+    (docs/models.md, "Calibration from measurements"). ``false`` (or ``--no-learn``)
     starts from the models alone; the study still calibrates on its own trials."""
     stop_on_repeated_error: int = 2
     """Stop the study when this many trials in a row, on different layouts, failed with

@@ -5,8 +5,8 @@ file, so it costs no import of autotune) runs COMMAND as its child and watches t
 every 0.2 s: its child, whose exit code it returns, and the runner, whose death (SIGKILL,
 node failure of the runner's process alone, OOM killer) makes it kill the whole tree at
 once. ``PR_SET_PDEATHSIG`` on torchrun (the launcher's earlier guard) reaches torchrun
-only: torchrun then waits out its own grace, and a rank blocked in a collective trained on
-for ~30 s (issue #17); torchrun also starts each rank in a session of its own, so no
+only: torchrun then waits out its own grace, and a rank blocked in a collective trains on
+for ~30 s; torchrun also starts each rank in a session of its own, so no
 process-group kill reaches them. The supervisor is a child subreaper
 (``PR_SET_CHILD_SUBREAPER``, Linux >= 3.4): whatever of the tree is orphaned is re-parented
 to it, so it still finds every rank after torchrun is gone.

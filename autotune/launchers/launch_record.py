@@ -1,4 +1,4 @@
-"""What ran, recorded in the trial's folder: ``command.json`` (issue 21).
+"""What ran, recorded in the trial's folder: ``command.json``.
 
 The argv the launcher started (the supervisor, torchrun or srun and the program), the
 environment variables autotune set or changed for it (those that differ from the runner's

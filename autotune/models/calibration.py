@@ -1,5 +1,5 @@
 """Calibration from measurements: how far the memory and step-time models were off on the
-layouts measured so far, and what that says of the untried ones (issue #13, part 2).
+layouts measured so far, and what that says of the untried ones.
 
 Per *key* (:class:`CalibrationKey`: device type, dtype, workload) each model gets one
 correction in log space, shared by every layout of the key (the memory one refined per

@@ -77,7 +77,7 @@ def gaussian_log_evidence(x: np.ndarray, r: np.ndarray, mean: np.ndarray, cov: n
     gives ``log det = n·log s + log det M`` and the push-through form of the Woodbury
     identity ``C^-1 = (I - x·cov·M^-1·x' / s) / s``, both valid for a singular ``cov`` (a
     shape width of 0). A study's ``n`` grows to hundreds while ``p`` stays a few dozen: the
-    direct ``n x n`` factorisations cost 64 workers on 2 cores most of their CPU (issue #23).
+    direct ``n x n`` factorisations would cost most of a worker's CPU.
 
     >>> rng = np.random.default_rng(0)
     >>> x, r = rng.normal(size=(30, 3)), rng.normal(size=30)

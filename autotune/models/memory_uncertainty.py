@@ -1,5 +1,5 @@
 """How wrong the memory prediction may be: an error bar per term, the probability of fitting
-and the verdict (*fits*, *uncertain*, *exceeds*). Issue #13, part 1.
+and the verdict (*fits*, *uncertain*, *exceeds*).
 
 :func:`autotune.models.memory.estimate_memory` gives one number, the sum of the tensors a
 rank must hold at its peak. Several of those terms depend on things the model cannot see
@@ -35,11 +35,11 @@ prediction: ``ln(peak) ~ N(ln(c * predicted), s^2)`` with ``s^2 = ln(1 + cv^2) +
 sigma_c^2``, where ``cv = sigma_bytes / predicted`` is the combined relative sd of the terms
 (the log-normal with that coefficient of variation) and ``c``, ``sigma_c`` are a
 multiplicative calibration correction and its log-sd (1 and 0 until a study measures its
-own peaks; issue #13, part 2). Why log-normal: a peak is positive; the large errors are
-multiplicative (bytes per parameter, a fraction of fragmentation); a calibration factor
-composes additively in log space; and the tail of overshoot is heavier than that of
-undershoot (a forgotten buffer adds, the tensors that must exist cannot be skipped). The
-prediction is the median: as likely over as under.
+own peaks: :mod:`autotune.models.calibration`). Why log-normal: a peak is positive; the
+large errors are multiplicative (bytes per parameter, a fraction of fragmentation); a
+calibration factor composes additively in log space; and the tail of overshoot is heavier
+than that of undershoot (a forgotten buffer adds, the tensors that must exist cannot be
+skipped). The prediction is the median: as likely over as under.
 
 ``P(fit) = P(peak <= usable) = Phi((ln(usable) - ln(c * predicted)) / s)``, usable = the
 device memory less ``trial.memory_margin``. :func:`classify_fit` maps it to a

@@ -9,7 +9,7 @@ decides which can run. The search, the planner and the replay launcher all draw 
 A space may hold at most :data:`MAX_LAYOUTS` combinations (:func:`check_space_size`, run
 when a study file is loaded and before every enumeration): each costs a feasibility check
 and a cost-model estimate, so the bound is what keeps ``autotune plan`` within seconds
-whatever a study file says (issue #17: ``devices_per_node: 10**20`` with ``auto`` axes hung).
+whatever a study file says (``devices_per_node: 10**20`` with ``auto`` axes would hang).
 
 >>> from autotune.config.study import SearchConfig
 >>> lays = enumerate_layouts(SearchConfig(zero_stage=(1,), recompute=("none",)),

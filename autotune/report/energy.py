@@ -1,5 +1,6 @@
-"""The report's time-energy section: the Pareto front of the measured layouts (issue
-#25). A layout is on the front when no other measured layout is both faster (shorter
+"""The report's time-energy section: the Pareto front of the measured layouts.
+
+A layout is on the front when no other measured layout is both faster (shorter
 step) and more frugal (fewer joules per token): the layouts worth choosing between when
 energy counts (Chung et al., "Perseus", SOSP 2024, draw the same front per iteration).
 """

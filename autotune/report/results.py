@@ -48,7 +48,7 @@ class StudyStatus:
     running: list[FrozenTrial] = field(default_factory=list)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     search_stop: str | None = None
-    """Why the search strategy stopped before the budget, if it last did (issue #5)."""
+    """Why the search strategy stopped before the budget, if it last did."""
     search_stop_record: dict[str, Any] | None = None
     """The same as recorded (:func:`autotune.storage.study_records.search_stop_record`): what
     :func:`autotune.runner.budget.study_done` decides on."""

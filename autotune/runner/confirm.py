@@ -45,6 +45,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from autotune.config import run_defaults
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.runner.confirm_budget import Allowance, launch_noise, search_cost
@@ -85,7 +86,7 @@ from autotune.trial.paired import (
 __all__ = ["confirm_best", "confirmation_record", "candidates_of", "DEFAULT_PRECISION",
            "ROUNDS_PER_STEP", "ConfirmResult"]
 
-DEFAULT_PRECISION = 0.05
+DEFAULT_PRECISION = run_defaults.PRECISION
 """The precision assumed of a trial without one when ``trial.measure_precision`` is off
 (``trial.measure_precision``'s own default)."""
 

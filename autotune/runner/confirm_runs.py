@@ -20,7 +20,7 @@ from autotune.layout import Layout
 from autotune.spec import StudySpec
 from autotune.storage import Storage, record_round
 from autotune.trial import TrialPaths, TrialSpec
-from autotune.trial.classify import classify
+from autotune.trial.classify import classify, storable
 from autotune.trial.paired import ConfirmCandidate
 
 __all__ = ["measure_rounds", "record_step"]
@@ -70,7 +70,7 @@ def measure_rounds(spec: StudySpec, launcher: Launcher, confirmation_id: int,
     runs = []
     for (n, slot, key), report, path in zip(order, reports, paths, strict=True):
         outcome = classify(report, launcher.workload.oom_signatures)
-        res = report.result
+        res = storable(report).result
         runs.append({"round": n, "slot": slot, "layout_key": key,
                      "trial_number": by_key[key].trial_number, "outcome": outcome.kind,
                      "reason": outcome.reason,

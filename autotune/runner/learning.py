@@ -1,5 +1,5 @@
 """What a study learns from measurements: the calibration's rows from the database, the
-refit after each trial, and the calibrated constraints and candidates (issue #13, part 2).
+refit after each trial, and the calibrated constraints and candidates.
 
 The maths is :mod:`autotune.models.calibration`'s; this module reads and applies it.
 

@@ -99,7 +99,7 @@ def open_study(spec: StudySpec, storage: Storage, *, create: bool = True) -> opt
 def history(storage: Storage, study_name: str, claimed: dict[str, int]) -> list[Observation]:
     """What the strategy needs to know (:func:`observations`) of the study's finished
     trials, read narrowly (:func:`autotune.storage.judged.judged_trials`: their number,
-    state, value, layout and outcome, not Optuna's whole trials; issue 23)."""
+    state, value, layout and outcome, not Optuna's whole trials)."""
     return observations(judged_trials(storage, study_name), claimed)
 
 
@@ -147,8 +147,8 @@ def _observed(trial: AnyTrial) -> Observation | None:
 class NoSampling(optuna.samplers.BaseSampler):
     """The study's sampler: it never samples. Every trial is created for the strategy's
     layout (:func:`layout_params`, :func:`autotune.storage.claims.claim_layout`); an
-    ``ask()`` that fell back to a sampler invented layouts outside the study's axes
-    (issue #17), so one that reaches this sampler is a bug and fails loudly."""
+    ``ask()`` that fell back to a sampler would invent layouts outside the study's
+    axes, so one that reaches this sampler is a bug and fails loudly."""
 
     def infer_relative_search_space(self, study: optuna.Study,
                                     trial: FrozenTrial) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 Workers of one study read the same history, and a strategy's proposal is a function of
 the history (:meth:`autotune.search.Strategy.propose`), so they all propose the same layout;
-claimed one at a time, all but one lost the race and read the study again (issue 23: one
-worker of 16 took 174 steps for its 14 trials). :func:`next_proposals` lists what the
+claimed one at a time, all but one would lose the race and read the study again.
+:func:`next_proposals` lists what the
 strategy would propose if each earlier proposal were claimed by another worker (pending),
 and the runner passes the list to one claim, which takes the first still free
 (:func:`autotune.storage.claims.claim_first`).

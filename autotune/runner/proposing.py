@@ -149,7 +149,7 @@ class Proposing:
         first choice: the contention a worker met lasts as long as the other workers, and
         halving it at once sent 64 workers back to racing for one layout each step): the
         claim takes the first one still free, instead of every worker
-        of a study reading it all again for each layout one of them won (issue 23). A
+        of a study reading it all again for each layout one of them won. A
         worker alone never loses and passes its proposal alone."""
         key = layout.key()
         if key not in self.by_key:

@@ -4,8 +4,8 @@ A runner killed in the middle of a batch (SIGKILL, a node lost under it) leaves 
 member's claim to be repaired as ``killed`` and retried (:mod:`autotune.storage.claims`),
 although the members that finished before the kill wrote their ``result.json``: each
 trial's directory is its own (:meth:`autotune.trial.TrialPaths.for_trial`, cleared when it
-is launched), so such a file is that execution's own measurement. Issue 23 (F) found every
-member measured again. The worker that takes the retry over reads that file first
+is launched), so such a file is that execution's own measurement, not to be measured
+again. The worker that takes the retry over reads that file first
 (:func:`finished_result`); one that holds a judged measurement (``ok``, ``oom``) is
 recorded on the retry's trial, with where it came from, and the layout is not launched.
 

@@ -1,4 +1,4 @@
-"""Stop the study when the program, not the layout, is broken (issue 21).
+"""Stop the study when the program, not the layout, is broken.
 
 A misspelled flag fails every layout alike, and at 128 nodes each such trial costs
 node-hours. The rule (``search.stop_on_repeated_error``, ``k``, default 2): when ``k``

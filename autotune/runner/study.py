@@ -9,7 +9,7 @@ layout measured once, and the claims enforce the trial budget exactly.
 
 The loop creates its trials itself rather than through ``study.optimize`` or ``ask``,
 because a trial here is an external process whose interruption must be handled
-precisely, and a kill at any instant must leave the study consistent (issue #17):
+precisely, and a kill at any instant must leave the study consistent:
 
 * each step first repairs trials whose runner died (their claim's lease ran out:
   :func:`~autotune.storage.claims.repair_stale`), re-runs a layout whose execution was cut

@@ -57,7 +57,7 @@ from autotune.storage import (
     whole,
 )
 from autotune.trial import TrialPaths, TrialSpec
-from autotune.trial.classify import classify
+from autotune.trial.classify import classify, storable
 from autotune.trial.outcome import StopReason, Verdict
 
 T = TypeVar("T")
@@ -199,9 +199,9 @@ class Worker(Proposing):
         untried layout gets its new probability of fitting, given the OOMs.
 
         After every trial up to 20, then whenever the judged trials grew by 5%, and at the
-        end of the run: a refit costs a query and a grid posterior per ZeRO stage, which
-        64 workers paying after every trial of a 200-trial study made the loop CPU-bound
-        (issue #17), and the 201st point moves a posterior of 200 little."""
+        end of the run: a refit costs a query and a grid posterior per ZeRO stage, which,
+        paid by every worker after every trial, makes a study of many workers CPU-bound;
+        and the 201st point moves a posterior of 200 little."""
         judged = sum(o.status in ("ok", "oom") for o in observed)
         if judged == self._judged:
             return
@@ -252,13 +252,14 @@ class Worker(Proposing):
             finished = utcnow()
             for (claimed, layout), report, cand, trial_paths in zip(batch, reports, cands,
                                                                    paths, strict=True):
+                report = storable(report)  # what is recorded: a storable result, or none
                 outcome = classify(report, self.launcher.workload.oom_signatures)
                 facts = self._builder.facts(
                     layout, trial_id=claimed.trial_id, number=claimed.number,
                     outcome=outcome, t0=t0, finished=finished,
-                                    elapsed_s=report.elapsed_s, result=report.result,
-                                    hosts=report.hosts, paths=trial_paths, cand=cand,
-                                    batch=report.batch)
+                    elapsed_s=report.elapsed_s, result=report.result,
+                    hosts=report.hosts, paths=trial_paths, cand=cand,
+                    batch=report.batch)
                 self._record(claimed, layout, outcome, facts)
                 outcomes.append(outcome)
         return outcomes
@@ -276,7 +277,7 @@ class Worker(Proposing):
         found = finished_result(self.spec.launcher.run_dir, self.spec.name, layout, retry_of)
         if found is None:
             return False
-        report = recovered_report(found, self.launcher.workload.kind)
+        report = storable(recovered_report(found, self.launcher.workload.kind))
         outcome = classify(report, self.launcher.workload.oom_signatures)
         self.progress.message(f"trial {claimed.number} ({layout.key()}): the result trial "
                               f"{found.number} wrote before its runner died is recorded; "
@@ -298,7 +299,7 @@ class Worker(Proposing):
             self.progress.message(f"trial {claimed.number} ({layout.key()}) was repaired as "
                                   "killed while it ran (its runner was silent for longer "
                                   "than storage.grace_period_s): its result is not recorded")
-            return  # no value line either: the study holds no such value (issue 23)
+            return  # no value line either: the study holds no such value
         self.summary.measured += 1
         if outcome.retry:
             self._repaired_at = None  # its retry comes before anything new, as it always did

@@ -1,4 +1,4 @@
-"""Scaling studies (issue #25): one study file tuned at several world sizes, weak or
+"""Scaling studies: one study file tuned at several world sizes, weak or
 strong, each size its own study in one database; the table of the best layout per size,
 measured beside predicted, its CSV and plot (``docs/scaling.md``).
 

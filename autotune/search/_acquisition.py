@@ -1,5 +1,5 @@
 """What trying a layout is worth: expected improvement, weighed by the probability that it
-fits, per expected device-second (issue #24).
+fits, per expected device-second.
 
 A trial of a layout whose memory is uncertain has two outcomes: it runs (probability
 ``p_fit``) and measures its throughput, costing its build and its steps; or it runs out of

@@ -10,7 +10,7 @@ A strategy never launches anything and never sees a launcher or a study. It is g
 and returns one layout of ``candidates`` that is not in ``history`` and not dominated by a
 measured OOM (strategies that use the rule), or ``None`` when nothing is left. A strategy
 may also decide to stop while candidates are left (the default strategy when the expected
-improvement is small: issue #5); it then returns ``None`` too and says why in
+improvement is small); it then returns ``None`` too and says why in
 :attr:`Strategy.stop`, so callers that only need "is there a next layout" stay unchanged.
 The same objects drive the real Optuna study (:mod:`autotune.runner.study`) and the
 benchmark (``benchmarks/search_efficiency.py``), so what is benchmarked is what ships.

@@ -23,7 +23,7 @@ axes (a slow interconnect, a kernel that is faster at one micro-batch). So the s
    second of the trial when the runner says what a trial costs (``cost``: an OOM costs
    its build, a layout that runs its steps too; :mod:`autotune.search._acquisition`);
 4. skips layouts that need no less memory than a measured OOM;
-5. optionally stops early (issue #5): with ``min_improvement`` set, once
+5. optionally stops early: with ``min_improvement`` set, once
    :data:`SEED_TRIALS` trials have finished and at least one has a value, it proposes
    nothing more when the largest expected improvement among the untried layouts is
    below that fraction. EI is of the log throughput, so it is the expected relative
@@ -234,7 +234,7 @@ class ResidualStrategy(Strategy):
             # makes the prior singular): Bishop 2006, eqs. 3.49-3.51 via the Woodbury
             # identity, pushed through to the coefficients' space: the gain
             # cov·x'·(x·cov·x' + s·I_n)^-1 = (cov·x'x + s·I_p)^-1·cov·x', so nothing is
-            # n x n (n trials; issue #23: 64 workers' CPU went to those inverses).
+            # n x n (n trials: hundreds, against a few dozen coefficients).
             # First the overall scale's width, shape terms off: the intercept's prior is
             # the published spread of such models, and a device outside it (a stack well
             # below the kernel rates the model takes) shows as every trial off by one
@@ -273,8 +273,8 @@ class ResidualStrategy(Strategy):
         """:meth:`Strategy.propose_sequence` from one posterior: a pending layout changes
         neither the fit (only ``ok`` trials enter it) nor any other layout's score, so the
         ``i``-th proposal with the earlier ones pending is the best of the rest, the stop
-        judged on the rest's largest EI as :meth:`propose` would (issue #23: 64 workers
-        each scored every untried layout again for each of their up to 8 spread proposals)."""
+        judged on the rest's largest EI as :meth:`propose` would: the untried layouts are
+        scored once, not again for each proposal of the spread."""
         self.stop = None
         free = untried(candidates, history, skip_oom_dominated=self.skip_oom_dominated)
         if not free:

@@ -25,8 +25,7 @@ def cost_model_predictor(model: ModelConfig, cluster: ClusterConfig, *,
     Memoised per layout: strategies ask for every candidate, sometimes more than once.
     ``known``: the same predictions already made (the ranked candidates'
     ``predicted_tflops``, :func:`autotune.planning.candidates.rank_layouts`), so that a
-    worker does not estimate every layout of its space twice at start (issue 23: 64
-    workers made 2 x 206 estimates each).
+    worker does not estimate every layout of its space twice at start.
     """
     from autotune.models.cost import estimate_step  # local: the search imports light
 

@@ -3,7 +3,7 @@
 Optuna's :class:`~optuna.storages.RDBStorage` commits every call on its own (a trial's
 creation, each user attribute, each value, the state: one transaction each), so a runner
 killed while it records a result leaves a trial half-written: values without a state,
-an outcome without its reason (issue #17). This module writes the same rows through
+an outcome without its reason. This module writes the same rows through
 Optuna's own ORM models in a session the caller holds, so that a claim creates its trial
 and a record finishes it, each in one transaction with autotune's tables beside them.
 

@@ -1,4 +1,4 @@
-"""Schema step 4 (issue 22): ``measurements.recompute`` holds ``selective`` (9 characters;
+"""Schema step 4: ``measurements.recompute`` holds ``selective`` (9 characters;
 it was ``VARCHAR(8)``) and ``measurements.sequence_parallel`` exists.
 
 Each statement checks what exists first, as every step of

@@ -1,9 +1,9 @@
 """Layout claims with leases: a trial is alive in the database from its claim to its record.
 
-Issue #17 found every window a SIGKILL could fall into: a trial created before its claim
-and its first heartbeat (RUNNING for ever), a result recorded in a dozen commits (a FAIL
-trial carrying values, or a measurement Optuna never saw), a lost claim race stored as a
-junk trial. Here each step is one transaction:
+A SIGKILL may come between any two commits: were a step several transactions, it could
+leave a trial created before its claim and its first heartbeat (RUNNING for ever), a result
+half recorded (a FAIL trial carrying values, or a measurement Optuna never saw), a lost
+claim race stored as a junk trial. Here each step is one transaction:
 
 * :func:`claim_layout` locks the study, checks the layout's claim and the budget, and
   creates the Optuna trial (RUNNING, with its parameters), the claim with its lease and
@@ -121,10 +121,10 @@ def claim_first(storage: Storage, *, study_name: str, requests: Sequence[ClaimRe
     one), in one transaction: ``(its index, the claim)``, or why none was.
 
     Many workers read the same history and their strategy proposes the same layout to
-    each: claiming one layout at a time, all but one lost the race and read everything
-    again, so a step's work grew with the workers (issue 23: 160 of 173 steps of a worker
-    among 16 lost). Under the study lock the claims are serialised, so a worker that
-    passes its next few proposals gets the first one nobody took meanwhile.
+    each: claiming one layout at a time, all but one would lose the race and read
+    everything again, so a step's work would grow with the workers. Under the study lock
+    the claims are serialised, so a worker that passes its next few proposals gets the
+    first one nobody took meanwhile.
     """
     if not requests:
         return Refused.TAKEN
@@ -135,8 +135,8 @@ def claim_first(storage: Storage, *, study_name: str, requests: Sequence[ClaimRe
             return Refused.NO_STUDY
         # Before the lock, a plain read: requests that others own already are dropped, and
         # a worker all of whose requests are taken leaves without queueing for the study's
-        # lock (64 workers on one study: 1,630 claims under the lock for 200 trials, most of
-        # them lost, each waiting for the lock behind the others: issue #23). Claims are
+        # lock (with many workers on one study, most claims under the lock would be lost,
+        # each after waiting for the lock behind the others). Claims are
         # only ever added, so what is taken now is taken under the lock too; a claim
         # repaired for a retry meanwhile is taken by the next retry look.
         taken = {row.layout_key for row in s.scalars(select(LayoutClaim).where(
@@ -189,9 +189,7 @@ def _create_claimed(s: Any, study_id: int, study_name: str, req: ClaimRequest,
     trial_id, number = rdb.create_trial(s, study_id, state=TrialState.RUNNING,
                                         params=req.params, user_attrs=attrs)
     if row is None:
-        s.add(LayoutClaim(study_name=study_name, layout_key=req.key, trial_id=trial_id,
-                          worker=worker, created_at=utcnow(), lease_until=lease,
-                          attempts=1, retry=0))
+        s.add(_new_claim(study_name, req.key, trial_id=trial_id, worker=worker, lease=lease))
     else:
         row.trial_id, row.worker, row.lease_until = trial_id, worker, lease
         row.attempts, row.retry = attempt, 0
@@ -201,6 +199,15 @@ def _create_claimed(s: Any, study_id: int, study_name: str, req: ClaimRequest,
         s.flush()
         before_commit()
     return Claimed(trial_id, number, attempt)
+
+
+def _new_claim(study_name: str, key: str, *, trial_id: int, worker: str,
+               lease: datetime) -> LayoutClaim:
+    """A layout's claim row for its first execution: ``trial_id``'s, leased to ``worker``
+    until ``lease``, one attempt counted, no retry waiting."""
+    return LayoutClaim(study_name=study_name, layout_key=key, trial_id=trial_id,
+                       worker=worker, created_at=utcnow(), lease_until=lease, attempts=1,
+                       retry=0)
 
 
 def _number_of(s: Any, trial_id: int) -> int | None:

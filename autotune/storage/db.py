@@ -292,7 +292,7 @@ class Storage(MeasurementReads):
     def retrying(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` (one transaction or one read), waited out while the database fails
         transiently, for up to ``storage.outage_wait_s``, one line per wait; any other
-        database error as one :class:`StorageError` line (issue 23 A, B)."""
+        database error as one :class:`StorageError` line."""
         return retrying(what, self.masked_url, fn, wait_s=self.config.outage_wait_s,
                         connected=lambda: self._connected, translate=self._translate,
                         outage=self._outage)

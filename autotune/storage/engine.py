@@ -15,15 +15,15 @@ __all__ = ["engine_kwargs"]
 
 def engine_kwargs(url: str, connections: int = 1, *,
                   busy_timeout_s: float = 120) -> dict[str, Any]:
-    """Engine options per backend. Many workers share one server (64 on one study against
-    PostgreSQL's default ``max_connections`` of 100, three of them reserved: issues #17 and
-    #23), so a worker holds ``connections`` (one per trial run side by side) and never more:
-    a heartbeat that renews a lease during a record waits the record's few milliseconds for
-    the connection, and nothing of autotune's opens a connection while it holds one
-    (Optuna's start-up check would: :meth:`Storage._check_optuna_schema`). With one more
-    allowed, 64 workers on 2 cores held 98 at the peak and 34 of them found the server full
-    for 300 s. Connections are checked before use (a batch job may sit idle for hours).
-    SQLite: a writer waits ``busy_timeout_s`` for the lock, then fails "database is locked"
+    """Engine options per backend. Many workers share one server (dozens on one study against
+    PostgreSQL's default ``max_connections`` of 100, three of them reserved), so a worker
+    holds ``connections`` (one per trial run side by side) and never more: a heartbeat that
+    renews a lease during a record waits the record's few milliseconds for the connection,
+    and nothing of autotune's opens a connection while it holds one (Optuna's start-up check
+    would: :meth:`Storage._check_optuna_schema`). With one more allowed per worker, dozens of
+    workers fill the server at their peak and the rest wait ``pool_timeout``. Connections
+    are checked before use (a batch job may sit idle for hours). SQLite: a writer waits
+    ``busy_timeout_s`` for the lock, then fails "database is locked"
     (:mod:`autotune.storage.limits`)."""
     backend = backend_of(url)
     if backend == "sqlite":

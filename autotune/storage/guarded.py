@@ -1,4 +1,4 @@
-"""Optuna's storage calls, waited out and translated like autotune's own (issue 23 B).
+"""Optuna's storage calls, waited out and translated like autotune's own.
 
 A database failure inside an Optuna call (``study.get_trials``, ``set_user_attr``,
 ``best_trial``, ...) surfaced as Optuna's ``StorageInternalError`` (or the driver's raw

@@ -1,4 +1,4 @@
-"""The finished trials of a study as a strategy sees them, read narrowly (issue 23).
+"""The finished trials of a study as a strategy sees them, read narrowly.
 
 A worker asks for the study's history before each proposal
 (:func:`autotune.runner.optuna_io.history`). Through ``study.get_trials`` that was

@@ -2,8 +2,7 @@
 
 A worker stopped inside a transaction (SIGSTOP, a node swapping, a suspended job, NFS, a
 debugger) holds its row locks until it wakes, and every other worker waits on them: the
-lease cannot help, since the lease is written in a transaction that waits too (issue 23
-C: 90 s of no progress on PostgreSQL, exit 1 after 120 s on SQLite). So each connection
+lease cannot help, since the lease is written in a transaction that waits too. So each connection
 autotune opens gets limits of its own, set when it connects (``SET``: no server
 configuration is needed, and a pooler in session mode passes them on):
 

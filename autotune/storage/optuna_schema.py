@@ -1,8 +1,7 @@
 """Optuna's tables on a study database: which schema revision they carry, which one this
 Optuna reads, and the first start that creates them, one worker at a time.
 
-A worker's start used to spend most of its storage time here (issue 23: 64 workers on 2
-cores, a study that needs a second of work each). Two costs are cut:
+Done plainly, this would be most of a worker's start's storage time. Two costs are cut:
 
 - **This Optuna's head revision** is read from its migration scripts' source text
   (:func:`head_revision`). Alembic's ``ScriptDirectory``, which Optuna's

@@ -18,7 +18,7 @@ Version history (each step a migration in :mod:`autotune.storage.db`):
    ``replay``: a replayed table), part of the calibration key with the device type and
    the dtype (:mod:`autotune.models.calibration`). Rows of version 1 get ``replay`` where
    their launcher was the replay launcher, ``builtin`` otherwise;
-3. ``layout_claims.lease_until``, ``attempts``, ``retry`` (issue #17): a claim is made in
+3. ``layout_claims.lease_until``, ``attempts``, ``retry``: a claim is made in
    the transaction that creates its trial and carries a lease until its result is
    recorded, so that a runner killed at any instant leaves a trial the next run repairs
    (:mod:`autotune.storage.claims`); ``retry`` marks a claim whose execution was cut short
@@ -26,7 +26,7 @@ Version history (each step a migration in :mod:`autotune.storage.db`):
    ``measurements`` row from the claim on (outcome ``running`` until it is recorded, or
    ``killed`` when it is repaired). Claims of version 2 whose trial failed unjudged or
    interrupted get ``retry`` = 1;
-4. ``measurements.recompute`` widened to 16 characters (``selective`` has 9; issue 22)
+4. ``measurements.recompute`` widened to 16 characters (``selective`` has 9)
    and ``measurements.sequence_parallel`` (boolean, false for every earlier row: nothing
    ran with sequence parallelism before it existed);
 5. ``measurements.workload`` says what ran (``builtin``, ``command``,
@@ -35,10 +35,10 @@ Version history (each step a migration in :mod:`autotune.storage.db`):
    by, studies of the built-in trainer. Rows of version 3 labelled ``builtin`` get their
    study's own workload kind (its ``workload`` user attribute, else its fingerprint's);
 6. ``measurements.energy_j_per_step``, ``energy_source``, ``joules_per_token``,
-   ``model_tflops_per_watt`` (issue #25): a trial's energy where a counter measured it
+   ``model_tflops_per_watt``: a trial's energy where a counter measured it
    (:mod:`trainer.energy`, :mod:`autotune.energy`), ``NULL`` where none did (never 0).
    Older rows get ``NULL``: they were not measured;
-7. ``confirmations`` and ``confirmation_runs`` (issue #24): the confirmation round of a
+7. ``confirmations`` and ``confirmation_runs``: the confirmation round of a
    study (:mod:`autotune.runner.confirm`) and each of its runs. Kept out of
    ``measurements`` and ``layout_claims`` on purpose: a confirmation run re-measures a
    layout already tried, so it is no new trial of the budget (the claims count those) and

@@ -8,8 +8,8 @@ it refuses a transaction it cannot serialize, or SQLite's writer lock is held by
 process. Each is worth waiting for: :func:`retrying` runs a storage call again with
 back-off, printing one line per wait, and after ``storage.outage_wait_s`` raises one
 :class:`~autotune.errors.StorageError` that says what happened (the CLI prints it as one
-line, exit code 1). Issue 23 A/B: a worker ended by a restart it could have waited out
-threw away the results it had measured.
+line, exit code 1): a worker ended by a restart it could have waited out would throw
+away the results it had measured.
 
 Every storage call of a worker goes through here: autotune's own transactions
 (``Storage.retrying``) and Optuna's (:mod:`autotune.storage.guarded`).

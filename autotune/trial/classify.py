@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from autotune.errors import SpecError
@@ -42,7 +43,7 @@ from autotune.trial.report import LaunchReport
 if TYPE_CHECKING:
     from autotune.trial.result import TrialResult
 
-__all__ = ["classify"]
+__all__ = ["classify", "storable"]
 
 # SLURM job-step states (sacct) that decide the outcome when the trainer wrote no result.
 _SLURM_OOM = {"OUT_OF_MEMORY"}
@@ -50,15 +51,35 @@ _SLURM_TIMEOUT = {"TIMEOUT", "DEADLINE"}
 
 
 def classify(report: LaunchReport, oom_signatures: Sequence[OomSignature] = ()) -> Verdict:
-    """Decide what a launcher saw (module docstring), once per trial: the verdict is kept on
-    the report, so a workload that needed it to write its result file and the runner that
-    records it read the same one. ``oom_signatures``: the workload's
-    (:attr:`autotune.workloads.base.Workload.oom_signatures`)."""
-    if report.verdict is None:
-        _drop_invalid_result(report)
-        report.verdict = (_builtin(report) if report.workload == "builtin"
-                          else _foreign(report, oom_signatures))
-    return report.verdict
+    """Decide what a launcher saw (module docstring); a pure function of the report, which
+    it leaves as it is. ``oom_signatures``: the workload's
+    (:attr:`autotune.workloads.base.Workload.oom_signatures`).
+
+    A verdict the report carries is returned as it is: the workload decided it when it wrote
+    the trial's result file from it (:attr:`LaunchReport.verdict`), and the runner that
+    records the trial must read the same one. Otherwise the verdict is decided from
+    :func:`storable` ``(report)``, the report the runner records."""
+    if report.verdict is not None:
+        return report.verdict
+    report = storable(report)
+    return (_builtin(report) if report.workload == "builtin"
+            else _foreign(report, oom_signatures))
+
+
+def storable(report: LaunchReport) -> LaunchReport:
+    """The report as it is classified and recorded: a result whose numbers cannot be stored
+    (:mod:`autotune.trial.numbers`) is no result. The copy returned then has none and keeps
+    why (``result_error``): the trial is an ``error`` naming the field and its value, and
+    nothing of it reaches the database. The loaders already refuse such files; this covers
+    results built in memory (a replayed table, a read-back). ``report`` itself when its result
+    is storable, absent, or the one its workload wrote with the verdict it carries."""
+    if report.result is None or report.verdict is not None:
+        return report
+    try:
+        check_result_numbers(report.result.to_dict())
+    except SpecError as err:
+        return replace(report, result=None, result_error=f"invalid result: {err}")
+    return report
 
 
 def _step_state(report: LaunchReport) -> str | None:
@@ -177,19 +198,6 @@ def _read(report: LaunchReport) -> str:
             f"dropped as warm-up, {rb.get('measured', 0)} measured")
 
 
-def _drop_invalid_result(report: LaunchReport) -> None:
-    """A result whose numbers cannot be stored (:mod:`autotune.trial.numbers`) is no
-    result: the report keeps why (``result_error``), the trial is an ``error`` naming the
-    field and its value, and nothing of it reaches the database. The loaders already refuse
-    such files; this covers results built in memory (a replayed table, a read-back)."""
-    if report.result is None:
-        return
-    try:
-        check_result_numbers(report.result.to_dict())
-    except SpecError as err:
-        report.result, report.result_error = None, f"invalid result: {err}"
-
-
 def _from_result(res: TrialResult) -> Verdict:
     if res.status == "ok":
         value = res.model_tflops_per_device
@@ -197,7 +205,7 @@ def _from_result(res: TrialResult) -> Verdict:
             return Verdict(Outcome.ERROR, reason=f"status ok but model_tflops_per_device={value!r}")
         # The result file is complete and atomic: a non-zero exit after it (a rank's
         # teardown, say) does not invalidate the measurement; the exit code stays in
-        # launch.json (docs/trainer.md, "Failures"; issue 23, G).
+        # launch.json (docs/trainer.md, "Failures").
         if res.early_stopped:
             return Verdict(Outcome.STOPPED, value=float(value),
                            reason=res.early_stop_reason or "stopped early: hopeless")

@@ -1,12 +1,12 @@
-"""The numbers of a trial result, checked before anything of them is stored (issue 23, D/E).
+"""The numbers of a trial result, checked before anything of them is stored.
 
 A result file is another program's output: the trainer's, or the one a foreign workload's
 read-back builds from a metrics file or log lines (:mod:`autotune.workloads.readback`).
 Whatever it holds, a number the study stores or ranks by must be a real number of the right
-type, finite and in range: a ``{"seconds": 1e-300}`` metrics line made an infinite
-throughput that no JSON writer accepts (the runner crashed, the trial stayed RUNNING), an
-``Infinity`` in the result file was recorded COMPLETE and named the best layout, and a
-``"fast"`` reached a comparison as a ``TypeError``.
+type, finite and in range: a ``{"seconds": 1e-300}`` metrics line would make an infinite
+throughput that no JSON writer accepts (the runner crashes, the trial stays RUNNING), an
+``Infinity`` in the result file would be recorded COMPLETE and named the best layout, and a
+``"fast"`` would reach a comparison as a ``TypeError``.
 
 :func:`check_result_numbers` raises :class:`~autotune.errors.SpecError` naming the field
 (``result.step_times_s[2]``) and the value; the loaders turn it into an ``error`` outcome

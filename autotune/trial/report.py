@@ -56,8 +56,11 @@ class LaunchReport:
     ``rerun`` (true when it ran again alone after the launch ended without its result)."""
 
     verdict: Verdict | None = None
-    """What :func:`autotune.trial.classify.classify` decided from it (kept: it is decided once
-    per trial, by whoever asks first); not stored here (the study records it)."""
+    """The outcome its workload decided, when the workload wrote the trial's result file
+    from it (a user's program writes none: :meth:`autotune.workloads.foreign.ForeignWorkload.
+    finish`); :func:`autotune.trial.classify.classify` returns it as it is, so that the file
+    and the study agree. ``None``: decided from the evidence above. Not stored here (the
+    study records it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"returncode": self.returncode, "timed_out": self.timed_out,

@@ -101,7 +101,7 @@ class TrialResult:
         extra = {k: v for k, v in data.items() if k not in known}
         try:
             # Before anything is built from it: a number that cannot be stored or ranked
-            # is the trial's error, never a runner crash (issue 23, D/E).
+            # is the trial's error, never a runner crash.
             check_result_numbers(data)
             return cls(**{k: v for k, v in data.items() if k in known}, extra=extra)
         except TypeError as err:

@@ -15,7 +15,8 @@ Per trial, :class:`ForeignWorkload`
 * once it ended, reads its steps back and scores them (:mod:`autotune.workloads.readback`),
   has the outcome decided (:func:`autotune.trial.classify.classify`, with the signatures
   of :mod:`autotune.workloads.oom_signatures`) and writes the
-  trial's ``result.json`` (status ``ok``, ``oom`` or ``error``) atomically (:meth:`finish`).
+  trial's ``result.json`` (status ``ok``, ``oom`` or ``error``) atomically (:meth:`finish`);
+  the report carries that verdict (:attr:`autotune.trial.report.LaunchReport.verdict`).
 
 A trial runs ``train_iters`` = warm-up + the step cap (``trial.max_measure_steps`` with
 ``trial.measure_precision``, else ``trial.measure_steps``); at least one step is dropped as
@@ -189,7 +190,9 @@ class ForeignWorkload(Workload):
         result.elapsed_s = report.elapsed_s
         result.extra["workload"] = self.kind
         result.write(paths.result)
-        report.result = result
+        # The result file says what was decided from the evidence before it replaced the
+        # report's result: the runner records that verdict, not one decided afresh.
+        report.result, report.verdict = result, verdict
 
     def describe(self) -> dict[str, str]:
         return {"workload": self.kind, "outer": self.config.outer}

@@ -39,7 +39,7 @@ Why each owned flag:
   ``uniform`` checkpoints ``recompute_num_layers`` layers at a time through Megatron's
   ``tensor_parallel.checkpoint``. Not DeepSpeed's ``--checkpoint-activations
   --deepspeed-activation-checkpointing``: that path crashed on CPU
-  (``get_accelerator().Stream`` is None; issue 21 item 5).
+  (``get_accelerator().Stream`` is None).
 * recompute ``selective``: ``--recompute-granularity selective``, no ``--recompute-method``
   (``validate_args`` asserts "recompute method is not yet supported for selective
   recomputing granularity"). ``ParallelAttention`` then checkpoints its ``core_attention``

@@ -312,7 +312,7 @@ def measure(rb: Readback, *, model: Any, layout: Layout, dtype: str, device: str
         return None
     for i, rec in enumerate(steady):
         # A step printed as 0.0 ms, or one of 1e-300 s, would divide to no or an infinite
-        # throughput (issue 23, D): the program's number is refused, by name.
+        # throughput: the program's number is refused, by name.
         if not (math.isfinite(rec.seconds) and rec.seconds > 0):
             raise SpecError(f"step_times_s[{i}] (step {rec.step}, from {rec.source})",
                             rec.seconds, "allowed: a finite step time > 0 s")

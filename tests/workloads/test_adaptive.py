@@ -122,7 +122,8 @@ def test_a_fixed_step_count_without_precision_is_not_watched(tmp_path: Path) -> 
 
 
 def foreign_outcome(report: LaunchReport) -> Verdict:
-    """The verdict of a user's program, decided afresh (the report keeps the first)."""
+    """The verdict of a user's program, decided afresh (the report carries the one its
+    workload decided when it wrote the result file)."""
     report.verdict = None
     return classify(report, OOM_SIGNATURES)
 

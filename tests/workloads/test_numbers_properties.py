@@ -17,7 +17,7 @@ from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
 from autotune.layout import Layout
 from autotune.trial import LaunchReport, TrialResult, read_result
-from autotune.trial.classify import classify
+from autotune.trial.classify import classify, storable
 from autotune.trial.numbers import check_result_numbers
 from autotune.workloads.readback import measure, parse_log_line, read_back
 
@@ -51,12 +51,16 @@ def _storable(res: TrialResult) -> None:
 
 
 def _outcome_is_sane(report: LaunchReport) -> None:
+    before = (report.result, report.result_error, report.verdict)
     outcome = classify(report)
+    assert (report.result, report.result_error, report.verdict) == before  # pure
     if outcome.kind in ("complete", "stopped"):
         assert isinstance(outcome.value, float)
         assert math.isfinite(outcome.value) and outcome.value > 0
-    if report.result is not None:
-        _storable(report.result)
+    recorded = storable(report)  # what the runner records
+    assert classify(recorded) == outcome
+    if recorded.result is not None:
+        _storable(recorded.result)
     json.dumps(outcome.reason)
 
 
