@@ -49,7 +49,7 @@ def _leave(code: int) -> None:
     the launch, in no order of ours. On a loaded machine a rank failing there makes a launch
     exit 1 after rank 0 has written an ok result, so the exit code would say
     "failed" of trials that were measured. The process groups are destroyed by then
-    (``trainer.run._close``); the output is flushed here."""
+    (``trainer.launch.close_launch``); the output is flushed here."""
     import logging
 
     logging.shutdown()

@@ -41,16 +41,16 @@ from autotune.feasibility import check_layout
 from autotune.trial import TrialSpec
 from autotune.util.atomic import write_json_atomic
 from trainer.distributed import launch_env_from
-from trainer.run import (
-    _agree,
-    _close,
-    _Context,
-    _raise_terminated,
-    _rank0_value,
-    _syncer,
-    _tail,
-    result_status_of_exception,
+from trainer.launch import (
+    LaunchContext,
+    agree,
+    close_launch,
+    error_tail,
+    raise_terminated,
+    rank0_value,
+    syncer,
 )
+from trainer.status import result_status_of_exception
 from trainer.timeline import LAUNCH_TIME_ENV, Timeline
 
 __all__ = ["run_rotation", "RESULT_KIND"]
@@ -101,17 +101,17 @@ def run_rotation(schedule_path: str, env: dict[str, str] | None = None) -> int:
     out: dict[str, Any] = {"kind": RESULT_KIND, "status": "running", "keys": schedule["keys"],
                            "world_size": launch.world_size,
                            "steps_per_slot": schedule["steps_per_slot"], "rounds": []}
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     timeline = Timeline.for_launch(environ)
     launch_time = environ.get(LAUNCH_TIME_ENV)
     try:
-        ctx = _Context.start(launch, specs[0], timeline,
+        ctx = LaunchContext.start(launch, specs[0], timeline,
                              launch_time=float(launch_time) if launch_time else None,
                              batch_size=1)
     except Exception as err:  # rendezvous/device failure: nothing ran
         if launch.rank == 0:
             write_json_atomic(result, {**out, "status": result_status_of_exception(err),
-                                       "error": _tail(err, 2000)})
+                                       "error": error_tail(err, 2000)})
         return 1
     engines: list[tuple[Any, Any]] = []
     error: BaseException | None = None
@@ -121,23 +121,23 @@ def run_rotation(schedule_path: str, env: dict[str, str] | None = None) -> int:
         if isinstance(err, KeyboardInterrupt):
             raise
         error = err
-    status = _agree(result_status_of_exception(error), ctx)
+    status = agree(result_status_of_exception(error), ctx)
     timeline.lap("build")
     if status != "ok":
         if launch.rank == 0:
             write_json_atomic(result, {**out, "status": status, "coexist": status != "oom",
                                        "built": len(engines),
-                                       "error": _tail(error, 2000) if error else
+                                       "error": error_tail(error, 2000) if error else
                                        "another rank failed building the engines"})
         return 1
     out["timings_s"] = {"start_up": round(sum(timeline.phases.values()), 3)}
     status = _rotate(schedule, specs, engines, ctx, out, result)
     if status == "ok":
-        _close(ctx)
+        close_launch(ctx)
     return 0 if status == "ok" else 1
 
 
-def _build(specs: list[TrialSpec], ctx: _Context) -> list[tuple[Any, Any]]:
+def _build(specs: list[TrialSpec], ctx: LaunchContext) -> list[tuple[Any, Any]]:
     """Every candidate's engine and token source, each warmed up by its own warm-up steps."""
     import torch
 
@@ -163,7 +163,7 @@ def _build(specs: list[TrialSpec], ctx: _Context) -> list[tuple[Any, Any]]:
 
 
 def _rotate(schedule: dict[str, Any], specs: list[TrialSpec], engines: list[tuple[Any, Any]],
-            ctx: _Context, out: dict[str, Any], result: str) -> str:
+            ctx: LaunchContext, out: dict[str, Any], result: str) -> str:
     """The schedule's rounds; rank 0 rewrites ``result`` after each. The agreed status."""
     from trainer.data import micro_batches
     from trainer.measure import StepClock, flops_rates, summarize_step_times
@@ -172,13 +172,13 @@ def _rotate(schedule: dict[str, Any], specs: list[TrialSpec], engines: list[tupl
     stop = schedule.get("stop")
     steps = int(schedule["steps_per_slot"])
     step_of = [max(s.run.warmup_steps, 1) for s in specs]
-    clock = StepClock(_syncer(ctx))
+    clock = StepClock(syncer(ctx))
     error: BaseException | None = None
     ended = "schedule"
     try:
         for n, order in enumerate(schedule["rounds"]):
             asked = 1.0 if rank == 0 and stop and Path(stop).exists() else 0.0
-            if _rank0_value(asked, ctx, True) > 0:
+            if rank0_value(asked, ctx, True) > 0:
                 ended = "stopped"
                 break
             slots = []
@@ -195,7 +195,7 @@ def _rotate(schedule: dict[str, Any], specs: list[TrialSpec], engines: list[tupl
                     step_of[index] += 1
                     with clock.step():
                         engine.step(batches)
-                    times.append(_rank0_value(clock.times_s[-1], ctx, True))
+                    times.append(rank0_value(clock.times_s[-1], ctx, True))
                 median, _ = summarize_step_times(times)
                 rates = flops_rates(spec.model, global_batch=layout.global_batch,
                                     step_time_s=median, world_size=ctx.launch.world_size,
@@ -211,11 +211,11 @@ def _rotate(schedule: dict[str, Any], specs: list[TrialSpec], engines: list[tupl
         if isinstance(err, KeyboardInterrupt):
             raise
         error = err
-    status = _agree(result_status_of_exception(error), ctx)
+    status = agree(result_status_of_exception(error), ctx)
     if rank == 0:
         final = {**out, "status": status, "ended": ended if status == "ok" else "failed"}
         if error is not None:
-            final["error"] = _tail(error, 2000)
+            final["error"] = error_tail(error, 2000)
         write_json_atomic(result, final)
     for engine, _ in engines:
         try:

@@ -36,14 +36,12 @@ any program of a user's would be.
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import socket
 import sys
 import time
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +51,18 @@ from autotune.metrics_writer import MetricsWriter
 from autotune.trial import TrialResult, TrialSpec
 from autotune.util.atomic import write_json_atomic
 from trainer.distributed import LaunchEnv, launch_env_from
+from trainer.launch import (
+    LaunchContext,
+    agree,
+    close_launch,
+    error_tail,
+    gather,
+    raise_terminated,
+    rank0_value,
+    syncer,
+)
 from trainer.results import Measured, RankFacts, write_failed, write_ok, write_result
-from trainer.status import STATUS_CODES, Terminated, is_out_of_memory, result_status_of_exception
+from trainer.status import STATUS_CODES, is_out_of_memory, result_status_of_exception
 from trainer.timeline import LAUNCH_TIME_ENV, Timeline
 
 __all__ = ["run_trials", "result_status_of_exception", "is_out_of_memory",
@@ -97,9 +105,9 @@ def run_trials(pairs: list[tuple[str, str]], env: dict[str, str] | None = None) 
         for job in jobs:
             print(f"trainer: invalid spec: {job.error}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        ctx = _Context.start(launch, valid[0].spec, timeline,  # type: ignore[arg-type]
+        ctx = LaunchContext.start(launch, valid[0].spec, timeline,  # type: ignore[arg-type]
                              launch_time=_float_or_none(environ.get(LAUNCH_TIME_ENV)),
                              batch_size=len(valid))
     except Exception as err:  # rendezvous/device failure: nothing ran
@@ -107,7 +115,7 @@ def run_trials(pairs: list[tuple[str, str]], env: dict[str, str] | None = None) 
         if launch.rank == 0:
             for job in valid:
                 write_result(job.result_path, TrialResult(
-                    status=status, error=_tail(err), world_size=launch.world_size))
+                    status=status, error=error_tail(err), world_size=launch.world_size))
         print(f"trainer: could not start: {err}", file=sys.stderr)
         return 1
     failed = False
@@ -119,7 +127,7 @@ def run_trials(pairs: list[tuple[str, str]], env: dict[str, str] | None = None) 
                   f"{len(valid) - index - 1} after it are left to run alone", file=sys.stderr)
             break
     else:
-        _close(ctx)
+        close_launch(ctx)
     if failed:
         return 1
     return 2 if len(valid) < len(jobs) else 0
@@ -132,55 +140,7 @@ def _float_or_none(text: str | None) -> float | None:
         return None
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated(f"signal {signum} (the launcher stopped this rank)")
-
-
-def _tail(err: BaseException, limit: int = 4000) -> str:
-    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-    return f"{type(err).__name__}: {err}\n" + text[-limit:]
-
-
-@dataclass
-class _Context:
-    """What every trial of a launch shares: rank info, device, status group, the best
-    throughput measured so far in this launch (the early stop's bar for later trials)."""
-
-    launch: LaunchEnv
-    device: Any  # trainer.distributed.DeviceInfo (imported lazily with torch)
-    status_group: Any
-    launch_time: float | None = None
-    batch_size: int = 1
-    best_tflops: list[float] = field(default_factory=list)
-
-    @classmethod
-    def start(cls, launch: LaunchEnv, spec: TrialSpec, timeline: Timeline, *,
-              launch_time: float | None, batch_size: int) -> _Context:
-        from trainer import distributed  # imports torch (seconds): after spec validation
-
-        # DS_ACCELERATOR first: DeepSpeed picks its accelerator once, at import.
-        kind = distributed.prepare_environment(spec.run.device)
-        import deepspeed  # noqa: F401  (imported here so that its seconds are "imports")
-
-        timeline.lap("imports")
-        device = distributed.pick_device(kind, launch.local_rank)
-        timeout = spec.run.collective_timeout_s
-        timeline.lap("device_setup")
-        distributed.init_process_group(launch, device, timeout)
-        timeline.lap("rendezvous")
-        import torch.distributed as dist
-
-        # Longer than any step collective's timeout: a rank that failed early waits here
-        # until the others have timed out of the step and join it.
-        status_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(
-            seconds=2 * timeout + 30))
-        if launch.world_size > 1:
-            dist.barrier(group=status_group)  # the communicator is up on every rank
-        timeline.lap("device_setup")
-        return cls(launch, device, status_group, launch_time, batch_size)
-
-
-def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
+def _run_one(job: _Job, ctx: LaunchContext, timeline: Timeline, index: int) -> str:
     """Run one trial on this rank; rank 0 writes the result. Returns the agreed status."""
     import torch
 
@@ -197,7 +157,7 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
     err_path.unlink(missing_ok=True)
     torch.manual_seed(run.seed)
     distributed.set_group_timeout(run.collective_timeout_s)  # for this trial's new groups
-    sync = _syncer(ctx)
+    sync = syncer(ctx)
     losses: list[float] = []
     times_s: list[float] = []  # rank 0's, on every rank
     clock, warm = StepClock(sync), StepClock(sync)
@@ -235,7 +195,7 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
                 if step == run.warmup_steps:
                     timeline.lap("warmup")
                 continue
-            times_s.append(_rank0_value(clock.times_s[-1], ctx, rule.adaptive))
+            times_s.append(rank0_value(clock.times_s[-1], ctx, rule.adaptive))
             done, early = rule.decide(times_s)
             if done:
                 break
@@ -247,11 +207,11 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
         error = err
         write_json_atomic(err_path, {"rank": launch.rank, "host": socket.gethostname(),
                                      "status": result_status_of_exception(err),
-                                     "error": _tail(err)})
+                                     "error": error_tail(err)})
         print(f"trainer: rank {launch.rank}: {type(err).__name__}: {str(err)[:1000]}",
               file=sys.stderr)  # the launch's output says why, whichever rank fails first
     metrics.close()
-    status = _agree(result_status_of_exception(error), ctx)
+    status = agree(result_status_of_exception(error), ctx)
     # Once every rank agreed, a peer may exit (a failed trial ends its launch), and
     # torchrun then SIGTERMs this rank: the result must still be written (torchrun's
     # SIGKILL follows only after its grace period). Rank 0 still releasing memory when a
@@ -269,7 +229,7 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
         distributed.release_memory(device)  # the next trial of the launch starts clean
         batch = (index, ctx.batch_size)
         if status == "ok":
-            everyone = _gather(RankFacts(socket.gethostname(), n_params, alloc, reserved,
+            everyone = gather(RankFacts(socket.gethostname(), n_params, alloc, reserved,
                                           readings), ctx)
             timeline.lap("teardown")
             best = 0.0
@@ -283,75 +243,19 @@ def _run_one(job: _Job, ctx: _Context, timeline: Timeline, index: int) -> str:
             # Every rank keeps the same bar for the launch's next trial; after its last
             # there is none, and a rank 0 that sent and exited would leave a slower peer's
             # receive to fail ("Connection closed by peer").
-            best = _rank0_value(best, ctx, index + 1 < ctx.batch_size)
+            best = rank0_value(best, ctx, index + 1 < ctx.batch_size)
             if best > 0:
                 ctx.best_tflops.append(best)
         elif launch.rank == 0:
             timeline.lap("teardown")
             write_failed(job.result_path, spec=spec, launch=launch, device=device,
-                         status=status, error_tail=_tail(error, 2000) if error else None,
+                         status=status, error_tail=error_tail(error, 2000) if error else None,
                          error_is_oom=error is not None and is_out_of_memory(error),
                          losses=losses, timeline=timeline, batch=batch,
                          launch_time=ctx.launch_time)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return status
-
-
-def _close(ctx: _Context) -> None:
-    """End the launch together: a barrier, then the process groups destroyed, on every rank.
-
-    Without it a rank leaves as soon as its part of the last collective is done: under CPU
-    load a peer still waiting to receive from it then fails with gloo's "Connection closed
-    by peer" and exits 1 after rank 0 has written an ok result (the pattern
-    of pytorch/pytorch#75512, and PyTorch's "Shutdown" advice to call
-    ``destroy_process_group`` at the end, docs/source/distributed.rst). In a barrier every
-    rank's receive is posted before any rank leaves it. A failure here comes after every
-    result was written: it is reported and changes nothing (the results stand)."""
-    if ctx.launch.world_size == 1:
-        return
-    import torch.distributed as dist
-
-    try:
-        dist.barrier(group=ctx.status_group)
-        dist.destroy_process_group()
-    except Exception as err:  # after the results: they stand (docs/trainer.md)
-        print(f"trainer: teardown after the last result: {err}", file=sys.stderr)
-
-
-def _syncer(ctx: _Context) -> Any:
-    import torch.distributed as dist
-
-    from trainer import distributed
-
-    def sync() -> None:
-        distributed.synchronize(ctx.device)
-        if ctx.launch.world_size > 1:
-            dist.barrier()
-
-    return sync
-
-
-def _rank0_value(value: float, ctx: _Context, needed: bool) -> float:
-    """Rank 0's ``value`` on every rank (decisions taken on it must agree everywhere)."""
-    if ctx.launch.world_size == 1 or not needed:
-        return value
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.broadcast(t, src=0, group=ctx.status_group)
-    return float(t.item())
-
-
-def _gather(mine: RankFacts, ctx: _Context) -> list[RankFacts]:
-    if ctx.launch.world_size == 1:
-        return [mine]
-    import torch.distributed as dist
-
-    everyone: list[Any] = [None] * ctx.launch.world_size
-    dist.all_gather_object(everyone, mine, group=ctx.status_group)
-    return everyone
 
 
 def _step(engine: Any, batches: Any, step: int, hook: str, launch: LaunchEnv) -> float:
@@ -373,17 +277,3 @@ def _step(engine: Any, batches: Any, step: int, hook: str, launch: LaunchEnv) ->
         raise RuntimeError(f"test_hook crash_rank: rank {launch.rank} crashed on purpose")
     return loss
 
-
-def _agree(status: str, ctx: _Context) -> str:
-    """The worst status over all ranks; a rank that cannot reach the others says error."""
-    if ctx.launch.world_size == 1:
-        return status
-    import torch
-    import torch.distributed as dist
-
-    code = torch.tensor([STATUS_CODES[status]], dtype=torch.int64)
-    try:
-        dist.all_reduce(code, op=dist.ReduceOp.MAX, group=ctx.status_group)
-    except Exception:
-        return "oom" if status == "oom" else "error"
-    return {v: k for k, v in STATUS_CODES.items()}[int(code.item())]

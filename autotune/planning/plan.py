@@ -277,7 +277,7 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
         return buf.getvalue().rstrip("\n")
     if fmt != "table":
         raise SpecError("--format", fmt, f"allowed: one of {', '.join(FORMATS)}")
-    from autotune.report.tables import format_table
+    from autotune.util.text import format_table
 
     head = (f"study {result.study}: {result.model} on {result.world_size} x {result.device} "
             f"({result.dtype}), global batch {result.global_batch}, "

@@ -51,11 +51,10 @@ from autotune.models.profile import LayerProfile, LayerShape, ProfileEntry
 from autotune.models.profile_blend import analytic_layer
 from autotune.models.profile_fit import LayerSample, fit_layer_profile, median_standard_error
 from autotune.planning.candidates import rank_candidates
-from autotune.report.tables import format_table
-from autotune.runner.progress import format_duration
 from autotune.spec import StudySpec
 from autotune.trial import TrialPaths, TrialSpec
 from autotune.trial.classify import classify
+from autotune.util.text import format_duration, format_table
 
 __all__ = ["ProfileCell", "ProfileRun", "Comparison", "check_profilable", "profile_cells",
            "profile_specs", "run_profile", "compare_rows", "render_comparison",

@@ -17,7 +17,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import UsageError
 from autotune.layout import Layout
-from autotune.report.tables import format_table
 from autotune.report.timings import TimeBreakdown, breakdown_line, time_breakdown
 from autotune.storage import (
     Storage,
@@ -32,6 +31,7 @@ from autotune.storage import (
     trial_outcome,
 )
 from autotune.trial.outcome import Outcome
+from autotune.util.text import format_table
 
 __all__ = ["StudyStatus", "load_existing_study", "study_status", "selected_trial",
            "best_layout", "list_studies", "format_statuses", "confirmation_of",

@@ -17,7 +17,6 @@ from typing import TextIO
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.layout import Layout
-from autotune.report.tables import format_table
 from autotune.storage import (
     SKIPPED,
     AnyTrial,
@@ -29,6 +28,7 @@ from autotune.storage import (
     trial_reason,
 )
 from autotune.trial.outcome import Outcome, StopReason, Verdict
+from autotune.util.text import format_duration, format_table
 
 __all__ = ["Progress", "format_duration", "trials_table", "stop_message", "best_line"]
 
@@ -50,16 +50,6 @@ _STOP_MESSAGES = {
                                 "below is the single pass's, unconfirmed (run again to "
                                 "continue)",
 }
-
-
-def format_duration(seconds: float) -> str:
-    """``75`` → ``1m15s``; ``3725`` → ``1h02m``."""
-    s = round(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
 class Progress:

@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from sqlalchemy import update
 
 from autotune.spec import StudySpec
-from autotune.storage import LayoutClaim, Storage
+from autotune.storage import Storage, TrialStore
 from autotune.trial.outcome import Outcome, Verdict
 from autotune.workloads.error_line import program_error_line, signature
 
@@ -147,11 +146,7 @@ def resume_refusal(study: optuna.Study, spec: StudySpec, storage: Storage, *,
     still = _last_signature(study.get_trials(deepcopy=False)) == record.get("signature")
     if not still or changed or retry_failed:
         if retry_failed and still:
-            with storage.session() as s:
-                s.execute(update(LayoutClaim).where(
-                    LayoutClaim.study_name == spec.name,
-                    LayoutClaim.layout_key.in_(list(record.get("layouts", []))),
-                    LayoutClaim.lease_until.is_(None)).values(retry=1))
+            TrialStore(storage, spec.name).mark_for_retry(list(record.get("layouts", [])))
         study.set_user_attr(BROKEN_PROGRAM_ATTR, None)
         return None
     return (f"study {spec.name!r} was stopped because trials "

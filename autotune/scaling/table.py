@@ -31,10 +31,10 @@ from autotune.energy import energy_text
 from autotune.layout import Layout
 from autotune.models.flops import model_flops_per_step
 from autotune.planning.band import ratio_band
-from autotune.report.tables import format_table
 from autotune.scaling.sizes import ScalingRequest, scaling_efficiency, size_spec
 from autotune.spec import StudySpec
 from autotune.storage import Storage
+from autotune.util.text import format_table
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
            "scaling_json", "format_scaling", "scaling_csv", "CSV_COLUMNS", "Z_95"]

@@ -336,3 +336,12 @@ def retry_keys(storage: Storage, study_name: str) -> list[str]:
             LayoutClaim.study_name == study_name, LayoutClaim.retry == 1,
             LayoutClaim.lease_until.is_(None), LayoutClaim.attempts < MAX_ATTEMPTS)
             .order_by(LayoutClaim.id)))
+
+
+def mark_for_retry(storage: Storage, study_name: str, layout_keys: Sequence[str]) -> None:
+    """Put the released claims of ``layout_keys`` up for a retry (``run --retry-failed``)."""
+    with storage.session() as s:
+        s.execute(update(LayoutClaim).where(
+            LayoutClaim.study_name == study_name,
+            LayoutClaim.layout_key.in_(list(layout_keys)),
+            LayoutClaim.lease_until.is_(None)).values(retry=1))

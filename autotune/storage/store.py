@@ -126,6 +126,11 @@ class TrialStore:
         """Layouts waiting for a retry, oldest claim first."""
         return self._retrying(lambda: claims.retry_keys(self.storage, self.study_name))
 
+    def mark_for_retry(self, layout_keys: Sequence[str]) -> None:
+        """Put the released claims of ``layout_keys`` up for a retry."""
+        self._retrying(lambda: claims.mark_for_retry(self.storage, self.study_name,
+                                                     layout_keys))
+
     def counts(self) -> claims.ClaimCounts:
         return self._retrying(lambda: claims.claim_counts(self.storage, self.study_name))
 

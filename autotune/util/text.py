@@ -1,4 +1,4 @@
-"""Plain-text tables for the terminal (no dependency; aligned columns).
+"""Plain text for the terminal: tables with aligned columns, and durations (no dependency).
 
 >>> print(format_table(["a", "bb"], [[1, "x"], [22, "yy"]]))
 a   bb
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["format_table", "fmt"]
+__all__ = ["format_table", "fmt", "format_duration"]
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -32,3 +32,13 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
               for r in cells]
     return "\n".join(lines)
+
+
+def format_duration(seconds: float) -> str:
+    """``75`` → ``1m15s``; ``3725`` → ``1h02m``."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
