@@ -297,13 +297,12 @@ LAYERS: dict[str, int] = {
     "autotune.runner": 9, "autotune.scaling": 9, "autotune.campaign": 9,
     "autotune.profiling": 9,
     # entry points and tools
-    "autotune.cli": 10, "autotune.__main__": 10, "autotune": 10, "autotune.config.docgen": 10,
+    "autotune.cli": 10, "autotune.__main__": 10, "autotune": 10,
 }
 """The import rule as data (docs/architecture.md, "The import rule"): every package and
 top-level module of ``autotune/`` and ``trainer/`` -> its layer; a module may import its
 own layer and those below. The longest matching name decides (``autotune.planning.space``
-sits below ``autotune.planning``; ``autotune.config.docgen``, the study-files page
-generator, is a tool on top of the study-file loader it documents)."""
+sits below ``autotune.planning``)."""
 
 
 def layer_of(module: str) -> tuple[str, int] | None:

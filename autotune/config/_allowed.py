@@ -4,7 +4,7 @@
 and reads every ``check_int``, ``check_float``, ``check_choice``, ``check_list``,
 ``check_text`` and ``_int_list`` call (with its bounds) and every ``SpecError`` whose
 message does not depend on the value, as text for ``docs/study-files.md``
-(:mod:`autotune.config.docgen`). A bound is evaluated in the validator's module, with the
+(:mod:`autotune.cli.docgen`). A bound is evaluated in the validator's module, with the
 variables of the literal ``for`` loops around the call bound (``for name, top in (("tp",
 MAX_DEGREE), ...)``); what reads a local instead (``self.x``, a comprehension's variable)
 is shown as its source text, never raised.

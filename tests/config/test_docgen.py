@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from autotune.config import docgen
+from autotune.cli import docgen
 from autotune.config._allowed import rules_of
 from autotune.config._fields import check_float, check_int
 from autotune.config.cluster import MAX_NODES, ClusterConfig
@@ -24,7 +24,7 @@ CONFIGS = {"model": ModelConfig, "cluster": ClusterConfig, "training": TrainingC
 def test_the_doc_is_the_generated_reference() -> None:
     text = docgen.DOC.read_text()
     assert text == docgen.render_file(text), (
-        "docs/study-files.md is out of date: run python -m autotune.config.docgen --write")
+        "docs/study-files.md is out of date: run python -m autotune.cli.docgen --write")
 
 
 def test_every_section_and_field_is_documented_with_its_default() -> None:
