@@ -35,7 +35,8 @@ from autotune.runner.confirm_budget import Allowance
 from autotune.spec import StudySpec
 from autotune.storage import Storage
 from autotune.trial import LaunchReport, TrialPaths, TrialSpec
-from autotune.trial.paired import MIN_ROUNDS, ConfirmCandidate
+from autotune.trial.measurement import relative_precision
+from autotune.trial.paired import CONFIDENCE, MIN_ROUNDS, ConfirmCandidate
 from autotune.util.atomic import write_json_atomic
 from autotune.workloads.base import BuiltinWorkload, Placement, ProgressWatch
 
@@ -276,20 +277,26 @@ def run_rotation(launcher: Launcher, specs: list[TrialSpec], keys: list[str],
 
 
 def round_runs(data: dict[str, Any], *, number: int, world_size: int, by_trial: dict[str, int],
-               launcher: str, worker: str, run_dir: str) -> list[dict[str, Any]]:
+               launcher: str, worker: str, run_dir: str,
+               confidence: float = CONFIDENCE) -> list[dict[str, Any]]:
     """A rotation round's slots as confirmation runs (:data:`~autotune.storage.
     confirmations.RUN_COLUMNS`): each slot ``complete`` with its median step's throughput."""
     runs = []
     for slot in data.get("slots") or []:
         value = slot.get("model_tflops_per_device")
         ok = isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+        # The slot's own interval, as a run's precision; None with fewer steps than an
+        # interval at this confidence needs (6 at 95 %; a slot has trial.measure_steps).
+        times = [float(t) for t in slot.get("step_times_s") or []]
         runs.append({"round": number, "slot": int(slot["slot"]),
                      "layout_key": slot["layout_key"],
                      "trial_number": by_trial[slot["layout_key"]],
                      "outcome": "complete" if ok else "error",
                      "reason": None if ok else "no step time",
                      "model_tflops_per_device": value if ok else None,
-                     "step_time_s": slot.get("step_time_s"), "measure_precision": None,
+                     "step_time_s": slot.get("step_time_s"),
+                     "measure_precision": relative_precision(times, confidence) if ok
+                     else None,
                      "elapsed_s": sum(slot.get("step_times_s") or []),
                      "world_size": world_size, "launcher": launcher, "worker": worker,
                      "run_dir": run_dir})
@@ -345,7 +352,8 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
             return True
         number = first_round + len({r["round"] for r in runs})
         new = round_runs(data, number=number, world_size=world, by_trial=trials,
-                         launcher=launcher.kind, worker=worker, run_dir=str(root))
+                         launcher=launcher.kind, worker=worker, run_dir=str(root),
+                         confidence=run_cfg.confidence)
         first = cost["launches"] == 0
         if not storage.retrying("recording a confirmation round", lambda: record_round(
                 storage, confirmation_id, study_name=spec.name, runs=new,

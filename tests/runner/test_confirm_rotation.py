@@ -239,3 +239,23 @@ def test_rounds_read_after_the_settling_pair_are_not_stored(
     assert sorted({r["round"] for r in step.runs}) == [0, 1]
     assert sorted({r["round"] for r in stored_runs(storage, claimed.id)}) == [0, 1]
     assert step.launches == 1
+
+
+def test_a_rotation_slot_stores_its_own_precision_where_its_steps_give_one() -> None:
+    from autotune.runner.confirm_rotation import round_runs
+    from autotune.trial.measurement import relative_precision
+
+    seven = [0.100, 0.101, 0.099, 0.100, 0.102, 0.098, 0.100]
+    data = {"slots": [
+        {"slot": 0, "layout_key": "a", "model_tflops_per_device": 1.0, "step_time_s": 0.1,
+         "step_times_s": seven},
+        {"slot": 1, "layout_key": "b", "model_tflops_per_device": 1.0, "step_time_s": 0.1,
+         "step_times_s": seven[:3]},
+        {"slot": 2, "layout_key": "c", "model_tflops_per_device": None,
+         "step_times_s": seven}]}
+    runs = round_runs(data, number=0, world_size=2, by_trial={"a": 0, "b": 1, "c": 2},
+                      launcher="local", worker="w", run_dir="x", confidence=0.95)
+    assert runs[0]["measure_precision"] == pytest.approx(relative_precision(seven, 0.95))
+    assert 0 < runs[0]["measure_precision"] < 0.05
+    assert runs[1]["measure_precision"] is None  # 3 steps: no 95 % interval of a median
+    assert runs[2]["outcome"] == "error" and runs[2]["measure_precision"] is None
