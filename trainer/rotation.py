@@ -116,7 +116,7 @@ def run_rotation(schedule_path: str, env: dict[str, str] | None = None) -> int:
     engines: list[tuple[Any, Any]] = []
     error: BaseException | None = None
     try:
-        engines = _build(specs, ctx)
+        _build(specs, ctx, engines)
     except BaseException as err:  # every failure must become a status, never a hang
         if isinstance(err, KeyboardInterrupt):
             raise
@@ -137,17 +137,21 @@ def run_rotation(schedule_path: str, env: dict[str, str] | None = None) -> int:
     return 0 if status == "ok" else 1
 
 
-def _build(specs: list[TrialSpec], ctx: LaunchContext) -> list[tuple[Any, Any]]:
-    """Every candidate's engine and token source, each warmed up by its own warm-up steps."""
+def _build(specs: list[TrialSpec], ctx: LaunchContext, built: list[tuple[Any, Any]]) -> None:
+    """Every candidate's engine and token source into ``built`` (so that a failure leaves
+    the count of those built), each warmed up by its own warm-up steps."""
     import torch
 
     from trainer import distributed
     from trainer.data import MemmapTokens, SyntheticTokens, micro_batches
     from trainer.engine import TrainEngine
 
-    built: list[tuple[Any, Any]] = []
     for spec in specs:
         run, layout, model = spec.run, spec.layout, spec.model
+        if run.test_hook == "oom_coexist" and built:
+            # What a device too small for every candidate's engine at once raises.
+            raise torch.OutOfMemoryError("test_hook oom_coexist: the next engine does not "
+                                         "fit beside the others")
         torch.manual_seed(run.seed)
         distributed.set_group_timeout(run.collective_timeout_s)
         engine = TrainEngine(model, layout, run, ctx.device)
@@ -159,7 +163,6 @@ def _build(specs: list[TrialSpec], ctx: LaunchContext) -> list[tuple[Any, Any]]:
             engine.step(micro_batches(source, step=step, dp=layout.dp, dp_rank=engine.dp_rank,
                                       micro_batch=layout.micro_batch,
                                       grad_accum=layout.grad_accum))
-    return built
 
 
 def _rotate(schedule: dict[str, Any], specs: list[TrialSpec], engines: list[tuple[Any, Any]],

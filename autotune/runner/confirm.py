@@ -299,6 +299,8 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
             if step.apart is not None:
                 say(f"confirmation round: {step.apart}")
                 rotating = False
+                # The launch that found it out is recorded with its cost: it counts too.
+                launches, device_s = launches + step.launches, device_s + step.device_s
                 continue
         refused = step.refusal if step is not None else \
             allowance.refusal(want * len(keys), device_s)

@@ -25,7 +25,7 @@ __all__ = ["RunConfig", "TrialSpec", "DTYPES", "DATA_KINDS", "TEST_HOOKS"]
 DTYPES: tuple[str, ...] = ("fp32", "bf16")
 DATA_KINDS: tuple[str, ...] = ("synthetic", "file")
 TEST_HOOKS: tuple[str, ...] = ("none", "hang", "crash_rank", "oom", "oom_all",
-                                 "die")
+                                 "die", "oom_coexist")
 
 
 @dataclass(frozen=True)

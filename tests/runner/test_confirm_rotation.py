@@ -259,3 +259,38 @@ def test_a_rotation_slot_stores_its_own_precision_where_its_steps_give_one() -> 
     assert 0 < runs[0]["measure_precision"] < 0.05
     assert runs[1]["measure_precision"] is None  # 3 steps: no 95 % interval of a median
     assert runs[2]["outcome"] == "error" and runs[2]["measure_precision"] is None
+
+
+def test_engines_that_do_not_fit_together_fall_back_to_one_launch_per_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rotation's second engine runs out of memory (``test_hook: oom_coexist``, what a
+    device too small for every candidate at once raises): the round says so in one line
+    and measures the candidates one run per launch instead, to a verdict."""
+    spec = _spec(tmp_path, confirm_max_rounds=2)
+    storage = open_storage(spec.storage)
+    study = _study_with_two_close_trials(spec)
+    monkeypatch.setattr(confirm_module, "search_cost",
+                        lambda *_: SearchCost(10.0, {0: 1.0, 1: 1.0}, 10))
+    plain = StudySpec.run_config
+
+    def with_hook(self: StudySpec, best: float | None = None) -> Any:
+        from dataclasses import replace
+        return replace(plain(self, best), test_hook="oom_coexist")
+
+    monkeypatch.setattr(StudySpec, "run_config", with_hook)
+    launcher = make_launcher(spec.launcher, spec.model, spec.cluster, spec.training,
+                             workload=spec.workload)
+    seen: list[str] = []
+    result = confirm_best(spec, storage, study, launcher, worker="w", say=seen.append)
+    assert any("do not fit in memory together" in line for line in seen), seen
+    record = result.record
+    assert record is not None and record["state"] in ("decided", "budget"), result.line
+    runs = stored_runs(storage, 1)
+    assert sorted({r["round"] for r in runs}) == [0, 1]
+    assert all(r["outcome"] == "complete" for r in runs)
+    rotation = json.loads((Path(spec.launcher.run_dir) / spec.name / "confirm-001"
+                           / "rotation-00" / "result.json").read_text())
+    assert rotation["status"] == "oom" and rotation["coexist"] is False
+    assert rotation["built"] == 1 and "oom_coexist" in rotation["error"]
+    # The rotation's launch and the fallback's are both counted.
+    assert record["launches"] >= 2
