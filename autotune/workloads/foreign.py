@@ -28,7 +28,6 @@ known that precisely (:mod:`autotune.workloads.adaptive`, the built-in trainer's
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ from autotune.workloads.adaptive import MeasuringWatch
 from autotune.workloads.base import Placement, ProgressWatch, Workload, log_paths
 from autotune.workloads.error_line import program_error_line
 from autotune.workloads.oom_signatures import OOM_SIGNATURES
-from autotune.workloads.readback import Readback, StepCounter, measure, read_back
+from autotune.workloads.readback import StepCounter, measure, read_back
 
 __all__ = ["ForeignWorkload", "CommandWorkload", "MegatronWorkload", "fill",
            "placeholder_values", "warmup_steps", "train_iters", "steps_of", "stop_rule",
@@ -157,8 +156,7 @@ class ForeignWorkload(Workload):
 
     def finish(self, spec: TrialSpec, paths: TrialPaths, report: LaunchReport) -> None:
         logs = log_paths(paths)
-        rb = judged_steps(read_back(paths.metrics, logs, drop=warmup_steps(spec)),
-                          report.measured_stop)
+        rb = read_back(paths.metrics, logs, drop=warmup_steps(spec))
         expected = train_iters(spec)
         report.readback = {**rb.summary(), "expected": expected}
         report.log_text = "\n".join(_tail_text(p, _LOG_TEXT_CHARS) for p in logs)
@@ -225,25 +223,6 @@ class MegatronWorkload(ForeignWorkload):
                 *megatron.model_args(spec.model, given=user, kernels=False),
                 *megatron.trial_args(train_iters=train_iters(spec),
                                      ds_config=str(paths.ds_config))]
-
-
-def judged_steps(rb: Readback, stop: dict[str, Any] | None) -> Readback:
-    """The steps the stop rule judged, when autotune stopped the program: the steps it
-    printed between the decision and its end are left out, so the stored measurement (and
-    its precision) is the one the rule accepted, not one with a later step in it.
-
-    >>> from autotune.workloads.readback import StepRecord
-    >>> rb = Readback([StepRecord(n, 0.1, "metrics-file") for n in range(1, 10)],
-    ...               "metrics-file", 1)
-    >>> len(judged_steps(rb, {"reason": "precision", "steps": 6}).records)
-    7
-    >>> len(judged_steps(rb, None).records)
-    9
-    """
-    steps = (stop or {}).get("steps")
-    if not isinstance(steps, int) or steps <= 0:
-        return rb
-    return replace(rb, records=rb.records[:rb.drop + steps])
 
 
 def _with_precision(result: TrialResult, spec: TrialSpec,
