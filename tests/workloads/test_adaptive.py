@@ -34,7 +34,10 @@ from tests.workloads.conftest import PROGRAMS
 
 MODEL = ModelConfig(n_layer=2, hidden=64, n_head=4, seq_len=64, vocab_size=256, ffn_hidden=256)
 LAYOUT = Layout(tp=1, pp=1, dp=1, micro_batch=2, grad_accum=4)
-STEADY = "9.0,0.100,0.101,0.099,0.100,0.102,0.098"  # a slow first step, then within 2 %
+# A slow first step, then within 2 % for every step the program may print (the list
+# repeats: a slow step among them would be measured too, if the program printed it
+# before autotune's stop reached it).
+STEADY = "9.0," + ",".join(["0.100,0.101,0.099,0.100,0.102,0.098"] * 11)
 NOISY = "9.0,0.1,0.3,0.2,0.5"
 
 
