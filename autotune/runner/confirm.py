@@ -226,8 +226,10 @@ def _lost(lease: Lease, launcher: Launcher) -> bool:
 
 def _left(lease: Lease) -> ConfirmResult:
     """The round left to the worker that holds it now: nothing more stored by this one."""
-    why = lease.lost or (f"{lease.what}: another worker claimed it; it is left to the "
-                         "worker that holds it now")
+    # Found by the heartbeat's refused renewal or by a refused write, whichever came
+    # first (under load, either): the same words for both.
+    why = lease.lost or (f"{lease.what}: its lease was taken over (another worker claimed "
+                         "it); it is left to the worker that holds it now")
     return ConfirmResult(None, f"{why}: its launch is cancelled, nothing more is stored; "
                          "the best below is unconfirmed")
 

@@ -145,3 +145,22 @@ def test_runs_taken_over_are_killed_at_the_next_heartbeat(
         _assert_left_alone(storage, study, result, launcher.until, seen)
     finally:
         storage.close()
+
+
+def test_the_line_is_the_same_whichever_finds_the_takeover_first(tmp_path: Path) -> None:
+    """The heartbeat's refused renewal or a refused write of a round: under load either
+    comes first, and the user reads the same words."""
+    from autotune.storage.confirmations import claim_confirmation, confirmation_lease
+
+    spec = _spec(tmp_path)
+    storage = open_storage(spec.storage)
+    _study_with_two_close_trials(spec)
+    claimed = claim_confirmation(storage, study_name=spec.name, basis="b", worker="w")
+    by_write = confirm_module._left(confirmation_lease(storage, claimed.id, "w")).line
+    lease = confirmation_lease(storage, claimed.id, "w")
+    _take_over(storage)
+    assert not lease.renew()
+    by_heartbeat = confirm_module._left(lease).line
+    for line in (by_write, by_heartbeat):
+        assert "lease was taken over" in line and "left to the worker that holds it now" in line
+        assert "nothing more is stored" in line
