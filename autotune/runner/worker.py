@@ -213,9 +213,10 @@ class Worker(Proposing):
         self._set_candidates(self.learning.refit(self.storage, ooms))
         self.constraints = self.learning.constraints
         if getattr(self.launcher, "build_s", None) is None:
+            # One narrow read of the timings, not the study's whole trials each refit.
             self._build_s = build_seconds(None, (
                 t.user_attrs.get(TrialAttr.TIMINGS_S) or {}
-                for t in self.study.get_trials(deepcopy=False)))
+                for t in self.store.history(states=None, keys=(TrialAttr.TIMINGS_S,))))
         record = learned_from_record(self.learning.calibration, enabled=self.learning.enabled)
         if final or record != self._learned_record:  # a write less per refit changing nothing
             set_user_attrs(self.study, {StudyAttr.LEARNED_FROM: record})

@@ -113,3 +113,28 @@ def test_a_confirmation_round_taken_over_refuses_its_old_holder(tmp_path: Path) 
                             launches=1, device_s=1.0, worker="nohost:2")
     finally:
         store.storage.close()
+
+
+def test_the_narrow_history_reads_the_timings_a_refit_needs_as_optuna_has_them(
+        tmp_path: Path) -> None:
+    """The worker's refit reads the trials' timings narrowly (every launcher, not only the
+    replay one): the same values as Optuna's whole trials, a trial without them included."""
+    from autotune.runner.learning import build_seconds
+    from autotune.storage import TrialAttr
+
+    store = _store(tmp_path)
+    try:
+        study = optuna.load_study(study_name="s", storage=store.storage.optuna)
+        for n, timings in enumerate(({"process_start": 2.0, "build": 1.0}, None,
+                                     {"process_start": 3.0, "imports": 1.0, "build": 2.5})):
+            attrs = {"outcome": "complete", **({TrialAttr.TIMINGS_S: timings} if timings else {})}
+            study.add_trial(optuna.trial.create_trial(value=float(n + 1), user_attrs=attrs))
+        narrow = store.history(states=None, keys=(TrialAttr.TIMINGS_S,))
+        whole = study.get_trials(deepcopy=False)
+        assert [t.user_attrs.get(TrialAttr.TIMINGS_S) for t in narrow] == [
+            t.user_attrs.get(TrialAttr.TIMINGS_S) for t in whole]
+        assert build_seconds(None, (t.user_attrs.get(TrialAttr.TIMINGS_S) or {}
+                                    for t in narrow)) == build_seconds(
+            None, (t.user_attrs.get(TrialAttr.TIMINGS_S) or {} for t in whole))
+    finally:
+        store.storage.close()
