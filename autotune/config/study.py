@@ -199,9 +199,11 @@ class SearchConfig:
     """The most paired rounds of the confirmation round (2 at least: one A B, B A pair)."""
     confirm_budget: float = 0.25
     """The device-seconds the confirmation round may spend, as a fraction of what the
-    study's trials spent (``run --confirm-budget``). A step of rounds that would exceed it
-    is not started: the verdict is then "not decided within the budget" and the single
-    pass's best stands. ``0``: the round never measures."""
+    study's trials spent (``run --confirm-budget``). Where each run is its own launch, the
+    round plans the rounds it affords (at most ``confirm_max_rounds``) and decides on
+    them. A step of rounds that would exceed it is not started: the verdict is then "not
+    decided within the budget" and the single pass's best stands. ``0``: the round never
+    measures."""
 
     def __post_init__(self) -> None:
         if (isinstance(self.confirm, bool) or not isinstance(self.confirm, int)

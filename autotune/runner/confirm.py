@@ -14,7 +14,9 @@ program, the replay launcher) each run is its own launch, in the same interleave
 After each pair of rounds the verdict is taken (:func:`autotune.trial.paired.
 paired_decision`, its error rate stated there) until it is distinguishable or equivalent,
 or ``search.confirm_max_rounds``, the device budget (``search.confirm_budget`` of the
-search's device-seconds) or the wall-time limit ends it (:mod:`.confirm_budget`). Out of
+search's device-seconds) or the wall-time limit ends it (:mod:`.confirm_budget`). With
+each run its own launch, the round plans the rounds the budget affords before its first
+look (at most ``search.confirm_max_rounds``) and decides on the last of them. Out of
 budget, the verdict is "not decided within the budget" and the single pass's best stands;
 out of time, the round is left unfinished for the next run. A round whose rivals the
 study's launch-to-launch noise cannot overtake is skipped in one line. Not
@@ -252,18 +254,27 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
     done_rounds = 1 + max((r["round"] for r in stored), default=-1)
     launches, device_s = claimed.launches, claimed.device_s
     allowance.observe(device_s, len(stored))
+    rotating = rotates(launcher)
     cap = spec.search.confirm_max_rounds
+    if not rotating:
+        # Each run its own launch: the budget's rounds are known before the first look, so
+        # the verdict counts its looks on them and the last of them decides (a verdict
+        # taken on 4 paid rounds, not "not decided" after a refused 5th and 6th).
+        cap = allowance.rounds_within(cap, len(keys), done_rounds, device_s,
+                                      step=ROUNDS_PER_STEP)
+    bound = (f"{cap} rounds at most" if cap == spec.search.confirm_max_rounds else
+             f"{cap} rounds at most (what the budget affords of "
+             f"search.confirm_max_rounds {spec.search.confirm_max_rounds})")
     if claimed.resumed:
-        say(f"confirmation round: resumed after {done_rounds} stored round(s) of {cap} at most")
+        say(f"confirmation round: resumed after {done_rounds} stored round(s), {bound}")
     else:
-        say(f"confirmation round: {', '.join(keys)} side by side, {cap} rounds at most, "
+        say(f"confirmation round: {', '.join(keys)} side by side, {bound}, "
             f"{_budget_words(allowance)}")
     same_launch = launcher.batches
     launch = None if same_launch else launch_noise(storage, spec.name)
     decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
                       launch=launch)
     out_of_budget: str | None = None
-    rotating = rotates(launcher)
     trials = {c.key: c.trial_number for c in cands}
 
     def _settles(new: list[dict[str, Any]]) -> bool:

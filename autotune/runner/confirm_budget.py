@@ -79,6 +79,29 @@ class Allowance:
         if runs > 0 and device_s > 0:
             self.per_run_device_s = device_s / runs
 
+    def rounds_within(self, cap: int, members: int, done: int, spent_device_s: float, *,
+                      step: int) -> int:
+        """The most rounds the round plans: ``cap``, or fewer where the budget affords
+        fewer (each round ``members`` runs at the per-run estimate), in whole steps of
+        ``step`` rounds. Planned before the first look, the bound is what the verdict's
+        looks are counted on (:func:`autotune.trial.paired.looks`), and reaching it ends
+        the round with a verdict, not "not decided": the rounds the budget paid for are
+        used. Only a count above ``done`` lowers the cap; where the budget affords no
+        further step, the step's refusal ends the round as before.
+
+        >>> a = Allowance(100.0, None, 4, 10.0)
+        >>> a.rounds_within(12, 3, 0, 0.0, step=2), a.rounds_within(2, 3, 0, 0.0, step=2)
+        (2, 2)
+        >>> a.rounds_within(12, 2, 0, 0.0, step=2), a.rounds_within(12, 2, 4, 90.0, step=2)
+        (4, 12)
+        """
+        if self.budget_device_s is None or self.per_run_device_s <= 0 or members < 1:
+            return cap
+        more = int(max(0.0, self.budget_device_s - spent_device_s)
+                   // (members * self.per_run_device_s))
+        planned = done + more - (done + more) % max(step, 1)
+        return min(cap, planned) if planned > done else cap
+
     def refusal(self, runs: int, spent_device_s: float) -> tuple[str, str] | None:
         """Why a step of ``runs`` runs may not start: ``("budget" | "timeout", words)``."""
         step = runs * self.per_run_device_s

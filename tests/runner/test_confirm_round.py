@@ -116,6 +116,36 @@ def test_the_device_budget_ends_the_round_and_the_single_pass_best_stands(
     assert summary.confirmation is not None and summary.confirmation["state"] == "decided"
 
 
+def test_the_rounds_the_budget_affords_are_planned_and_decide(tmp_path: Path) -> None:
+    # Each run its own launch (the replay launcher): a budget of about 9 runs affords 4
+    # rounds of 2 runs. The rounds disagree (the best is slowed in rounds 0 and 2, sped up
+    # in 1 and 3), so no look settles it; the 4th round ends the round with a verdict on
+    # the 4 rounds paid for, not with "not decided within the budget" after a refused
+    # 5th and 6th (which threw them away).
+    probe = _study(tmp_path / "probe", confirm=0)
+    best = _key(probe, mb=1, tp=2)
+    factors = [1.0, 1.0, 1.0, 1.08, 1.0, 1.0, 0.95, 1.08, 1.0, 1.0, 0.95, 1.0]
+    spec = _study(tmp_path / "planned", confirm=3, budget=3.0,
+                  drift=[{"layout": best, "factors": factors}])
+    storage = open_storage(spec.storage)
+    out = io.StringIO()
+    summary, _ = _run(spec, storage, progress=Progress(total=3, stream=out))
+    seen = out.getvalue().splitlines()
+    record = summary.confirmation
+    assert record is not None and record["state"] == "decided", record
+    assert record["rounds"] == 4 and record["launches"] == 8
+    assert not record["distinguishable"]
+    assert any("4 rounds at most (what the budget affords of search.confirm_max_rounds 12)"
+               in line for line in seen), seen
+    assert record["device_s"] <= 3.0 * _search_device_s(storage, spec.name) + 1e-6
+
+
+def _search_device_s(storage: Any, name: str) -> float:
+    from autotune.runner.confirm_budget import search_cost
+
+    return search_cost(storage, name).device_s
+
+
 def test_a_step_starts_only_when_its_estimated_cost_fits_the_budget() -> None:
     from autotune.runner.confirm_budget import Allowance, SearchCost
 
