@@ -131,7 +131,7 @@ def stage_p2p_times_s(model: ModelConfig, layout: Layout, cluster: ClusterConfig
 
 
 def dp_reduce_time_s(n_params: int, layout: Layout, cluster: ClusterConfig,
-                     dtype: str) -> float:
+                     dtype: str, *, bytes_per_param: float | None = None) -> float:
     """Data-parallel gradient reduction per step: an all-reduce of the stage's gradients
     (ZeRO-1/2: a reduce-scatter plus the all-gather of the updated weights, the same
     volume; Rajbhandari et al. 2020, section 7) in every DP group at once, timed by the
@@ -139,11 +139,14 @@ def dp_reduce_time_s(n_params: int, layout: Layout, cluster: ClusterConfig,
     inside a node; across nodes the ring or the hierarchical tree with every rank of the
     node reducing at once and sharing its NICs (all TP ranks' groups, and with a pipeline
     all stages': DeepSpeed's pipeline engine reduces after the last micro-batch on every
-    stage, :func:`dp_overlaps_backward`)."""
+    stage, :func:`dp_overlaps_backward`). ``bytes_per_param``: what the training stack
+    moves per parameter where it is not the model's dtype
+    (:func:`autotune.models.stacks.dp_reduce_bytes_per_param`)."""
     if layout.dp == 1:
         return 0.0
     groups = dp_group_placements(layout.tp, layout.dp, layout.pp, cluster.devices_per_node)
-    return group_allreduce_time_s(n_params * dtype_bytes(dtype), groups,
+    per_param = bytes_per_param if bytes_per_param is not None else dtype_bytes(dtype)
+    return group_allreduce_time_s(n_params * per_param, groups,
                                   layout.tp * layout.dp, layout, cluster)
 
 

@@ -57,6 +57,7 @@ from autotune.models.flops import (
 from autotune.models.memory import params_per_rank
 from autotune.models.profile import LayerProfile
 from autotune.models.profile_blend import layer_terms
+from autotune.models.stacks import dp_reduce_bytes_per_param, is_megatron
 from autotune.models.ulysses import ulysses_layer_time_s, ulysses_share
 from autotune.models.zero_variants import (
     replica_reduce_time_s,
@@ -129,9 +130,14 @@ class _Stage:
 
 
 def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
-                  dtype: str = "bf16", profile: LayerProfile | None = None) -> StepEstimate:
+                  dtype: str = "bf16", profile: LayerProfile | None = None,
+                  stack: str = "deepspeed") -> StepEstimate:
     """Predicted step time and throughput of ``layout`` on ``cluster`` (pure function);
-    with measured layer times where ``profile`` has them (:func:`layer_terms`)."""
+    with measured layer times where ``profile`` has them (:func:`layer_terms`).
+    ``stack`` (a resolved ``training.stack``): under Megatron's own optimizer the
+    gradient reduction is its DDP's, over every data-parallel rank whatever the layout's
+    ZeRO stage, after the backward, moving its fp32 gradient buffer
+    (:func:`autotune.models.stacks.dp_reduce_bytes_per_param`)."""
     spec = cluster.device_spec()
     peak = spec.peak_flops_or_fallback(dtype)
     lay, m, p = layout, layout.grad_accum, layout.pp
@@ -163,12 +169,19 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     # Data-parallel reduction and optimizer step of the largest shard.
     n_max = max(params_per_rank(model, lay, n) for n in set(names) - {"middle"})
     dp = 0.0
-    if lay.zero_group > 1 and lay.zero_stage < 3:
+    if is_megatron(stack):
+        # Megatron's DDP all-reduces (or, distributed, reduce-scatters) its buffer once
+        # forward_backward has returned (train_step in megatron/training.py, without
+        # --deepspeed; this Megatron has no --overlap-grad-reduce): nothing overlaps it.
+        dp = dp_reduce_time_s(n_max, lay, cluster, dtype,
+                              bytes_per_param=dp_reduce_bytes_per_param(dtype, stack))
+    elif lay.zero_group > 1 and lay.zero_stage < 3:
         window = layers * layer_compute * (2.0 + rc) / (3.0 + rc)  # last backward + recompute
         reduce = zero_group_reduce_time_s if uses_own_zero_groups(lay) else dp_reduce_time_s
         dp = dp_exposed_time_s(reduce(n_max, lay, cluster, dtype), window,
                                dp_overlaps_backward(lay))
-    dp += replica_reduce_time_s(n_max, lay, cluster, dtype)  # MiCS's second hop
+    if not is_megatron(stack):
+        dp += replica_reduce_time_s(n_max, lay, cluster, dtype)  # MiCS's second hop
     opt = optimizer_time_s(n_max, lay, spec, dtype)
     step = pipe + dp + opt
 

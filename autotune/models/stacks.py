@@ -41,7 +41,8 @@ from autotune.config.study import TRAINING_STACKS
 from autotune.layout import Layout
 
 __all__ = ["STACKS", "AUTO", "REPLAY_STACK", "resolve_stack", "megatron_state_bytes",
-           "has_torch_adam_temp", "has_deepspeed_buckets", "is_megatron"]
+           "megatron_grad_bytes", "dp_reduce_bytes_per_param", "has_torch_adam_temp",
+           "has_deepspeed_buckets", "is_megatron"]
 
 AUTO = "auto"
 STACKS: tuple[str, ...] = tuple(s for s in TRAINING_STACKS if s != AUTO)
@@ -82,14 +83,58 @@ def is_megatron(stack: str) -> bool:
     return stack in ("megatron", "megatron-distributed")
 
 
+def megatron_grad_bytes(dtype: str) -> int:
+    """Bytes per parameter of Megatron's contiguous gradient buffer (``param.main_grad``):
+    fp32 with bf16 (``megatron/arguments.py`` forces ``accumulate_allreduce_grads_in_fp32``
+    for bf16) and with fp32 training; the parameters' own dtype with fp16, whose default
+    leaves it off (``megatron/model/distributed.py``: ``torch.float if
+    accumulate_allreduce_grads_in_fp32 else param.dtype``; deepspeedai/Megatron-DeepSpeed
+    @4efb479).
+
+    >>> megatron_grad_bytes("bf16"), megatron_grad_bytes("fp16"), megatron_grad_bytes("fp32")
+    (4, 2, 4)
+    """
+    return 2 if dtype == "fp16" else 4
+
+
 def megatron_state_bytes(n_params: int, layout: Layout, dtype: str,
                          stack: str) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) bytes of ``n_params`` under Megatron's own
-    optimizer (module docstring): 2 + 4 + 12 per parameter in bf16, the 12 over ``dp``
-    with the distributed optimizer; fp32: 4 + 4 + 8 (8 over ``dp``)."""
-    w_b, g_b, o_b = (4, 4, 8) if dtype == "fp32" else (2, 4, 12)
+    optimizer (module docstring): 2 + 4 + 12 per parameter in bf16 (fp16: 2 + 2 + 12,
+    :func:`megatron_grad_bytes`), the 12 over ``dp`` with the distributed optimizer; fp32:
+    4 + 4 + 8 (8 over ``dp``)."""
+    w_b, o_b = (4, 8) if dtype == "fp32" else (2, 12)
+    g_b = megatron_grad_bytes(dtype)
     shard = layout.dp if stack == "megatron-distributed" else 1
     return n_params * w_b, n_params * g_b, int(n_params * o_b / shard)
+
+
+def dp_reduce_bytes_per_param(dtype: str, stack: str) -> float | None:
+    """What the data-parallel gradient reduction moves per parameter, as the bytes of an
+    all-reduce of the same volume; ``None`` under DeepSpeed's engine, which reduces in the
+    model's dtype (its gradient accumulation dtype defaults to the model's,
+    ``get_data_types`` in ``deepspeed/runtime/engine.py``, DeepSpeed 0.19.8, and autotune's
+    configs set no other).
+
+    * ``megatron``: ``all_reduce`` of the whole gradient buffer
+      (``DistributedDataParallel.allreduce_gradients``, ``megatron/model/distributed.py``):
+      :func:`megatron_grad_bytes`, 4 in bf16, twice DeepSpeed's 2.
+    * ``megatron-distributed``: a reduce-scatter of the gradient buffer and an all-gather
+      of the updated weights into a buffer of the parameters' dtype
+      (``reduce_model_grads`` and ``gather_model_params``, ``megatron/optimizer/
+      distrib_optimizer.py``, same commit): each half an all-reduce's volume, so
+      ``(grad + weight bytes) / 2``, 3 in bf16.
+
+    >>> dp_reduce_bytes_per_param("bf16", "megatron"), dp_reduce_bytes_per_param("bf16",
+    ...     "megatron-distributed"), dp_reduce_bytes_per_param("bf16", "deepspeed")
+    (4, 3.0, None)
+    """
+    if stack == "megatron":
+        return megatron_grad_bytes(dtype)
+    if stack == "megatron-distributed":
+        weight = 4 if dtype == "fp32" else 2
+        return (megatron_grad_bytes(dtype) + weight) / 2
+    return None
 
 
 def has_torch_adam_temp(stack: str) -> bool:

@@ -84,24 +84,25 @@ def rank_candidates(model: ModelConfig, cluster: ClusterConfig, training: Traini
     """Feasible layouts, best expected throughput first (ties: fewer devices per model)."""
     feasible, _ = partition_space(model, cluster, training, search, constraints)
     return rank_layouts(model, cluster, feasible, dtype=training.dtype, profile=profile,
-                        constraints=constraints, ooms=ooms)
+                        constraints=constraints, ooms=ooms, stack=training.stack)
 
 
 def rank_layouts(model: ModelConfig, cluster: ClusterConfig, layouts: Iterable[Layout], *,
                  dtype: str, profile: LayerProfile | None,
                  constraints: Constraints | None = None,
-                 ooms: Sequence[Layout] = ()) -> list[Candidate]:
+                 ooms: Sequence[Layout] = (), stack: str = "deepspeed") -> list[Candidate]:
     """``layouts`` with their predictions, best expected throughput first (ties: fewer
     devices per model, then layout order). The probability of fitting comes from
     ``constraints``' memory rule, conditioned on the measured ``ooms``; without one (a
     replayed table) every layout has 1."""
     out = []
     for layout in layouts:
-        step = estimate_step(model, layout, cluster, dtype=dtype, profile=profile)
+        step = estimate_step(model, layout, cluster, dtype=dtype, profile=profile,
+                             stack=stack)
         fit = constraints.memory_verdict(layout, model, ooms=ooms) if constraints else None
         if fit is None:
             mem = estimate_memory(model, layout, dtype=dtype, device=cluster.device,
-                                  profile=profile).peak_bytes
+                                  profile=profile, stack=stack).peak_bytes
             out.append(Candidate(layout, step.model_tflops_per_device, step.step_time_s, mem))
         else:
             out.append(Candidate(layout, step.model_tflops_per_device, step.step_time_s,

@@ -132,7 +132,8 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
     feasible, excluded = partition_space(model, cluster, spec.training, spec.search,
                                          constraints)
     ranked = rank_layouts(model, cluster, feasible, dtype=spec.training.dtype,
-                          profile=profile, constraints=constraints, ooms=ooms)
+                          profile=profile, constraints=constraints, ooms=ooms,
+                          stack=spec.training.stack)
     # The band is the search's prior as a run of this study would start it: with the
     # earlier studies' residuals as its warm start (the worker passes the same ones).
     warm = calibration.residuals if calibration is not None else ()
@@ -172,7 +173,7 @@ def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate,
     fit = constraints.memory_verdict(cand.layout, spec.model)
     return PlanRow(rank, cand.layout,
                    estimate_step(spec.model, cand.layout, spec.cluster, dtype=dtype,
-                                 profile=spec.profile),
+                                 profile=spec.profile, stack=spec.training.stack),
                    estimate_memory(spec.model, cand.layout, dtype=dtype, device=device,
                                    profile=spec.profile, stack=spec.training.stack),
                    cand.memory_verdict, cand.p_fit, fit.sigma_bytes if fit else 0,

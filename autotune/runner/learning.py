@@ -206,7 +206,7 @@ class StudyLearning:
         return rank_layouts(spec.model, spec.cluster,
                             [lay for lay in self.table if not constraints.check(lay, spec.model)],
                             dtype=spec.training.dtype, profile=spec.profile,
-                            constraints=constraints, ooms=ooms)
+                            constraints=constraints, ooms=ooms, stack=spec.training.stack)
 
     def candidates(self, ooms: Sequence[Layout] = ()) -> list[Candidate]:
         """The feasible layouts under the current calibration, ``p_fit`` conditioned on

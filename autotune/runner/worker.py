@@ -90,6 +90,7 @@ class Worker(Proposing):
             spec.search.strategy, seed=spec.search.seed,
             predict=cost_model_predictor(
                 spec.model, spec.cluster, dtype=spec.training.dtype, profile=spec.profile,
+                stack=spec.training.stack,
                 known={c.layout: c.predicted_tflops for c in self.by_key.values()}),
             p_fit=lambda lay: self.by_key[lay.key()].p_fit if lay.key() in self.by_key
             else 0.0,

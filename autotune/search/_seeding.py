@@ -18,7 +18,8 @@ __all__ = ["cost_model_predictor"]
 
 def cost_model_predictor(model: ModelConfig, cluster: ClusterConfig, *,
                          dtype: str = "bf16", profile: LayerProfile | None = None,
-                         known: Mapping[Layout, float] | None = None) -> Predictor:
+                         known: Mapping[Layout, float] | None = None,
+                         stack: str = "deepspeed") -> Predictor:
     """Predicted model TFLOPS per device of a layout, from :mod:`autotune.models.cost`
     (with ``profile``'s measured layer times where it has them).
 
@@ -34,7 +35,8 @@ def cost_model_predictor(model: ModelConfig, cluster: ClusterConfig, *,
     def predict(layout: Layout) -> float:
         if layout not in cache:
             cache[layout] = estimate_step(model, layout, cluster, dtype=dtype,
-                                          profile=profile).model_tflops_per_device
+                                          profile=profile,
+                                          stack=stack).model_tflops_per_device
         return cache[layout]
 
     return predict

@@ -77,3 +77,52 @@ def test_auto_resolves_from_the_workload_or_the_table(tmp_path) -> None:
     assert parse_study(given).training.stack == "megatron-distributed"
     with pytest.raises(SpecError, match=r"training\.stack: got 'apex'"):
         TrainingConfig(global_batch=4, stack="apex")
+
+
+def test_the_gradient_reduction_moves_what_the_stack_reduces() -> None:
+    # Megatron's own DDP all-reduces its fp32 gradient buffer (bf16 forces fp32
+    # accumulation): twice DeepSpeed's bf16 bytes; the distributed optimizer's
+    # reduce-scatter of fp32 gradients and all-gather of bf16 weights: 1.5 times. The
+    # same layout, the same cluster; only the stack differs.
+    from autotune.config.cluster import ClusterConfig
+    from autotune.models.communication import dp_reduce_time_s
+    from autotune.models.cost import estimate_step
+    from autotune.models.memory import params_per_rank
+
+    cluster = ClusterConfig(nodes=8, devices_per_node=8, device="a100-80gb")
+    step = {s: estimate_step(GPT_3_6B, PURE_DP, cluster, stack=s)
+            for s in ("deepspeed", "megatron", "megatron-distributed")}
+    n = params_per_rank(GPT_3_6B, PURE_DP, "only")
+    bf16 = dp_reduce_time_s(n, PURE_DP, cluster, "bf16")
+    assert step["deepspeed"].dp_comm_s == pytest.approx(bf16)  # ZeRO-0: after the backward
+    fp32 = dp_reduce_time_s(n, PURE_DP, cluster, "bf16", bytes_per_param=4)
+    three = dp_reduce_time_s(n, PURE_DP, cluster, "bf16", bytes_per_param=3)
+    assert step["megatron"].dp_comm_s == pytest.approx(fp32)
+    assert step["megatron-distributed"].dp_comm_s == pytest.approx(three)
+    # Bandwidth-bound at 3.7 GB of gradients: the bytes' ratio, within the latency terms.
+    assert fp32 / bf16 == pytest.approx(2.0, rel=0.01)
+    assert three / bf16 == pytest.approx(1.5, rel=0.01)
+    assert (step["megatron"].model_tflops_per_device
+            < step["megatron-distributed"].model_tflops_per_device
+            < step["deepspeed"].model_tflops_per_device)
+    # Megatron's optimizer has no ZeRO: a ZeRO stage in the layout changes nothing there.
+    zero1 = Layout(tp=1, pp=1, dp=64, micro_batch=1, grad_accum=1, zero_stage=1,
+                   recompute="full")
+    assert estimate_step(GPT_3_6B, zero1, cluster, stack="megatron").dp_comm_s == \
+        pytest.approx(step["megatron"].dp_comm_s)
+
+
+def test_a_study_plans_with_its_stack() -> None:
+    from autotune.planning.plan import plan_study
+
+    def doc(stack: str) -> dict[str, object]:
+        return {"name": "s", "model": {"n_layer": 30, "hidden": 3072, "n_head": 32,
+                                       "seq_len": 2048, "attention": "explicit"},
+                "cluster": {"nodes": 8, "devices_per_node": 8, "device": "a100-80gb"},
+                "training": {"global_batch": 512, "dtype": "bf16", "stack": stack},
+                "search": {"tp": [1], "pp": [1], "micro_batch": [1], "zero_stage": [0],
+                           "recompute": ["full"]}}
+
+    top = {s: plan_study(parse_study(doc(s))).rows[0] for s in ("deepspeed", "megatron")}
+    assert top["megatron"].step.dp_comm_s == pytest.approx(
+        2.0 * top["deepspeed"].step.dp_comm_s, rel=0.01)
