@@ -175,12 +175,13 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
         # --deepspeed; this Megatron has no --overlap-grad-reduce): nothing overlaps it.
         dp = dp_reduce_time_s(n_max, lay, cluster, dtype,
                               bytes_per_param=dp_reduce_bytes_per_param(dtype, stack))
-    elif lay.zero_group > 1 and lay.zero_stage < 3:
-        window = layers * layer_compute * (2.0 + rc) / (3.0 + rc)  # last backward + recompute
-        reduce = zero_group_reduce_time_s if uses_own_zero_groups(lay) else dp_reduce_time_s
-        dp = dp_exposed_time_s(reduce(n_max, lay, cluster, dtype), window,
-                               dp_overlaps_backward(lay))
-    if not is_megatron(stack):
+    else:
+        if lay.zero_group > 1 and lay.zero_stage < 3:
+            window = layers * layer_compute * (2.0 + rc) / (3.0 + rc)  # last bwd + recompute
+            reduce = zero_group_reduce_time_s if uses_own_zero_groups(lay) else \
+                dp_reduce_time_s
+            dp = dp_exposed_time_s(reduce(n_max, lay, cluster, dtype), window,
+                                   dp_overlaps_backward(lay))
         dp += replica_reduce_time_s(n_max, lay, cluster, dtype)  # MiCS's second hop
     opt = optimizer_time_s(n_max, lay, spec, dtype)
     step = pipe + dp + opt

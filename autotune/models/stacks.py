@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from autotune.config.study import TRAINING_STACKS
 from autotune.layout import Layout
+from autotune.models.activations import dtype_bytes
 
 __all__ = ["STACKS", "AUTO", "REPLAY_STACK", "resolve_stack", "megatron_state_bytes",
            "megatron_grad_bytes", "dp_reduce_bytes_per_param", "has_torch_adam_temp",
@@ -103,8 +104,8 @@ def megatron_state_bytes(n_params: int, layout: Layout, dtype: str,
     optimizer (module docstring): 2 + 4 + 12 per parameter in bf16 (fp16: 2 + 2 + 12,
     :func:`megatron_grad_bytes`), the 12 over ``dp`` with the distributed optimizer; fp32:
     4 + 4 + 8 (8 over ``dp``)."""
-    w_b, o_b = (4, 8) if dtype == "fp32" else (2, 12)
-    g_b = megatron_grad_bytes(dtype)
+    w_b, g_b = dtype_bytes(dtype), megatron_grad_bytes(dtype)
+    o_b = 8 if dtype == "fp32" else 12
     shard = layout.dp if stack == "megatron-distributed" else 1
     return n_params * w_b, n_params * g_b, int(n_params * o_b / shard)
 
@@ -132,8 +133,7 @@ def dp_reduce_bytes_per_param(dtype: str, stack: str) -> float | None:
     if stack == "megatron":
         return megatron_grad_bytes(dtype)
     if stack == "megatron-distributed":
-        weight = 4 if dtype == "fp32" else 2
-        return (megatron_grad_bytes(dtype) + weight) / 2
+        return (megatron_grad_bytes(dtype) + dtype_bytes(dtype)) / 2
     return None
 
 
