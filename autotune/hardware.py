@@ -139,8 +139,17 @@ class DeviceSpec:
         return (self.peak_tflops(dtype) or self.fallback_peak_tflops or 1.0) * 1e12
 
 
-_NVLINK3 = LinkSpec(gbps=300.0, latency_us=5.0)    # A100 NVLink3: 600 GB/s bidirectional
-_NVLINK4 = LinkSpec(gbps=450.0, latency_us=5.0)    # H100/H200 NVLink4: 900 GB/s bidirectional
+# Link figures are what NCCL moves (nccl-tests' busbw), not line rates. NVLink: "450GB/s is
+# the line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink
+# bandwidth of 370GB/s" (NCCL's maintainer, NVIDIA/nccl-tests#212, 2024-05-06, on H100
+# NVLink4): 370/450 of the line rate, for NVLink3 too (the same protocol; users report
+# all-reduce busbw of 200-210 GB/s on 8 A100 SXM4, nccl-tests#149 and #178, against 246).
+# InfiniBand: "We usually consider 24GB/s is the peak performance per 200G NIC (12 GB/s
+# for 100G NICs)" (the same, NVIDIA/nccl-tests#119, 2022-11-17): 24/25 of the line rate.
+NVLINK_EFFECTIVE = 370.0 / 450.0
+IB_EFFECTIVE = 24.0 / 25.0
+_NVLINK3 = LinkSpec(gbps=300.0 * NVLINK_EFFECTIVE, latency_us=5.0)  # A100: 300 GB/s a way
+_NVLINK4 = LinkSpec(gbps=450.0 * NVLINK_EFFECTIVE, latency_us=5.0)  # H100/H200: 450 a way
 # Between nodes, per device = the node's NIC bandwidth over its devices (NetworkSpec): DGX
 # A100 has 8 single-port ConnectX-6 HDR InfiniBand 200 Gb/s (25 GB/s per direction) for the
 # compute fabric, one per GPU (NVIDIA DGX A100 User Guide, "Hardware Overview"); DGX H100
@@ -148,10 +157,10 @@ _NVLINK4 = LinkSpec(gbps=450.0, latency_us=5.0)    # H100/H200 NVLink4: 900 GB/s
 # User Guide, "Hardware Overview"). A GPU alone reaches one NIC (nic_gbps): NCCL's topology
 # search binds each GPU to its nearest NIC (NCCL docs, "Environment variables",
 # NCCL_CROSS_NIC), and an A100's PCIe Gen4 x16 link (~32 GB/s raw) leaves little beyond one.
-_IB_HDR = LinkSpec(gbps=25.0, latency_us=10.0)     # one HDR200 NIC per GPU (DGX A100)
-_IB_NDR = LinkSpec(gbps=50.0, latency_us=10.0)     # one NDR400 NIC per GPU (DGX H100)
-_HDR_NIC_GBPS = 25.0
-_NDR_NIC_GBPS = 50.0
+_HDR_NIC_GBPS = 25.0 * IB_EFFECTIVE                # HDR200: 25 GB/s a way, NCCL gets 24
+_NDR_NIC_GBPS = 50.0 * IB_EFFECTIVE                # NDR400: 50 GB/s a way, NCCL gets 48
+_IB_HDR = LinkSpec(gbps=_HDR_NIC_GBPS, latency_us=10.0)  # one HDR200 NIC per GPU (DGX A100)
+_IB_NDR = LinkSpec(gbps=_NDR_NIC_GBPS, latency_us=10.0)  # one NDR400 NIC per GPU (DGX H100)
 # Max 1550: tile<->tile on one card ~185 GB/s, card<->card over Xe Link 15-19 GB/s per pair
 # (ALCF Aurora node performance overview, data/landscapes/README.md). Inter-node: an Aurora
 # node has 8 HPE Slingshot-11 NICs of 200 Gb/s (25 GB/s per direction) for 6 cards = 12

@@ -132,8 +132,8 @@ class ClusterConfig:
         share, at most the node's), the ``inter_node`` latency.
 
         >>> net = ClusterConfig(nodes=8, devices_per_node=8, device="a100-80gb").network()
-        >>> net.node_gbps, net.device_gbps
-        (200.0, 25.0)
+        >>> net.node_gbps, net.device_gbps  # 8 HDR200 NICs, 24 of 25 GB/s each as NCCL moves it
+        (192.0, 24.0)
         """
         spec = self.device_spec()
         share = spec.inter_node.gbps
