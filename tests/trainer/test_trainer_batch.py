@@ -63,12 +63,14 @@ def test_a_layout_after_others_gives_its_solo_losses_and_throughput(runs: dict,
     assert batched["batch_index"] > 0 and solo["batch_index"] == 0
     assert len(batched["losses"]) == len(solo["losses"]) == 7
     assert batched["losses"] == pytest.approx(solo["losses"], rel=1e-4, abs=1e-4)
-    # Throughput within noise. On the shared 2-core CI machine the median step of one of
-    # these tiny layouts (20-50 ms) moves by up to 2x from one launch to the next whatever
-    # its position: measured for tp1-pp2-dp1, alone 46 and 33 ms, in two batches of five
-    # (third to fifth place) 46, 51, 28 and 28, 22, 21 ms. So the bound is that noise; a
-    # layout that inherited a wedged group or a leaked engine is slower than that, or fails.
-    ratio = batched["step_time_s"] / solo["step_time_s"]
+    # Throughput within noise, judged on each run's fastest step. On the shared 2-core CI
+    # machine the median step of one of these tiny layouts (20-50 ms) moves by more than
+    # 2x from one launch to the next whatever its position (a fresh clone's CI, 2026-12-04:
+    # median 2.56x the solo run's, its steps 29-60 ms against 19-20): load lengthens some
+    # steps, never shortens one, so the fastest step is what the layout costs when the
+    # machine lets it run. A layout that inherited a wedged group or a leaked engine pays
+    # that on every step, its fastest one too, or fails.
+    ratio = min(batched["step_times_s"]) / min(solo["step_times_s"])
     assert abs(math.log(ratio)) < math.log(2.0), (batched["step_times_s"],
                                                    solo["step_times_s"])
 
