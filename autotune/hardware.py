@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from autotune.errors import SpecError
 
 __all__ = ["DeviceSpec", "LinkSpec", "NetworkSpec", "HARDWARE", "get_device",
-           "peak_flops_for_device_name", "GiB", "MiB", "DEFAULT_RUNTIME_BYTES"]
+           "device_spec_for_name", "peak_flops_for_device_name", "GiB", "MiB",
+           "DEFAULT_RUNTIME_BYTES"]
 
 MiB = 1024**2
 GiB = 1024**3
@@ -265,8 +266,8 @@ def get_device(name: str) -> DeviceSpec:
                         f"allowed: one of {', '.join(sorted(HARDWARE))}") from None
 
 
-def peak_flops_for_device_name(device_name: str, dtype: str) -> float | None:
-    """Dense peak FLOP/s for a device name as PyTorch reports it, or ``None`` if unknown.
+def device_spec_for_name(device_name: str) -> DeviceSpec | None:
+    """The table entry of a device name as PyTorch reports it, or ``None`` if unknown.
 
     Entries are tried most specific first (``A100-SXM4-40GB`` before ``A100``), as
     nanochat's ``get_peak_flops`` does. A Max 1550 device is taken as one tile (FLAT mode).
@@ -275,6 +276,13 @@ def peak_flops_for_device_name(device_name: str, dtype: str) -> float | None:
     candidates.sort(key=lambda item: len(item[0]), reverse=True)
     for pattern, spec in candidates:
         if pattern.lower() in device_name.lower():
-            peak = spec.peak_tflops(dtype)
-            return None if peak is None else peak * 1e12
+            return spec
     return None
+
+
+def peak_flops_for_device_name(device_name: str, dtype: str) -> float | None:
+    """Dense peak FLOP/s for a device name as PyTorch reports it, or ``None`` if unknown
+    (:func:`device_spec_for_name`)."""
+    spec = device_spec_for_name(device_name)
+    peak = spec.peak_tflops(dtype) if spec else None
+    return None if peak is None else peak * 1e12

@@ -20,9 +20,9 @@ In one run:
    ratio, and the median.
 
     python benchmarks/gpu_study_check.py                     # gpt-1.3b on the local GPU
-    python benchmarks/gpu_study_check.py --preset gpt-350m --json out.json
+    python benchmarks/gpu_study_check.py --preset gpt-3.6b --json out.json
 
-Nothing is asserted: the figures are for docs/models.md ("Measured on a GPU").
+Nothing is asserted: the figures are for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -45,9 +45,11 @@ RECOMPUTE = ("none", "full")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
+    from autotune.config.model import MODEL_PRESETS
+
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="gpt-1.3b")
+    p.add_argument("--preset", default="gpt-1.3b", choices=sorted(MODEL_PRESETS))
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--cpu", action="store_true",
                    help="a smoke run of the study on this CPU (fp32, no GEMMs): checks the "
@@ -58,26 +60,23 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _device(cpu: bool) -> tuple[str, str, Any]:
-    """(torch device kind, its name, the hardware table's entry) of the local accelerator."""
+def _device(cpu: bool) -> tuple[str, str] | None:
+    """(torch device kind, its name) of the local accelerator; ``None``: there is none."""
     import torch
 
-    from autotune.hardware import HARDWARE
-
     if cpu:
-        return "cpu", "cpu", HARDWARE["cpu"]
+        return "cpu", "cpu"
     if torch.cuda.is_available():
-        kind, name = "cuda", torch.cuda.get_device_name(0)
-    elif hasattr(torch, "xpu") and torch.xpu.is_available():
-        kind, name = "xpu", torch.xpu.get_device_name(0)
-    else:
-        raise SystemExit(2)
-    for spec in HARDWARE.values():
-        if any(t in name for t in spec.torch_names):
-            return kind, name, spec
-    print(f"gpu_study_check: {name!r} is not in autotune.hardware.HARDWARE "
-          f"(known: {', '.join(HARDWARE)})", file=sys.stderr)
-    raise SystemExit(2)
+        return "cuda", torch.cuda.get_device_name(0)
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu", torch.xpu.get_device_name(0)
+    return None
+
+
+def _dtype(kind: str) -> str:
+    """The study's dtype: bf16 on an accelerator, fp32 on the CPU (bf16 is 3-4x slower
+    than fp32 on AVX2)."""
+    return "fp32" if kind == "cpu" else "bf16"
 
 
 def _time_gemm(kind: str, m: int, n: int, k: int, reps: int = 20) -> float:
@@ -136,11 +135,10 @@ def gemm_rows(kind: str, spec: Any, model: Any) -> dict[str, Any]:
 
 
 def _study(directory: Path, kind: str, spec: Any, preset: str, global_batch: int) -> Path:
-    dtype = "fp32" if kind == "cpu" else "bf16"  # bf16 is 3-4x slower than fp32 on AVX2
     doc = {"name": "gpu-check",
            "model": {"preset": preset},
            "cluster": {"nodes": 1, "devices_per_node": 1, "device": spec.name},
-           "training": {"global_batch": global_batch, "dtype": dtype},
+           "training": {"global_batch": global_batch, "dtype": _dtype(kind)},
            "search": {"strategy": "grid", "tp": [1], "pp": [1],
                       "micro_batch": list(MICRO_BATCHES), "zero_stage": [0],
                       "recompute": list(RECOMPUTE),
@@ -171,14 +169,14 @@ def study_rows(kind: str, spec: Any, preset: str, global_batch: int) -> dict[str
             "layout_key", "outcome", "model_tflops_per_device", "predicted_tflops_per_device",
             "peak_memory_bytes", "predicted_memory_bytes", "step_time_s"))
     gib = 2.0 ** 30
-    dtype = "fp32" if kind == "cpu" else "bf16"
+    peak = spec.peak_flops_or_fallback(_dtype(kind))
     out = []
     for r in rows:
         tf, ptf = r["model_tflops_per_device"], r["predicted_tflops_per_device"]
         mem, pmem = r["peak_memory_bytes"], r["predicted_memory_bytes"]
         row = {"layout": r["layout_key"], "outcome": r["outcome"], "tflops": tf,
                "predicted_tflops": ptf,
-               "mfu": tf * 1e12 / spec.peak_flops_or_fallback(dtype) if tf else None,
+               "mfu": tf * 1e12 / peak if tf else None,
                "tflops_ratio": ptf / tf if tf and ptf else None,
                "peak_gib": mem / gib if mem else None,
                "predicted_gib": pmem / gib if pmem else None,
@@ -196,6 +194,7 @@ def study_rows(kind: str, spec: Any, preset: str, global_batch: int) -> dict[str
     best = max((r["mfu"] or 0.0) for r in out) if out else None
     summary = {"exit": code, "rows": out, "median_tflops_ratio": med_tf,
                "median_memory_ratio": med_mem, "best_mfu": best}
+
     def fmt(x: float | None, how: str) -> str:
         return "-" if x is None else format(x, how)
 
@@ -207,16 +206,22 @@ def study_rows(kind: str, spec: Any, preset: str, global_batch: int) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    try:
-        kind, name, spec = _device(args.cpu)
-    except SystemExit as stop:
-        if stop.code == 2:
-            print("gpu_study_check: no CUDA or XPU device here; run it where one is",
-                  file=sys.stderr)
-        return 2
     import torch
 
     from autotune.config.model import MODEL_PRESETS
+    from autotune.hardware import HARDWARE, device_spec_for_name
+
+    found = _device(args.cpu)
+    if found is None:
+        print("gpu_study_check: no CUDA or XPU device here; run it where one is",
+              file=sys.stderr)
+        return 2
+    kind, name = found
+    spec = HARDWARE["cpu"] if kind == "cpu" else device_spec_for_name(name)
+    if spec is None:
+        print(f"gpu_study_check: {name!r} is not in autotune.hardware.HARDWARE "
+              f"(known: {', '.join(HARDWARE)})", file=sys.stderr)
+        return 2
 
     model = MODEL_PRESETS[args.preset]
     print(f"gpu_study_check: {name} ({spec.name}), torch {torch.__version__}, "

@@ -4,28 +4,18 @@ GPU in CI): the GEMM part and the figures on a device need one."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_study_check", REPO / "benchmarks" / "gpu_study_check.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmarks import gpu_study_check as bench
 
 
 @pytest.mark.slow
 def test_the_cpu_smoke_run_measures_every_layout_beside_its_prediction(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
-    code = _module().main(["--cpu", "--preset", "tiny", "--global-batch", "8",
+    code = bench.main(["--cpu", "--preset", "tiny", "--global-batch", "8",
                            "--json", str(out)])
     assert code == 0
     study = json.loads(out.read_text())["study"]
@@ -45,5 +35,5 @@ def test_without_a_device_it_says_so_and_exits_2(capsys: pytest.CaptureFixture[s
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()):
         pytest.skip("a device is here: the benchmark would run")
-    assert _module().main(["--skip-study"]) == 2
+    assert bench.main(["--skip-study"]) == 2
     assert "no CUDA or XPU device" in capsys.readouterr().err
