@@ -103,9 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--confirm", type=int, default=3)
     ap.add_argument("--confirm-budget", type=float, default=None,
                     help="search.confirm_budget of the confirmed arm (default: the study "
-                         "default, 0.25 of the search's device-seconds). The replay's "
-                         "device-seconds are its real (millisecond) wall times, so the "
-                         "budget binds as it would on a machine whose runs cost alike")
+                         "default, 0.25 of the search's device-seconds). A replayed "
+                         "run costs what the table's trial took (launcher.replay.build_s, "
+                         "60 s, then its steps), so the budget binds as it would on a "
+                         "machine whose runs cost alike, the same from run to run")
     ap.add_argument("--confirm-max-rounds", type=int, default=None,
                     help="search.confirm_max_rounds of the confirmed arm (default: 12)")
     ap.add_argument("--seed", type=int, default=0)

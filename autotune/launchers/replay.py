@@ -37,8 +37,9 @@ from autotune.landscape import LandscapeGroup, Measurement, load_landscape, merg
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
-from autotune.trial import PHASES, RunConfig, TrialPaths, TrialResult, TrialSpec
+from autotune.trial import PHASES, LaunchReport, RunConfig, TrialPaths, TrialResult, TrialSpec
 from autotune.trial.measurement import median_interval
+from autotune.util.atomic import write_json_atomic
 
 if TYPE_CHECKING:
     from autotune.config._drift import DriftRule
@@ -144,10 +145,24 @@ class ReplayLauncher(Launcher):
         if differences:
             raise LaunchError(f"replay: landscape {self.group.name!r} has another model: "
                               f"{', '.join(differences)}")
-        result = _drifted(self.result_for(spec.layout, spec.run), self.factor(spec.layout))
+        result = _drifted(self.result_for(spec.layout), self.factor(spec.layout))
+        result.timings_s = replay_timings(spec.run, result.step_time_s, build_s=self.build_s)
+        result.elapsed_s = sum(result.timings_s.values())
         self.answers += 1
         result.write(paths.result)
         return 0
+
+    def run(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> LaunchReport:
+        """The base flow, the report charged the replayed trial's wall time
+        (:func:`replay_timings`): what the budgets (``search.confirm_budget``, the tuning
+        cost) weigh is what the table's trial took. The milliseconds of reading its row
+        were noise a loaded machine multiplied, and the confirmation round's planned rounds
+        followed them from run to run."""
+        report = super().run(spec, paths, timeout_s=timeout_s)
+        if report.result is not None and report.result.elapsed_s is not None:
+            report = replace(report, elapsed_s=report.result.elapsed_s)
+            write_json_atomic(paths.report, report.to_dict())
+        return report
 
     def factor(self, layout: Layout) -> float:
         """The drift factor of ``layout``'s step time at the next answer: the product of

@@ -57,6 +57,32 @@ def test_is_a_launcher_and_returns_the_table_value(group, tmp_path):
     assert outcome.kind == "complete" and outcome.value == m.model_tflops_per_device
 
 
+def test_a_replayed_trial_is_charged_the_tables_time_not_the_reading_s(group, tmp_path):
+    # What the budgets weigh (the confirmation round's, the tuning cost) is what the table's
+    # trial took: build_s, then the warm-up and timed steps at its (drifted) step time. The
+    # few milliseconds of reading a row varied with the machine's load, and a CI run's
+    # confirmation round planned 8 rounds where the same study planned 4 on a quiet one.
+    import json
+
+    from autotune.config._drift import DriftRule
+
+    m = group.best()
+    run = RunConfig(warmup_steps=2, measure_steps=5, measure_precision=None)
+    slow = ReplayLauncher(group, (DriftRule("*", (1.5,)),), build_s=30.0)
+    paths = TrialPaths(tmp_path / "t")
+    report = slow.run(TrialSpec(group.model, m.layout, run), paths, timeout_s=5)
+    step = report.result.step_time_s
+    assert step == pytest.approx(1.5 * ReplayLauncher(group).result_for(m.layout).step_time_s)
+    assert report.result.timings_s["build"] == 30.0
+    assert report.elapsed_s == pytest.approx(30.0 + 7 * step)
+    assert report.elapsed_s == report.result.elapsed_s
+    assert json.loads(paths.report.read_text())["elapsed_s"] == report.elapsed_s
+    oom = next(x for x in synthetic_group(oom_mb=4).measurements if x.status == "oom")
+    failed = ReplayLauncher(synthetic_group(oom_mb=4), build_s=30.0).run(
+        TrialSpec(group.model, oom.layout, run), TrialPaths(tmp_path / "o"), timeout_s=5)
+    assert failed.elapsed_s == 30.0  # a failure in its first step costs the build alone
+
+
 def test_oom_rows_replay_as_oom(tmp_path):
     group = synthetic_group(oom_mb=4)
     oom = next(m for m in group.measurements if m.status == "oom")
