@@ -126,15 +126,17 @@ class ReplayLauncher(Launcher):
         """The table's layouts: a replayed study searches exactly these."""
         return self.group.layouts()
 
-    def result_for(self, layout: Layout, run: RunConfig | None = None) -> TrialResult:
-        """The table's result for ``layout``; :class:`LaunchError` if it has none. With
-        ``run`` (the trial spec's), its wall time broken down as :func:`replay_timings`."""
+    def result_for(self, layout: Layout, run: RunConfig | None = None, *,
+                   factor: float = 1.0) -> TrialResult:
+        """The table's result for ``layout``, its step time ``factor`` times slower (a drift
+        factor: :meth:`factor`); :class:`LaunchError` if it has none. With ``run`` (the
+        trial spec's), its wall time broken down as :func:`replay_timings`."""
         m = self._by_layout.get(layout)
         if m is None:
             raise LaunchError(f"replay: layout {layout.key()} is not in landscape "
                               f"{self.group.name!r} ({len(self._by_layout)} layouts); "
                               "a replayed search may only propose the table's layouts")
-        result = _result(m, self.group)
+        result = _drifted(_result(m, self.group), factor)
         if run is not None:
             result.timings_s = replay_timings(run, result.step_time_s, build_s=self.build_s)
             result.elapsed_s = sum(result.timings_s.values())
@@ -145,9 +147,7 @@ class ReplayLauncher(Launcher):
         if differences:
             raise LaunchError(f"replay: landscape {self.group.name!r} has another model: "
                               f"{', '.join(differences)}")
-        result = _drifted(self.result_for(spec.layout), self.factor(spec.layout))
-        result.timings_s = replay_timings(spec.run, result.step_time_s, build_s=self.build_s)
-        result.elapsed_s = sum(result.timings_s.values())
+        result = self.result_for(spec.layout, spec.run, factor=self.factor(spec.layout))
         self.answers += 1
         result.write(paths.result)
         return 0
