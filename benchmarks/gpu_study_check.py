@@ -61,16 +61,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _device(cpu: bool) -> tuple[str, str] | None:
-    """(torch device kind, its name) of the local accelerator; ``None``: there is none."""
+    """(torch device kind, its name) of the local accelerator, chosen as the trainer
+    chooses it (:func:`trainer.distributed.accelerator_kind`); ``None``: there is none."""
     import torch
+
+    from trainer.distributed import accelerator_kind
 
     if cpu:
         return "cpu", "cpu"
-    if torch.cuda.is_available():
-        return "cuda", torch.cuda.get_device_name(0)
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return "xpu", torch.xpu.get_device_name(0)
-    return None
+    kind = accelerator_kind("auto")
+    return None if kind == "cpu" else (kind, getattr(torch, kind).get_device_name(0))
 
 
 def _dtype(kind: str) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 
 from autotune.util.hostlist import parse_hostlist
 
-__all__ = ["LaunchEnv", "DeviceInfo", "launch_env_from", "pick_device",
+__all__ = ["LaunchEnv", "DeviceInfo", "launch_env_from", "pick_device", "accelerator_kind",
            "prepare_environment", "init_process_group", "release_memory", "set_group_timeout",
            "synchronize", "reset_peak_memory", "peak_memory", "energy_meter",
            "DEFAULT_MASTER_PORT"]
@@ -109,7 +109,7 @@ class DeviceInfo:
         return "cpu" if self.kind == "cpu" else f"{self.kind}:{self.index}"
 
 
-def _accelerator_kind(requested: str) -> str:
+def accelerator_kind(requested: str) -> str:
     """Resolve ``auto`` to xpu, then cuda, then cpu (without importing DeepSpeed)."""
     import torch
 
@@ -130,7 +130,7 @@ def prepare_environment(requested_device: str) -> str:
     Must run before ``import deepspeed``: its accelerator is chosen once, at import, from
     ``DS_ACCELERATOR``.
     """
-    kind = _accelerator_kind(requested_device)
+    kind = accelerator_kind(requested_device)
     os.environ["DS_ACCELERATOR"] = kind
     # One BLAS thread per rank, unless the user chose: ranks share the cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
