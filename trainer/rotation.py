@@ -53,7 +53,7 @@ from trainer.launch import (
 from trainer.status import result_status_of_exception
 from trainer.timeline import LAUNCH_TIME_ENV, Timeline
 
-__all__ = ["run_rotation", "RESULT_KIND"]
+__all__ = ["run_rotation", "rotate_in", "rotate_in_held", "RESULT_KIND"]
 
 RESULT_KIND = "rotation"
 
@@ -97,10 +97,6 @@ def run_rotation(schedule_path: str, env: dict[str, str] | None = None) -> int:
     except ValueError as err:
         print(f"trainer: invalid rotation: {err}", file=sys.stderr)
         return 2
-    result = str(schedule["result"])
-    out: dict[str, Any] = {"kind": RESULT_KIND, "status": "running", "keys": schedule["keys"],
-                           "world_size": launch.world_size,
-                           "steps_per_slot": schedule["steps_per_slot"], "rounds": []}
     signal.signal(signal.SIGTERM, raise_terminated)
     timeline = Timeline.for_launch(environ)
     launch_time = environ.get(LAUNCH_TIME_ENV)
@@ -110,9 +106,36 @@ def run_rotation(schedule_path: str, env: dict[str, str] | None = None) -> int:
                              batch_size=1)
     except Exception as err:  # rendezvous/device failure: nothing ran
         if launch.rank == 0:
-            write_json_atomic(result, {**out, "status": result_status_of_exception(err),
-                                       "error": error_tail(err, 2000)})
+            write_json_atomic(str(schedule["result"]), {
+                **_head(schedule, launch.world_size),
+                "status": result_status_of_exception(err), "error": error_tail(err, 2000)})
         return 1
+    return rotate_in(schedule, specs, ctx, timeline)
+
+
+def rotate_in_held(schedule_path: str, ctx: LaunchContext) -> int:
+    """The rotation in a launch held after its batch (:mod:`trainer.hold`): its groups
+    are the batch's, so only the engines are built here. The exit code."""
+    try:
+        schedule, specs = _load(schedule_path, ctx.launch.world_size)
+    except ValueError as err:
+        print(f"trainer: invalid rotation: {err}", file=sys.stderr)
+        return 2
+    return rotate_in(schedule, specs, ctx, Timeline.now())
+
+
+def _head(schedule: dict[str, Any], world_size: int) -> dict[str, Any]:
+    return {"kind": RESULT_KIND, "status": "running", "keys": schedule["keys"],
+            "world_size": world_size, "steps_per_slot": schedule["steps_per_slot"],
+            "rounds": []}
+
+
+def rotate_in(schedule: dict[str, Any], specs: list[TrialSpec], ctx: LaunchContext,
+              timeline: Timeline) -> int:
+    """Build the engines on ``ctx``'s groups and rotate; the exit code (the launch is
+    closed once the rotation ended well)."""
+    result = str(schedule["result"])
+    out = _head(schedule, ctx.launch.world_size)
     engines: list[tuple[Any, Any]] = []
     error: BaseException | None = None
     try:
@@ -124,7 +147,7 @@ def run_rotation(schedule_path: str, env: dict[str, str] | None = None) -> int:
     status = agree(result_status_of_exception(error), ctx)
     timeline.lap("build")
     if status != "ok":
-        if launch.rank == 0:
+        if ctx.launch.rank == 0:
             write_json_atomic(result, {**out, "status": status, "coexist": status != "oom",
                                        "built": len(engines),
                                        "error": error_tail(error, 2000) if error else
@@ -220,9 +243,7 @@ def _rotate(schedule: dict[str, Any], specs: list[TrialSpec], engines: list[tupl
         if error is not None:
             final["error"] = error_tail(error, 2000)
         write_json_atomic(result, final)
-    for engine, _ in engines:
-        try:
-            engine.close()
-        except Exception:
-            pass
+    # The engines are not closed one by one (a trial's teardown, with its gc pass): a
+    # rotation is its launch's last work, whose processes exit next (trainer.__main__'s
+    # _leave), and the round pays for every second until then.
     return status

@@ -89,8 +89,11 @@ def _load(job: _Job, world_size: int) -> None:
         job.spec = None
 
 
-def run_trials(pairs: list[tuple[str, str]], env: dict[str, str] | None = None) -> int:
-    """Run every ``(spec, result)`` pair in order in this process; return the exit code."""
+def run_trials(pairs: list[tuple[str, str]], env: dict[str, str] | None = None, *,
+               hold: tuple[str, float] | None = None) -> int:
+    """Run every ``(spec, result)`` pair in order in this process; return the exit code.
+    ``hold``: the runner's word file and how long to wait for it once the batch is done
+    (:mod:`trainer.hold`)."""
     environ = os.environ if env is None else env
     launch = launch_env_from(environ)
     timeline = Timeline.for_launch(environ)
@@ -127,6 +130,17 @@ def run_trials(pairs: list[tuple[str, str]], env: dict[str, str] | None = None) 
                   f"{len(valid) - index - 1} after it are left to run alone", file=sys.stderr)
             break
     else:
+        if hold is not None:
+            from trainer.hold import await_word
+
+            schedule = await_word(hold[0], ctx, hold[1])
+            if schedule is not None:
+                from trainer.rotation import rotate_in_held
+
+                rotated = rotate_in_held(schedule, ctx)
+                # The trials' results stand whatever the rotation did; its own file says
+                # how it went, and its failure is the launch's exit code.
+                return rotated if rotated else (1 if failed else 0)
         close_launch(ctx)
     if failed:
         return 1

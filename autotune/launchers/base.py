@@ -51,6 +51,11 @@ Contract, checked for every backend by one test class (``LauncherContract`` in
    workload's ``argv``); the others, and every launcher whose workload cannot run several
    trials in one process (a foreign program), run them one by one and the runner proposes
    one layout at a time (:attr:`Launcher.batches`).
+7. ``run_batch(..., hold=True)`` (a batching launcher) returns once every member wrote its
+   result, with the launch still up and waiting (:mod:`autotune.launchers.held`): the
+   confirmation round may run in it (:meth:`Launcher.held_launch`,
+   :meth:`Launcher.wait_held`); any other launch, and :meth:`Launcher.release_held`, ends
+   it first. A launch that ends by itself meanwhile is simply gone.
 """
 
 from __future__ import annotations
@@ -63,10 +68,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from autotune.launchers.held import HOLD_S, HeldLaunch, word_path
 from autotune.layout import Layout
 from autotune.trial import LaunchReport, TrialPaths, TrialSpec
 from autotune.util.atomic import write_json_atomic
-from autotune.workloads.base import BuiltinWorkload, Workload
+from autotune.workloads.base import BuiltinWorkload, ProgressWatch, Workload
 
 __all__ = ["Launcher", "tail"]
 
@@ -89,12 +95,17 @@ class Launcher(ABC):
     supports_batches: ClassVar[bool] = False
     """Whether ``_start`` starts the workload's ``argv`` (so that a batch's trials all run:
     contract 6); a backend that answers from elsewhere (a table, a script) leaves it off."""
+    supports_hold: ClassVar[bool] = False
+    """Whether a batch's launch may be held for the confirmation round (contract 7): the
+    local launcher. A SLURM step would need its ``--time`` backstop and its energy read
+    to cover the round as well: not built, so its last batch ends as any other."""
 
     def __init__(self) -> None:
         self._cancel = threading.Event()
         self._abandon = threading.Event()
         self.workload: Workload = BuiltinWorkload()
         """What the trials run (:func:`autotune.launchers.make_launcher` sets the study's)."""
+        self._held: HeldLaunch | None = None
 
     def cancel(self) -> None:
         """Ask a running :meth:`run` to kill its trial and return (thread/signal safe)."""
@@ -133,6 +144,7 @@ class Launcher(ABC):
 
     def run(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float) -> LaunchReport:
         """Run one trial to its end (template method; see the contract above)."""
+        self.release_held()
         paths.prepare()
         write_json_atomic(paths.spec, spec.to_dict())
         self.workload.prepare(spec, paths)
@@ -142,14 +154,17 @@ class Launcher(ABC):
         return report
 
     def run_batch(self, specs: Sequence[TrialSpec], paths: Sequence[TrialPaths], *,
-                  timeout_s: float) -> list[LaunchReport]:
-        """Run trials of one world size in one launch; one report each (contract, 6)."""
+                  timeout_s: float, hold: bool = False) -> list[LaunchReport]:
+        """Run trials of one world size in one launch; one report each (contract, 6);
+        ``hold``: leave the launch up once they are done (contract, 7)."""
+        self.release_held()
+        hold = hold and self.batches and self.supports_hold
         if len(specs) != len(paths) or not specs:
             raise ValueError(f"run_batch: {len(specs)} specs for {len(paths)} trial paths")
         if len({s.layout.world_size for s in specs}) > 1:
             raise ValueError("run_batch: the trials of a launch must share the world size, got "
                              + ", ".join(str(s.layout.world_size) for s in specs))
-        if len(specs) == 1 or not self.batches:
+        if (len(specs) == 1 and not hold) or not self.batches:
             alone = []
             for spec, member in zip(specs, paths, strict=True):
                 report = self.run(spec, member, timeout_s=timeout_s)
@@ -161,9 +176,11 @@ class Launcher(ABC):
             member.prepare()
             write_json_atomic(member.spec, spec.to_dict())
             self.workload.prepare(spec, member)
-        lead = replace(paths[0], batch=tuple(paths[1:]))
+        lead = replace(paths[0], batch=tuple(paths[1:]),
+                       hold=(word_path(paths[0]), HOLD_S) if hold else None)
         launched_wall = time.time()
-        launch = self._launch(specs[0], lead, timeout_s=timeout_s, members=list(paths))
+        launch = self._launch(specs[0], lead, timeout_s=timeout_s, members=list(paths),
+                              hold=hold)
         ended_wall = time.time()
         write_json_atomic(paths[0].report, {**launch.to_dict(), "status": None,
                                             "batch": {"size": len(specs), "members": [
@@ -220,13 +237,23 @@ class Launcher(ABC):
         return out
 
     def _launch(self, spec: TrialSpec, paths: TrialPaths, *, timeout_s: float,
-                members: list[TrialPaths]) -> LaunchReport:
+                members: list[TrialPaths], hold: bool = False) -> LaunchReport:
         """Start, wait, kill: the flow of one launch (one trial, or a batch's ``members``,
-        whose timeout runs from the last result written)."""
+        whose timeout runs from the last result written; ``hold``: once every member's
+        result is there, the launch is kept, not waited for: contract, 7)."""
         started = time.monotonic()
         handle = self._start(spec, paths)
-        watch = self.workload.watch(spec, paths)
-        timed_out = interrupted = no_progress = False
+        return self._await(handle, paths, world_size=spec.layout.world_size,
+                           started=started, timeout_s=timeout_s,
+                           members=members, watch=self.workload.watch(spec, paths),
+                           hold=hold)
+
+    def _await(self, handle: Any, paths: TrialPaths, *, world_size: int, started: float,
+               timeout_s: float, members: list[TrialPaths], watch: ProgressWatch | None,
+               hold: bool = False) -> LaunchReport:
+        """Wait for a started launch (``handle``) to end, killing it on a timeout, a
+        cancel, lost progress or its watch's word; its report."""
+        timed_out = interrupted = no_progress = held = False
         measured_stop: dict[str, Any] | None = None
         returncode: int | None = None
         deadline_from, finished = started, 0
@@ -242,6 +269,9 @@ class Launcher(ABC):
                     done = sum(m.result.exists() for m in members)
                     if done > finished:
                         deadline_from, finished = time.monotonic(), done
+                    if hold and done == len(members):
+                        held = True  # every result is in: the launch waits for a word
+                        break
                 if time.monotonic() - deadline_from > timeout_s:
                     timed_out = True
                     break
@@ -252,9 +282,16 @@ class Launcher(ABC):
                     break  # measured enough: stopped like a timeout, recorded as measured
                 time.sleep(_POLL_S)
         finally:
-            if returncode is None:  # timeout, cancel, measured, or an exception here
+            if returncode is None and not held:  # timeout, cancel, measured, an exception
                 self._kill(handle)
                 returncode = self._poll(handle)
+        if held:
+            now = time.monotonic()
+            self._held = HeldLaunch(handle, paths, world_size, started, now)
+            # Every trial wrote its result and the launch is up: for the trials, it ended
+            # well (the trainer's exit code would say the same of them).
+            return LaunchReport(result=None, returncode=0, elapsed_s=now - started,
+                                workload=self.workload.kind)
         state, hosts = self._finish(handle)
         report = LaunchReport(result=None, returncode=returncode, timed_out=timed_out,
                               interrupted=interrupted, scheduler_state=state,
@@ -264,6 +301,43 @@ class Launcher(ABC):
                               no_progress_reason=watch.describe() if no_progress and watch
                               else "", measured_stop=measured_stop)
         return report
+
+    def held_launch(self, world_size: int) -> HeldLaunch | None:
+        """The held launch, if it is still up and may take a rotation of ``world_size``
+        ranks (one that ended by itself, or is about to, is released here)."""
+        held = self._held
+        if held is None:
+            return None
+        if self._poll(held.handle) is not None or not held.usable(world_size):
+            self.release_held()
+            return None
+        return held
+
+    def wait_held(self, held: HeldLaunch, word: dict[str, Any], *, timeout_s: float,
+                  watch: ProgressWatch | None) -> LaunchReport:
+        """Hand ``word`` to the held launch and wait for its end, as :meth:`_launch` waits
+        (``watch`` polled); its report's elapsed time runs from the batch's end."""
+        if self._held is not held:
+            raise ValueError("wait_held: that launch is not the one held")
+        self._held = None
+        write_json_atomic(held.word, word)
+        return self._await(held.handle, held.paths, world_size=held.world_size,
+                           started=held.since, timeout_s=timeout_s, members=[], watch=watch)
+
+    def release_held(self, grace_s: float = 10.0) -> None:
+        """End the held launch, if any: the word to exit, then a kill after ``grace_s``
+        (or at once after a cancel)."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        if self._poll(held.handle) is None and not self.cancelled:
+            write_json_atomic(held.word, {"exit": True})
+            ends = time.monotonic() + grace_s
+            while self._poll(held.handle) is None and time.monotonic() < ends:
+                time.sleep(_POLL_S)
+        if self._poll(held.handle) is None:
+            self._kill(held.handle)
+        self._finish(held.handle)
 
     def _stderr_tail(self, paths: TrialPaths) -> str:
         parts = [tail(p, 10) for p in paths.rank_errors()]

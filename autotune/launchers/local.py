@@ -94,6 +94,7 @@ class LocalLauncher(Launcher):
 
     kind = "local"
     supports_batches = True
+    supports_hold = True
 
     def __init__(self, options: LocalOptions | None = None) -> None:
         super().__init__()

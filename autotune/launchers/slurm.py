@@ -262,7 +262,9 @@ class SlurmLauncher(Launcher):
             self._port = 0
 
     def run_batch(self, specs: Sequence[TrialSpec], paths: Sequence[TrialPaths], *,
-                  timeout_s: float) -> list[LaunchReport]:
+                  timeout_s: float, hold: bool = False) -> list[LaunchReport]:
+        # Never held (supports_hold is off): the step's backstop and energy read end with
+        # its last trial.
         # One step for the batch: its --time backstop covers every trial of it (the
         # per-trial timeout is the base class's, from the last result written).
         self._timeout_s = timeout_s * max(1, len(specs))

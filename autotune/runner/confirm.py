@@ -51,9 +51,22 @@ from autotune.config import run_defaults
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.runner.confirm_budget import Allowance, launch_noise, search_cost
-from autotune.runner.confirm_rotation import first_step_fits, rotate_rounds, rotates
+from autotune.runner.confirm_rotation import (
+    first_step_fits,
+    held_idle_s,
+    planned_rounds,
+    rotate_rounds,
+    rotates,
+)
 from autotune.runner.confirm_runs import measure_rounds, record_step
-from autotune.runner.confirm_verdict import decide, favoured, noise_cannot_flip
+from autotune.runner.confirm_verdict import (
+    basis_of,
+    confirmation_record,
+    decide,
+    favoured,
+    noise_cannot_flip,
+    shown,
+)
 from autotune.runner.lifecycle import StopSignals, heartbeat
 from autotune.spec import StudySpec
 from autotune.storage import (
@@ -78,7 +91,6 @@ from autotune.trial.paired import (
     MIN_ROUNDS,
     ROUNDS_PER_STEP,
     ConfirmCandidate,
-    PairedDecision,
     cost_line,
     decision_line,
     overlapping,
@@ -125,38 +137,6 @@ def _assumed(spec: StudySpec) -> float:
     return assumed if assumed is not None else DEFAULT_PRECISION
 
 
-def _basis(cands: list[ConfirmCandidate]) -> str:
-    """The round's key: its candidates' trial numbers (a new rival makes a new round)."""
-    return ",".join(str(n) for n in sorted(c.trial_number for c in cands))
-
-
-def confirmation_record(decision: PairedDecision | None, cands: list[ConfirmCandidate], *,
-                        state: str, launches: int, device_s: float, complete_trials: int,
-                        note: str | None = None,
-                        favours: str | None = None) -> dict[str, Any]:
-    """The study attribute: the verdict, the candidates, the cost, and the count of
-    complete trials it holds for (a later trial makes it stale). Not distinguishable, the
-    named best is the single pass's (``cands[0]``) unless the paired evidence favours
-    another (``favours``: :func:`~autotune.runner.confirm_verdict.favoured`), and
-    ``equivalent_to`` the other of the rounds' two first."""
-    numbers = {c.key: c.trial_number for c in cands}
-    base: dict[str, Any] = (decision.to_record() if decision is not None else
-                            {"winner": cands[0].key, "runner_up": None, "ratio": None,
-                             "interval": None, "rounds": 0, "distinguishable": None})
-    if decision is not None and decision.runner_up is not None and \
-            not decision.distinguishable and state == "decided":
-        named = cands[0].key if favours is None or favours == cands[0].key else favours
-        other = decision.runner_up if named == decision.winner else decision.winner
-        base = {**base, "paired_winner": decision.winner, "winner": named,
-                "equivalent_to": other}
-    return {**base, "state": state, "note": note, "basis": _basis(cands),
-            "single_pass": cands[0].key,
-            "winner_trial": numbers.get(base["winner"]),
-            "runner_up_trial": numbers.get(base["runner_up"]) if base["runner_up"] else None,
-            "candidates": [c.key for c in cands], "launches": launches,
-            "device_s": round(device_s, 3), "complete_trials": complete_trials}
-
-
 def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: Launcher,
                  *, worker: str, signals: StopSignals | None = None,
                  say: Callable[[str], None] = lambda _: None,
@@ -192,7 +172,7 @@ def confirm_best(spec: StudySpec, storage: Storage, study: optuna.Study, launche
                              deadline=deadline, batched=launcher.batches)
     while len(cands) > 2 and not first_step_fits(spec, storage, launcher, cands, allowance):
         cands = cands[:-1]  # the farthest rival first: within the budget, the closest
-    basis = _basis(cands)
+    basis = basis_of(cands)
     claimed = storage.retrying("claiming the confirmation round", lambda: claim_confirmation(
         storage, study_name=name, basis=basis, worker=worker))
     if claimed is ConfirmRefused.DONE:
@@ -256,7 +236,13 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
     allowance.observe(device_s, len(stored))
     rotating = rotates(launcher)
     cap = spec.search.confirm_max_rounds
-    if not rotating:
+    held = rotating and held_idle_s(launcher, allowance.world_size) is not None
+    if rotating:
+        # One launch: the rounds its plan affords are known before it starts, and the
+        # verdict counts its looks on them likewise.
+        cap = planned_rounds(spec, storage, launcher, cands, allowance, done=done_rounds,
+                             spent_device_s=device_s)
+    else:
         # Each run its own launch: the budget's rounds are known before the first look, so
         # the verdict counts its looks on them and the last of them decides (a verdict
         # taken on 4 paid rounds, not "not decided" after a refused 5th and 6th).
@@ -269,7 +255,8 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         say(f"confirmation round: resumed after {done_rounds} stored round(s), {bound}")
     else:
         say(f"confirmation round: {', '.join(keys)} side by side, {bound}, "
-            f"{_budget_words(allowance)}")
+            f"{_budget_words(allowance)}"
+            + (", in the search's last launch (held for it: no start-up)" if held else ""))
     same_launch = launcher.batches
     launch = None if same_launch else launch_noise(storage, spec.name)
     decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
@@ -285,7 +272,7 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         if found is not None and settled(found, cap):
             return True  # told after the launch, with its cost
         say(f"confirmation round {len({r['round'] for r in runs})}/{cap}: "
-            + _shown(found, runs, cands, complete) + " (measuring on)")
+            + shown(found, runs, cands, complete) + " (measuring on)")
         return False
 
     while decision is None or not settled(decision, cap):
@@ -348,8 +335,10 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
         decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
                           launch=launch)
         say(f"confirmation round {done_rounds}/{cap}: "
-            f"{_shown(decision, stored, cands, complete)}; "
+            f"{shown(decision, stored, cands, complete)}; "
             f"{device_s:.1f} device-s spent{_of_budget(allowance)}")
+        if step is not None and step.budget_spent:
+            break  # the budget paid for these rounds and no more: they decide
     if decision is None or (out_of_budget is not None and not settled(decision, cap)):
         state = "budget" if out_of_budget is not None else "failed"
         note = out_of_budget if out_of_budget is not None else "every round had a failed run"
@@ -370,16 +359,6 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
     set_user_attrs(study, {StudyAttr.CONFIRMATION: record})
     return ConfirmResult(record, f"confirmation round: {decision_line(record)}; "
                          + cost_line(record))
-
-
-def _shown(decision: PairedDecision | None, runs: list[dict[str, Any]],
-           cands: list[ConfirmCandidate], complete: int) -> str:
-    if decision is None:
-        return "every round so far had a failed run"
-    keys = [c.key for c in cands]
-    return decision_line(confirmation_record(
-        decision, cands, state="decided", launches=0, device_s=0.0, complete_trials=complete,
-        favours=favoured(runs, keys, cands[0].key)))
 
 
 def _budget_words(allowance: Allowance) -> str:

@@ -11,10 +11,17 @@ built-in trainer:
   size;
 * :func:`abba_orders`: each round's order (A B, B A, A B, ...: a drift linear in time
   favours no slot over a pair of rounds);
-* :func:`run_rotation`: the launch (``python -m trainer --rotation``,
-  :mod:`trainer.rotation`); each round the trainer writes is handed to ``on_round`` while
-  the launch goes on, and once ``on_round`` says the verdict is settled the trainer is
-  asked to stop (a stop file it reads before each round).
+* :func:`run_rotation` (:mod:`autotune.runner.rotation_launch`): the launch (``python -m
+  trainer --rotation``, :mod:`trainer.rotation`); each round the trainer writes is handed
+  to ``on_round`` while the launch goes on, and once ``on_round`` says the verdict is
+  settled the trainer is asked to stop (a stop file it reads before each round).
+
+Where the search's last batch was launched held (:mod:`autotune.launchers.held`: the
+study's last launch, kept up once its trials wrote their results), the rotation runs in
+it: the plan then charges no start-up, only each candidate's engine at what an engine
+after a launch's first cost, and the round starts no launch of its own (``launches``: 0).
+On the README's demo that is what lets the round run within a quarter of the search's
+device-seconds, where a launch's start-up alone cost twice that.
 
 A rotation that cannot hold every engine at once (out of memory) says so: the caller
 then measures one candidate per launch.
@@ -26,26 +33,27 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.launchers.base import Launcher
 from autotune.runner.confirm_budget import Allowance
+from autotune.runner.rotation_launch import RotationOutcome, run_rotation
 from autotune.spec import StudySpec
 from autotune.storage import Storage
-from autotune.trial import LaunchReport, TrialPaths, TrialSpec
+from autotune.trial import TrialSpec
 from autotune.trial.measurement import relative_precision
 from autotune.trial.paired import CONFIDENCE, MIN_ROUNDS, ConfirmCandidate
-from autotune.util.atomic import write_json_atomic
-from autotune.workloads.base import BuiltinWorkload, Placement, ProgressWatch
+from autotune.workloads.base import BuiltinWorkload
 
 __all__ = ["RotationPlan", "plan_rotation", "abba_orders", "run_rotation", "rotates",
            "RotationOutcome", "RotationStep", "rotate_rounds", "round_runs", "plan_of",
-           "first_step_fits"]
+           "first_step_fits", "held_idle_s", "planned_rounds"]
 
 _START_PHASES = ("process_start", "imports", "rendezvous", "device_setup")
 _ENGINE_PHASES = ("build", "warmup")
+_END_PHASE = "teardown"
 
 
 def rotates(launcher: Launcher) -> bool:
@@ -62,6 +70,9 @@ class RotationPlan:
     round_device_s: float
     refusal: tuple[str, str] | None = None
     """``("budget" | "timeout", words)`` when not even two rounds fit."""
+    end_device_s: float = 0.0
+    """Of the start-up, what the launch's end costs (every engine's teardown), which the
+    rounds must leave room for."""
 
     @property
     def device_s(self) -> float:
@@ -81,13 +92,20 @@ def abba_orders(n_candidates: int, first_round: int, rounds: int) -> list[list[i
             for n in range(first_round, first_round + rounds)]
 
 
-def _search_facts(storage: Storage, study_name: str,
-                  trial_numbers: list[int]) -> tuple[dict[int, float], float, float]:
-    """The candidates' step times, their engines' build + warm-up (s), a launch's
-    start-up (s): the largest the search's results recorded."""
+def _search_facts(storage: Storage, study_name: str, trial_numbers: list[int], *,
+                  held: bool = False) -> tuple[dict[int, float], float, float, float]:
+    """The candidates' step times, their engines' build + warm-up (s), their teardown at
+    the launch's end (s), a launch's start-up (s): the largest the search's results
+    recorded. ``held``: the rotation runs
+    in the search's held launch (:mod:`autotune.launchers.held`), so there is no start-up,
+    and an engine costs what one did after a launch's first: the first trial of a
+    launch builds its engine with the launch's one-time costs (kernels, caches) in it,
+    which a held launch has paid already; the median of the later ones, per candidate."""
     rows = storage.study_measurements(study_name, ("trial_number", "step_time_s", "result_json"))
     step_s: dict[int, float] = {}
     engines: dict[int, float] = {}
+    later: list[float] = []
+    ends: list[float] = []
     start_up = 0.0
     for number, step, text in ((r["trial_number"], r["step_time_s"], r["result_json"])
                                for r in rows):
@@ -95,28 +113,68 @@ def _search_facts(storage: Storage, study_name: str,
             timings = (json.loads(text) or {}).get("timings_s") or {} if text else {}
         except ValueError:
             timings = {}
-        start_up = max(start_up, sum(float(timings.get(p) or 0.0) for p in _START_PHASES))
+        launch_s = sum(float(timings.get(p) or 0.0) for p in _START_PHASES)
+        start_up = max(start_up, launch_s)
+        engine_s = sum(float(timings.get(p) or 0.0) for p in _ENGINE_PHASES)
+        if launch_s == 0.0 and timings:
+            later.append(engine_s)
+        if timings.get(_END_PHASE) is not None:
+            ends.append(float(timings[_END_PHASE]))
         if int(number) in trial_numbers:
             if step:
-                step_s[int(number)] = float(step)
-            engines[int(number)] = sum(float(timings.get(p) or 0.0) for p in _ENGINE_PHASES)
-    return step_s, sum(engines.values()), start_up
+                # A timed step's wall time as the trial spent it (its syncs, the broadcast
+                # of rank 0's time, the next batch's slicing), where the result says.
+                measure_s, times = _measure_wall(text)
+                step_s[int(number)] = max(float(step), measure_s / times if times else 0.0)
+            engines[int(number)] = engine_s
+    # Every engine is torn down at the launch's end, as each trial's was.
+    end_s = _median(ends) * len(trial_numbers)
+    if held:
+        each = _median(later) if later else _median(list(engines.values()))
+        return step_s, each * len(trial_numbers), end_s, 0.0
+    return step_s, sum(engines.values()), end_s, start_up
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2] if xs else 0.0
+
+
+def _measure_wall(text: str | None) -> tuple[float, int]:
+    """A trial result's measuring phase (s) and its count of timed steps."""
+    try:
+        data = json.loads(text) if text else {}
+    except ValueError:
+        return 0.0, 0
+    timings = data.get("timings_s") or {}
+    return float(timings.get("measure") or 0.0), len(data.get("step_times_s") or [])
+
+
+def held_idle_s(launcher: Launcher, world_size: int) -> float | None:
+    """How long the search's held launch has waited so far (its time is the round's), or
+    ``None`` without one to rotate in."""
+    held = launcher.held_launch(world_size)
+    return None if held is None else max(0.0, time.monotonic() - held.since)
 
 
 def plan_rotation(storage: Storage, study_name: str, trial_numbers: list[int], *,
                   allowance: Allowance, spent_device_s: float, rounds_left: int,
-                  steps_per_slot: int, first_round: int = 0) -> RotationPlan:
+                  steps_per_slot: int, first_round: int = 0,
+                  held_idle: float | None = None) -> RotationPlan:
     """The most rounds (even) one rotating launch may run within the bounds, from what
-    the search measured (:func:`plan_of`)."""
-    step_s, engines_s, start_s = _search_facts(storage, study_name, trial_numbers)
+    the search measured (:func:`plan_of`); ``held_idle``: in the search's held launch,
+    which has waited that long (charged as its start-up, with the engines)."""
+    step_s, engines_s, end_s, start_s = _search_facts(storage, study_name, trial_numbers,
+                                                      held=held_idle is not None)
+    start_s += (held_idle or 0.0) + end_s
     if len(step_s) < len(trial_numbers):
         # A candidate without a recorded step time: a round costs what a run did.
         round_s = allowance.per_run_device_s * len(trial_numbers) / max(allowance.world_size, 1)
     else:
         round_s = steps_per_slot * sum(step_s.values())
-    return plan_of(round_s=round_s, start_up_s=start_s + engines_s, allowance=allowance,
+    plan = plan_of(round_s=round_s, start_up_s=start_s + engines_s, allowance=allowance,
                    spent_device_s=spent_device_s, rounds_left=rounds_left,
                    steps_per_slot=steps_per_slot, first_round=first_round)
+    return replace(plan, end_device_s=end_s * max(allowance.world_size, 1))
 
 
 def plan_of(*, round_s: float, start_up_s: float, allowance: Allowance,
@@ -162,6 +220,23 @@ def plan_of(*, round_s: float, start_up_s: float, allowance: Allowance,
     return RotationPlan(affordable, steps_per_slot, start_up, per_round)
 
 
+def planned_rounds(spec: StudySpec, storage: Storage, launcher: Launcher,
+                   cands: list[ConfirmCandidate], allowance: Allowance, *, done: int,
+                   spent_device_s: float) -> int:
+    """The rounds one rotating launch plans (``search.confirm_max_rounds`` at most, fewer
+    where the budget affords fewer): what the verdict's looks are counted on, as where
+    each run is its own launch (:meth:`~autotune.runner.confirm_budget.Allowance.
+    rounds_within`). The cap itself where not even a pair fits (the step's refusal then
+    ends the round, as before)."""
+    cap = spec.search.confirm_max_rounds
+    plan = plan_rotation(storage, spec.name, [c.trial_number for c in cands],
+                         allowance=allowance, spent_device_s=spent_device_s,
+                         rounds_left=cap - done, steps_per_slot=max(spec.trial.measure_steps, 1),
+                         first_round=done,
+                         held_idle=held_idle_s(launcher, allowance.world_size))
+    return done + plan.rounds if plan.rounds > 0 else cap
+
+
 def first_step_fits(spec: StudySpec, storage: Storage, launcher: Launcher,
                     cands: list[ConfirmCandidate], allowance: Allowance) -> bool:
     """Whether a first A B, B A step of ``cands`` fits the bounds: one rotating launch
@@ -171,109 +246,9 @@ def first_step_fits(spec: StudySpec, storage: Storage, launcher: Launcher,
     plan = plan_rotation(storage, spec.name, [c.trial_number for c in cands],
                          allowance=allowance, spent_device_s=0.0,
                          rounds_left=spec.search.confirm_max_rounds,
-                         steps_per_slot=max(spec.trial.measure_steps, 1))
+                         steps_per_slot=max(spec.trial.measure_steps, 1),
+                         held_idle=held_idle_s(launcher, allowance.world_size))
     return plan.rounds >= MIN_ROUNDS
-
-
-class _RotationWorkload(BuiltinWorkload):
-    """The built-in trainer started with ``--rotation`` (the schedule in the paths' spec
-    directory); its watch hands each new round to the runner."""
-
-    def __init__(self, schedule: Path, watch: ProgressWatch) -> None:
-        self.schedule = schedule
-        self._watch = watch
-
-    def argv(self, spec: TrialSpec, paths: TrialPaths, placement: Placement) -> list[str]:
-        return [placement.python, "-m", "trainer", "--rotation", str(self.schedule)]
-
-    def watch(self, spec: TrialSpec, paths: TrialPaths) -> ProgressWatch | None:
-        return self._watch
-
-
-class _RoundWatch(ProgressWatch):
-    """Polled by the launcher: reads the rotation's result file, hands new rounds on, and
-    writes the stop file once ``on_round`` says the verdict is settled."""
-
-    def __init__(self, result: Path, stop: Path,
-                 on_round: Callable[[dict[str, Any], float], bool]) -> None:
-        self.result, self.stop = result, stop
-        self.on_round = on_round
-        self.seen = 0
-        self.started = time.monotonic()
-        self.last = self.started
-
-    def poll(self) -> None:
-        try:
-            data = json.loads(self.result.read_text())
-        except (OSError, ValueError):
-            return
-        rounds = data.get("rounds") or []
-        while self.seen < len(rounds):
-            now = time.monotonic()
-            done = self.on_round(rounds[self.seen], now - self.last)
-            self.last, self.seen = now, self.seen + 1
-            if done and not self.stop.exists():
-                write_json_atomic(self.stop, {"stop": "settled"})
-
-    def stalled(self) -> bool:
-        self.poll()
-        return False
-
-    def enough(self) -> dict[str, Any] | None:
-        return None
-
-    def describe(self) -> str:
-        return f"rotation: {self.seen} round(s) read"
-
-
-@dataclass
-class RotationOutcome:
-    report: LaunchReport
-    data: dict[str, Any] | None
-    """The rotation's final result file (``None``: none written)."""
-    tail_s: float
-    """Wall seconds of the launch after its last round was handed on (its teardown)."""
-
-    @property
-    def coexist(self) -> bool:
-        return not (self.data and self.data.get("coexist") is False)
-
-
-def run_rotation(launcher: Launcher, specs: list[TrialSpec], keys: list[str],
-                 orders: list[list[int]], *, steps_per_slot: int, root: Path, timeout_s: float,
-                 on_round: Callable[[dict[str, Any], float], bool]) -> RotationOutcome:
-    """One launch measuring ``orders`` rounds of ``specs``; ``on_round(round, wall_s)``
-    gets each round as it is written (``wall_s``: since the previous one, or the launch's
-    start) and returns whether to stop."""
-    paths = TrialPaths(root=root)
-    paths.prepare()
-    spec_paths = []
-    for key, spec in zip(keys, specs, strict=True):
-        path = root / f"spec-{key}.json"
-        write_json_atomic(path, spec.to_dict())
-        spec_paths.append(str(path))
-    write_json_atomic(paths.spec, specs[0].to_dict())
-    schedule = root / "rotation.json"
-    stop = root / "stop"
-    stop.unlink(missing_ok=True)
-    paths.result.unlink(missing_ok=True)
-    write_json_atomic(schedule, {"specs": spec_paths, "keys": keys, "rounds": orders,
-                                 "steps_per_slot": steps_per_slot,
-                                 "result": str(paths.result), "stop": str(stop)})
-    watch = _RoundWatch(paths.result, stop, on_round)
-    own = launcher.workload
-    launcher.workload = _RotationWorkload(schedule, watch)
-    try:
-        report = launcher._launch(specs[0], paths, timeout_s=timeout_s, members=[])
-    finally:
-        launcher.workload = own
-    watch.poll()  # rounds written just before the exit
-    try:
-        data = json.loads(paths.result.read_text())
-    except (OSError, ValueError):
-        data = None
-    write_json_atomic(paths.report, report.to_dict())
-    return RotationOutcome(report, data, max(0.0, time.monotonic() - watch.last))
 
 
 def round_runs(data: dict[str, Any], *, number: int, world_size: int, by_trial: dict[str, int],
@@ -313,6 +288,11 @@ class RotationStep:
     """Why no launch started (``budget`` or ``timeout``)."""
     apart: str | None = None
     """Why the candidates must be measured one launch each (they cannot coexist)."""
+    held: bool = False
+    """It ran in the search's held launch (no launch of its own)."""
+    budget_spent: bool = False
+    """Stopped before a pair the device budget could not pay for, by what its rounds cost:
+    the round decides on the rounds measured."""
 
 
 def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirmation_id: int,
@@ -321,15 +301,15 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
                   worker: str, settles: Callable[[list[dict[str, Any]]], bool]) -> RotationStep:
     """Plan, launch and record one rotation; ``settles(new_runs)``: whether the rounds so
     far (with the stored ones) settle the verdict, asked after every pair of rounds."""
-    from dataclasses import replace
-
     from autotune.layout import Layout
     from autotune.storage import record_round
 
     steps = max(spec.trial.measure_steps, 1)
+    idle = held_idle_s(launcher, allowance.world_size)
+    held = idle is not None
     plan = plan_rotation(storage, spec.name, [trials[k] for k in keys], allowance=allowance,
                          spent_device_s=spent_device_s, rounds_left=rounds_left,
-                         steps_per_slot=steps, first_round=first_round)
+                         steps_per_slot=steps, first_round=first_round, held_idle=idle)
     if plan.rounds == 0:
         return RotationStep([], 0, 0.0, refusal=plan.refusal)
     run_cfg = replace(spec.run_config(None), early_stop_tolerance=None,
@@ -339,11 +319,12 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
     root = (Path(spec.launcher.run_dir) / spec.name / f"confirm-{confirmation_id:03d}"
             / f"rotation-{first_round:02d}")
     runs: list[dict[str, Any]] = []
-    cost = {"launches": 0, "device_s": 0.0}
-    settled = [False]
+    cost = {"launches": 0, "device_s": 0.0, "rounds": 0}
+    costs: list[float] = []
+    settled, spent = [False], [False]
 
     def on_round(data: dict[str, Any], wall_s: float) -> bool:
-        if launcher.cancelled or launcher.abandoned or settled[0]:
+        if launcher.cancelled or launcher.abandoned or settled[0] or spent[0]:
             # After a Ctrl-C nothing more is stored: the user asked to stop; after a lost
             # lease (the launch abandoned) the round is another worker's. After the verdict
             # settled, rounds the trainer wrote before it saw the stop file (a slow poll
@@ -354,28 +335,59 @@ def rotate_rounds(spec: StudySpec, storage: Storage, launcher: Launcher, confirm
         new = round_runs(data, number=number, world_size=world, by_trial=trials,
                          launcher=launcher.kind, worker=worker, run_dir=str(root),
                          confidence=run_cfg.confidence)
-        first = cost["launches"] == 0
+        first = cost["rounds"] == 0
+        launched = 1 if first and not held else 0  # a held launch is the search's
         if not storage.retrying("recording a confirmation round", lambda: record_round(
                 storage, confirmation_id, study_name=spec.name, runs=new,
-                launches=1 if first else 0, device_s=wall_s * world, worker=worker)):
+                launches=launched, device_s=wall_s * world, worker=worker)):
             launcher.abandon()  # taken over since the last heartbeat: the launch ends now
             return True
-        cost["launches"], cost["device_s"] = 1, cost["device_s"] + wall_s * world
+        cost["launches"] += launched
+        cost["rounds"] += 1
+        cost["device_s"] += wall_s * world
+        costs.append(wall_s * world)
         runs.extend(new)
         settled[0] = (number + 1) % 2 == 0 and settles(runs)
+        if not settled[0] and (number + 1) % 2 == 0 and _pair_unaffordable(
+                allowance, spent_device_s + cost["device_s"], costs,
+                reserve=plan.end_device_s):
+            # The plan's estimate was low: what the rounds cost so far says the next pair
+            # would pass the budget. The round decides on the rounds paid for.
+            spent[0] = True
+            return True
         return settled[0]
 
     timeout = spec.trial.timeout_s * (len(keys) + 1) + 2 * plan.device_s / world
     out = run_rotation(launcher, specs, keys, abba_orders(len(keys), first_round, plan.rounds),
                        steps_per_slot=steps, root=root, timeout_s=timeout, on_round=on_round)
     tail = (out.tail_s if runs else out.report.elapsed_s) * world
+    launches = 1 if out.new_launch else 0
     if not launcher.abandoned and not storage.retrying(
             "recording a confirmation round", lambda: record_round(
                 storage, confirmation_id, study_name=spec.name, runs=[],
-                launches=0 if runs else 1, device_s=tail, worker=worker)):
+                launches=0 if runs else launches, device_s=tail, worker=worker)):
         launcher.abandon()  # the round is another worker's: its cost is not charged to it
     apart = None
     if not out.coexist and not runs:
         apart = ("the candidates' engines do not fit in memory together: one launch per "
                  "candidate and round instead")
-    return RotationStep(runs, 1, cost["device_s"] + tail, apart=apart)
+    return RotationStep(runs, launches, cost["device_s"] + tail, apart=apart,
+                        held=not out.new_launch, budget_spent=spent[0])
+
+
+def _pair_unaffordable(allowance: Allowance, spent_device_s: float, costs: list[float], *,
+                       reserve: float = 0.0) -> bool:
+    """Whether two more rounds, at what the rounds after the first cost (the first also
+    carries the engines' build), and then the launch's end would pass the device budget.
+    The end is ``reserve`` (the engines' teardown) and the round the trainer may have
+    begun before it reads the stop file (it looks between rounds).
+
+    >>> a = Allowance(budget_device_s=10.0, deadline=None, world_size=4, per_run_device_s=0)
+    >>> _pair_unaffordable(a, 6.0, [3.0, 1.0]), _pair_unaffordable(a, 8.0, [3.0, 1.0])
+    (False, True)
+    """
+    if allowance.budget_device_s is None or not costs:
+        return False
+    later = costs[1:] or costs
+    per_round = sum(later) / len(later)
+    return spent_device_s + 3 * per_round + reserve > allowance.budget_device_s

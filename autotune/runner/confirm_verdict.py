@@ -19,10 +19,12 @@ from autotune.trial.paired import (
     ConfirmCandidate,
     Noise,
     PairedDecision,
+    decision_line,
     paired_decision,
 )
 
-__all__ = ["decide", "favoured", "round_noise", "noise_cannot_flip", "RUN_NOISE_DF"]
+__all__ = ["decide", "favoured", "round_noise", "noise_cannot_flip", "RUN_NOISE_DF",
+           "confirmation_record", "shown", "basis_of"]
 
 RUN_NOISE_DF = 8
 """Degrees of freedom granted to the noise a run's own precision states: it comes from
@@ -82,6 +84,49 @@ def favoured(runs: list[dict[str, Any]], keys: list[str], single_pass: str) -> s
             if best is None or sum(logs) > best[0]:
                 best = (sum(logs), key)
     return best[1] if best else None
+
+
+def basis_of(cands: list[ConfirmCandidate]) -> str:
+    """The round's key: its candidates' trial numbers (a new rival makes a new round)."""
+    return ",".join(str(n) for n in sorted(c.trial_number for c in cands))
+
+
+def confirmation_record(decision: PairedDecision | None, cands: list[ConfirmCandidate], *,
+                        state: str, launches: int, device_s: float, complete_trials: int,
+                        note: str | None = None,
+                        favours: str | None = None) -> dict[str, Any]:
+    """The study attribute: the verdict, the candidates, the cost, and the count of
+    complete trials it holds for (a later trial makes it stale). Not distinguishable, the
+    named best is the single pass's (``cands[0]``) unless the paired evidence favours
+    another (``favours``: :func:`~autotune.runner.confirm_verdict.favoured`), and
+    ``equivalent_to`` the other of the rounds' two first."""
+    numbers = {c.key: c.trial_number for c in cands}
+    base: dict[str, Any] = (decision.to_record() if decision is not None else
+                            {"winner": cands[0].key, "runner_up": None, "ratio": None,
+                             "interval": None, "rounds": 0, "distinguishable": None})
+    if decision is not None and decision.runner_up is not None and \
+            not decision.distinguishable and state == "decided":
+        named = cands[0].key if favours is None or favours == cands[0].key else favours
+        other = decision.runner_up if named == decision.winner else decision.winner
+        base = {**base, "paired_winner": decision.winner, "winner": named,
+                "equivalent_to": other}
+    return {**base, "state": state, "note": note, "basis": basis_of(cands),
+            "single_pass": cands[0].key,
+            "winner_trial": numbers.get(base["winner"]),
+            "runner_up_trial": numbers.get(base["runner_up"]) if base["runner_up"] else None,
+            "candidates": [c.key for c in cands], "launches": launches,
+            "device_s": round(device_s, 3), "complete_trials": complete_trials}
+
+
+def shown(decision: PairedDecision | None, runs: list[dict[str, Any]],
+           cands: list[ConfirmCandidate], complete: int) -> str:
+    """The verdict so far, in the words of :func:`~autotune.trial.paired.decision_line`."""
+    if decision is None:
+        return "every round so far had a failed run"
+    keys = [c.key for c in cands]
+    return decision_line(confirmation_record(
+        decision, cands, state="decided", launches=0, device_s=0.0, complete_trials=complete,
+        favours=favoured(runs, keys, cands[0].key)))
 
 
 def noise_cannot_flip(storage: Storage, study_name: str,

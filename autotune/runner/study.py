@@ -154,14 +154,21 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     busy = Busy()
     workers = [Worker(spec, storage, study, launcher, learning.copy(), n_trials,
                        progress, name_suffix=f"/{i}" if len(launchers) > 1 else "",
-                       siblings=len(launchers), busy=busy)
+                       siblings=len(launchers), busy=busy, holds_round=i == 0)
                for i, launcher in enumerate(launchers)]
-    with StopSignals(launchers) as signals:
-        summary = (workers[0].run(timeout_s, signals) if len(workers) == 1
-                   else _run_side_by_side(workers, storage, study, timeout_s, signals))
-        if summary.stopped_by in (StopReason.BUDGET, StopReason.STRATEGY, StopReason.EXHAUSTED):
-            _confirm(spec, storage, study, launchers[0], summary, workers[0].name, signals,
-                     progress, deadline)
+    try:
+        with StopSignals(launchers) as signals:
+            summary = (workers[0].run(timeout_s, signals) if len(workers) == 1
+                       else _run_side_by_side(workers, storage, study, timeout_s, signals))
+            if summary.stopped_by in (StopReason.BUDGET, StopReason.STRATEGY,
+                                      StopReason.EXHAUSTED):
+                _confirm(spec, storage, study, launchers[0], summary, workers[0].name,
+                         signals, progress, deadline)
+    finally:
+        # The last batch's launch, held for the round (autotune.launchers.held), ends
+        # here whatever happened: used by the round, skipped, interrupted or failed.
+        for launcher in launchers:
+            launcher.release_held()
     return summary
 
 

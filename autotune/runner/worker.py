@@ -19,6 +19,7 @@ from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.planning.candidates import Candidate
 from autotune.runner import stop_early
+from autotune.runner.confirm_rotation import rotates
 from autotune.runner.facts import FactsBuilder
 from autotune.runner.kill_points import TEST_KILL_ENV, TEST_STOP_ENV, test_kill_point
 from autotune.runner.learning import (
@@ -74,7 +75,7 @@ class Worker(Proposing):
     def __init__(self, spec: StudySpec, storage: Storage, study: optuna.Study,
                  launcher: Launcher, learning: StudyLearning, n_trials: int,
                  progress: Progress, *, name_suffix: str = "", siblings: int = 1,
-                 busy: Busy | None = None) -> None:
+                 busy: Busy | None = None, holds_round: bool = False) -> None:
         self.spec, self.storage, self.launcher = spec, storage, launcher
         self.store = TrialStore(storage, spec.name)
         self.siblings = siblings
@@ -116,6 +117,12 @@ class Worker(Proposing):
         """The study's ``learned_from`` as this worker last wrote it (:meth:`_recalibrate`)."""
         self._builder = FactsBuilder(spec, launcher.kind, self.name, learning)
         self.repeated_errors = stop_early.RepeatedErrorRule(spec.search.stop_on_repeated_error)
+        self.holds_round = holds_round and spec.search.confirm >= 2 and \
+            spec.search.objective == "throughput" and rotates(launcher)
+        """Whether the study's last batch is launched held (:mod:`autotune.launchers.
+        held`): the worker whose launcher the confirmation round uses, when the round
+        would rotate the built-in trainer's engines in one launch."""
+        self._last_batch = False
         self.broken: stop_early.BrokenProgram | None = None
 
     def run(self, timeout_s: float | None, signals: StopSignals) -> RunSummary:
@@ -175,6 +182,7 @@ class Worker(Proposing):
         waiting = len(self.store.retry_keys())
         left = self.n_trials - len(self._claimed_keys()) + waiting
         size = max(1, min(self.batch_size, -(-left // self.siblings)))
+        self._last_batch = False
         while len(batch) < size:
             step = self._retrying(self._step)
             if isinstance(step, str):
@@ -189,6 +197,9 @@ class Worker(Proposing):
                 self._measure([step])
                 continue
             batch.append(step)
+        # It takes what is left of the budget: the study's last launch, which the
+        # confirmation round may reuse (Worker.holds_round).
+        self._last_batch = len(batch) >= left
         return batch, None
 
     def _set_candidates(self, candidates: list[Candidate]) -> None:
@@ -249,7 +260,10 @@ class Worker(Proposing):
             for claimed, _ in batch:
                 beats.enter_context(heartbeat(self.storage, claimed.trial_id,
                                               lease=claimed.lease, on_lost=self._lease_lost))
-            reports = self.launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s)
+            hold = self.holds_round and self._last_batch
+            reports = (self.launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s,
+                                               hold=True) if hold else
+                       self.launcher.run_batch(specs, paths, timeout_s=spec.trial.timeout_s))
             test_kill_point("after-launch")
             finished = utcnow()
             for (claimed, layout), report, cand, trial_paths in zip(batch, reports, cands,

@@ -18,6 +18,9 @@ class TrialPaths:
     batch: tuple[TrialPaths, ...] = ()
     """The other trials run in the same launch as this one, after it (a batch: this
     directory holds the launch's logs)."""
+    hold: tuple[Path, float] | None = None
+    """A held launch's word file and how long to wait for it (:mod:`autotune.launchers.
+    held`); ``None``: the launch ends after its last trial."""
 
     @property
     def spec(self) -> Path:
@@ -56,7 +59,8 @@ class TrialPaths:
     def prepare(self) -> None:
         """Create the directory; clear what a previous attempt left (a retry starts clean)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        for stale in (self.result, self.report, self.metrics, *self.rank_errors()):
+        for stale in (self.result, self.report, self.metrics, self.root / "hold.json",
+                      *self.rank_errors()):
             stale.unlink(missing_ok=True)
 
     @classmethod

@@ -156,6 +156,8 @@ class BuiltinWorkload(Workload):
         pairs: list[str] = []
         for member in (paths, *paths.batch):
             pairs += ["--spec", str(member.spec), "--result", str(member.result)]
+        if paths.hold is not None:  # the study's last batch, held for the round
+            pairs += ["--hold", str(paths.hold[0]), "--hold-s", f"{paths.hold[1]:g}"]
         return [placement.python, "-m", "trainer", *pairs]
 
     def finish(self, spec: TrialSpec, paths: TrialPaths, report: LaunchReport) -> None:

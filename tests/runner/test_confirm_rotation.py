@@ -133,7 +133,7 @@ def test_one_launch_measures_abba_rounds_to_a_verdict(tmp_path: Path,
 
 
 def test_the_watch_hands_each_round_on_once_and_asks_to_stop(tmp_path: Path) -> None:
-    from autotune.runner.confirm_rotation import _RoundWatch
+    from autotune.runner.rotation_launch import RoundWatch as _RoundWatch
 
     result, stop = tmp_path / "result.json", tmp_path / "stop"
     seen: list[int] = []

@@ -52,14 +52,14 @@ class InjectingLauncher(LocalLauncher):
         return super().run(spec, paths, timeout_s=timeout_s)
 
     def run_batch(self, specs: Sequence[TrialSpec], paths: Sequence[TrialPaths], *,
-                  timeout_s: float) -> list[LaunchReport]:
+                  timeout_s: float, hold: bool = False) -> list[LaunchReport]:
         # A batch's launch starts the trainer on every spec at once (a batch of one, and
         # the re-runs of a batch's unfinished trials, come through run above).
         if len(specs) > 1:
             self.launched += [s.layout for s in specs]
         specs = [replace(s, run=replace(s.run, test_hook=self.hook_for(s.layout)))
                  for s in specs]
-        return super().run_batch(specs, paths, timeout_s=timeout_s)
+        return super().run_batch(specs, paths, timeout_s=timeout_s, hold=hold)
 
 
 def _study(tmp_path: Path, name: str, n_trials: int, search: dict, **trial: object):
