@@ -291,7 +291,8 @@ class Launcher(ABC):
             # Every trial wrote its result and the launch is up: for the trials, it ended
             # well (the trainer's exit code would say the same of them).
             return LaunchReport(result=None, returncode=0, elapsed_s=now - started,
-                                workload=self.workload.kind)
+                                workload=self.workload.kind, hosts=self._finish(handle)[1],
+                                stderr_tail=self._stderr_tail(paths))
         state, hosts = self._finish(handle)
         report = LaunchReport(result=None, returncode=returncode, timed_out=timed_out,
                               interrupted=interrupted, scheduler_state=state,

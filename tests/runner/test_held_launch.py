@@ -110,6 +110,11 @@ def test_a_held_batch_reports_its_trials_and_is_released(tmp_path: Path) -> None
         assert not processes_mentioning(str(paths[0].root))
         reports = launcher.run_batch(specs, paths, timeout_s=120, hold=True)
         assert launcher.held_launch(2) is not None
+        # Ctrl-C (the launcher cancelled): no word, no grace: the held launch is killed.
+        launcher.cancel()
+        started = time.monotonic()
+        launcher.release_held()
+        assert time.monotonic() - started < 8.0
     finally:
         launcher.release_held()
     assert launcher.held_launch(2) is None
