@@ -271,10 +271,12 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
                        launch=launch)
         if found is not None and settled(found, cap):
             return True  # told after the launch, with its cost
+        told.add(len({r["round"] for r in runs}))
         say(f"confirmation round {len({r['round'] for r in runs})}/{cap}: "
             + shown(found, runs, cands, complete) + " (measuring on)")
         return False
 
+    told: set[int] = set()  # the rounds told inside a launch: each is told once
     while decision is None or not settled(decision, cap):
         if _lost(lease, launcher):
             return _left(lease)
@@ -334,9 +336,11 @@ def _rounds(spec: StudySpec, storage: Storage, study: optuna.Study, launcher: La
             continue  # the rounds measured before the interrupt are stored
         decision = decide(stored, keys, cap, margin=_assumed(spec), same_launch=same_launch,
                           launch=launch)
-        say(f"confirmation round {done_rounds}/{cap}: "
-            f"{shown(decision, stored, cands, complete)}; "
-            f"{device_s:.1f} device-s spent{_of_budget(allowance)}")
+        spent = f"{device_s:.1f} device-s spent{_of_budget(allowance)}"
+        say(f"confirmation round: {done_rounds} rounds measured; {spent}"
+            if done_rounds in told else
+            f"confirmation round {done_rounds}/{cap}: "
+            f"{shown(decision, stored, cands, complete)}; {spent}")
         if step is not None and step.budget_spent:
             break  # the budget paid for these rounds and no more: they decide
     if decision is None or (out_of_budget is not None and not settled(decision, cap)):

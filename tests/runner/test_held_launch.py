@@ -6,8 +6,10 @@ CPU ranks (tiny model): tens of seconds."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ import pytest
 
 from autotune.launchers import make_launcher
 from autotune.layout import Layout
+from autotune.runner.progress import Progress
 from autotune.runner.study import run_study
 from autotune.spec import load_study
 from autotune.storage.confirmations import stored_runs
@@ -136,7 +139,8 @@ def test_a_studys_round_runs_in_its_last_launch_within_the_default_budget(
     spec = load_study(path)
     storage = open_storage(spec.storage)
     launcher = make_launcher(spec.launcher, spec.model, spec.cluster, spec.training)
-    summary = run_study(spec, storage, launcher)
+    out = io.StringIO()
+    summary = run_study(spec, storage, launcher, progress=Progress(total=4, stream=out))
     record = summary.confirmation
     assert record is not None and record["state"] in ("decided", "single"), record
     assert not processes_mentioning(str(tmp_path / "runs"))
@@ -151,5 +155,8 @@ def test_a_studys_round_runs_in_its_last_launch_within_the_default_budget(
     assert record["device_s"] <= 0.25 * search * 1.5, (record["device_s"], search)
     runs = stored_runs(storage, 1)
     assert runs and all(r["outcome"] == "complete" for r in runs)
+    told = re.findall(r"confirmation round (\d+)/\d+:", out.getvalue())
+    assert len(told) == len(set(told)), out.getvalue()  # each round told once
+    assert "in the search's last launch" in out.getvalue()
     rotation = Path(spec.launcher.run_dir) / "held" / "confirm-001" / "rotation-00"
     assert json.loads((rotation / "launch.json").read_text())["held"] is True
