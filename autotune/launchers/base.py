@@ -286,22 +286,18 @@ class Launcher(ABC):
                 self._kill(handle)
                 returncode = self._poll(handle)
         if held:
-            now = time.monotonic()
-            self._held = HeldLaunch(handle, paths, world_size, started, now)
+            self._held = HeldLaunch(handle, paths, world_size, started, time.monotonic())
             # Every trial wrote its result and the launch is up: for the trials, it ended
             # well (the trainer's exit code would say the same of them).
-            return LaunchReport(result=None, returncode=0, elapsed_s=now - started,
-                                workload=self.workload.kind, hosts=self._finish(handle)[1],
-                                stderr_tail=self._stderr_tail(paths))
+            returncode = 0
         state, hosts = self._finish(handle)
-        report = LaunchReport(result=None, returncode=returncode, timed_out=timed_out,
-                              interrupted=interrupted, scheduler_state=state,
-                              stderr_tail=self._stderr_tail(paths), hosts=hosts,
-                              elapsed_s=time.monotonic() - started,
-                              workload=self.workload.kind, no_progress=no_progress,
-                              no_progress_reason=watch.describe() if no_progress and watch
-                              else "", measured_stop=measured_stop)
-        return report
+        return LaunchReport(result=None, returncode=returncode, timed_out=timed_out,
+                            interrupted=interrupted, scheduler_state=state,
+                            stderr_tail=self._stderr_tail(paths), hosts=hosts,
+                            elapsed_s=time.monotonic() - started,
+                            workload=self.workload.kind, no_progress=no_progress,
+                            no_progress_reason=watch.describe() if no_progress and watch
+                            else "", measured_stop=measured_stop)
 
     def held_launch(self, world_size: int) -> HeldLaunch | None:
         """The held launch, if it is still up and may take a rotation of ``world_size``

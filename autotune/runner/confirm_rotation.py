@@ -107,12 +107,10 @@ def _search_facts(storage: Storage, study_name: str, trial_numbers: list[int], *
     later: list[float] = []
     ends: list[float] = []
     start_up = 0.0
-    for number, step, text in ((r["trial_number"], r["step_time_s"], r["result_json"])
-                               for r in rows):
-        try:
-            timings = (json.loads(text) or {}).get("timings_s") or {} if text else {}
-        except ValueError:
-            timings = {}
+    for row in rows:
+        number, step, result = int(row["trial_number"]), row["step_time_s"], _parsed(
+            row["result_json"])
+        timings = result.get("timings_s") or {}
         launch_s = sum(float(timings.get(p) or 0.0) for p in _START_PHASES)
         start_up = max(start_up, launch_s)
         engine_s = sum(float(timings.get(p) or 0.0) for p in _ENGINE_PHASES)
@@ -120,13 +118,14 @@ def _search_facts(storage: Storage, study_name: str, trial_numbers: list[int], *
             later.append(engine_s)
         if timings.get(_END_PHASE) is not None:
             ends.append(float(timings[_END_PHASE]))
-        if int(number) in trial_numbers:
+        if number in trial_numbers:
             if step:
                 # A timed step's wall time as the trial spent it (its syncs, the broadcast
                 # of rank 0's time, the next batch's slicing), where the result says.
-                measure_s, times = _measure_wall(text)
-                step_s[int(number)] = max(float(step), measure_s / times if times else 0.0)
-            engines[int(number)] = engine_s
+                times = len(result.get("step_times_s") or [])
+                measure_s = float(timings.get("measure") or 0.0)
+                step_s[number] = max(float(step), measure_s / times if times else 0.0)
+            engines[number] = engine_s
     # Every engine is torn down at the launch's end, as each trial's was.
     end_s = _median(ends) * len(trial_numbers)
     if held:
@@ -139,14 +138,14 @@ def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2] if xs else 0.0
 
 
-def _measure_wall(text: str | None) -> tuple[float, int]:
-    """A trial result's measuring phase (s) and its count of timed steps."""
+def _parsed(text: str | None) -> dict:
+    """A stored trial result as a dict; ``{}`` for none or one that does not parse (a
+    result from an older version is still a row to count, with nothing to take from it)."""
     try:
         data = json.loads(text) if text else {}
     except ValueError:
-        return 0.0, 0
-    timings = data.get("timings_s") or {}
-    return float(timings.get("measure") or 0.0), len(data.get("step_times_s") or [])
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def held_idle_s(launcher: Launcher, world_size: int) -> float | None:

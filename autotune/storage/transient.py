@@ -139,11 +139,7 @@ def transient_reason(err: BaseException, *, connected: bool = True) -> str | Non
     connection before that is most often a wrong host or port, and fails at once; after
     it, a server that went down and is coming back.
     """
-    chain: list[BaseException] = []
-    seen: BaseException | None = err
-    while seen is not None and len(chain) < 8:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
+    chain = _causes(err)
     for link in chain:
         code = error_code(link)
         if code is None:
@@ -163,18 +159,31 @@ def transient_reason(err: BaseException, *, connected: bool = True) -> str | Non
     return None
 
 
+def _causes(err: BaseException) -> list[BaseException]:
+    """``err`` and what caused it, nearest first: the ``__cause__`` of a ``raise ... from``
+    (SQLAlchemy's and Optuna's wrappers), and the ``__context__`` of a ``raise ... from None``
+    (autotune's translations), never an unsuppressed ``__context__``: that is an earlier
+    failure the code had handled when this one happened, not its cause. Optuna's
+    ``create_study`` looks the study up after a ``DuplicatedStudyError`` (another worker
+    created it first), so a dropped connection there carried the handled unique violation
+    (23505, not transient) as its context, and was not waited out (CI: 1 of 6 workers
+    exited 1 while its database's sessions were being terminated)."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = err
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or (seen.__context__ if seen.__suppress_context__ else None)
+    return chain
+
+
 def driver_message(err: BaseException) -> str:
     """The database driver's own words under ``err``: Optuna's ``StorageInternalError``
     says only "An exception is raised during the commit" and SQLAlchemy's errors add the
     SQL; what a person needs is the driver's message ("database or disk is full")."""
-    seen: BaseException | None = err
-    for _ in range(8):
-        if seen is None:
-            break
-        orig = getattr(seen, "orig", None)
+    for link in _causes(err):
+        orig = getattr(link, "orig", None)
         if orig is not None:
             return str(orig)
-        seen = seen.__cause__ or seen.__context__
     return str(err) or type(err).__name__
 
 

@@ -287,8 +287,9 @@ def test_sessions_terminated_every_0_7_s_and_immediate_restarts_under_6_workers(
             stop.set()
             killer.join(10)
             own_pg.start()
-        outputs = {log.name: log.read_text() for log in logs}
-        assert [w.exitcode for w in workers] == [0] * 6, outputs
+        failed = {log.name: log.read_text()[-4000:] for log, w in zip(logs, workers, strict=True)
+                  if w.exitcode != 0}
+        assert not failed, "\n".join(f"--- {k} ---\n{v}" for k, v in failed.items())
         assert terminated[0] > 0
         assert_clean(*logs)
         counts = invariants(url, "terminated6", n)

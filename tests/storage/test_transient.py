@@ -266,3 +266,38 @@ def test_each_mariadb_connection_carries_its_limits(mysql_url: str) -> None:
     storage.close()
     assert int(lock_wait) == 14
     assert int(idle) == (7 if "MariaDB" in version else 60)
+
+
+def test_a_failure_while_handling_another_is_judged_by_itself() -> None:
+    """Optuna's ``create_study`` looks the study up after a ``DuplicatedStudyError`` (a
+    worker started at the same moment created it): a connection that dies there carries
+    the handled unique violation as its ``__context__``. That earlier, handled failure
+    (23505, not transient) is not its cause: the dropped connection is waited out (CI: a
+    worker exited 1 on it while its database's sessions were being terminated)."""
+    import psycopg.errors
+
+    def lookup_after_duplicate() -> BaseException:
+        try:
+            try:
+                raise _coded(psycopg.errors.lookup("23505")("duplicate key value"))
+            except OperationalError:  # handled: Optuna then reads the study's id
+                # Raised as Optuna's code raises it: no ``from``, the handled error its context.
+                raise _driver_error(  # noqa: B904
+                    "consuming input failed: server closed the connection unexpectedly")
+        except OperationalError as err:
+            return err
+
+    err = lookup_after_duplicate()
+    assert err.__context__ is not None and not err.__suppress_context__
+    assert transient_reason(err) == "closed the connection"
+    wrapped = optuna.exceptions.StorageInternalError("An exception is raised during commit")
+    wrapped.__cause__ = err
+    assert transient_reason(wrapped) == "closed the connection"
+    # A translation (``raise ... from None``) is still read through to what it translates.
+    try:
+        try:
+            raise _coded(psycopg.errors.lookup("57P01")("terminating connection"))
+        except OperationalError:
+            raise StorageError("database error on ...: terminating connection") from None
+    except StorageError as translated:
+        assert transient_reason(translated) == "closed the connection"

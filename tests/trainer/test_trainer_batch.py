@@ -21,7 +21,9 @@ from autotune.trial import PHASES
 
 pytestmark = pytest.mark.slow
 
-RUN = {"measure_steps": 6, "measure_precision": None}
+# 12 timed steps (about 0.3 s a layout): the fastest of 6 was still 2.08x the solo run's on a
+# CI run at load (2026-12-05), where one step in 12 running unhindered is what the check needs.
+RUN = {"measure_steps": 12, "measure_precision": None}
 FIRST, SECOND, THIRD = spec(1, 1, 2, **RUN), spec(2, 1, 1, zero=1, **RUN), spec(1, 2, 1, **RUN)
 
 
@@ -61,7 +63,7 @@ def test_a_layout_after_others_gives_its_solo_losses_and_throughput(runs: dict,
     batched, solo = runs["batch"][name], runs[f"solo_{name}"]
     assert batched["status"] == solo["status"] == "ok"
     assert batched["batch_index"] > 0 and solo["batch_index"] == 0
-    assert len(batched["losses"]) == len(solo["losses"]) == 7
+    assert len(batched["losses"]) == len(solo["losses"]) == 1 + RUN["measure_steps"]
     assert batched["losses"] == pytest.approx(solo["losses"], rel=1e-4, abs=1e-4)
     # Throughput within noise, judged on each run's fastest step. On the shared 2-core CI
     # machine the median step of one of these tiny layouts (20-50 ms) moves by more than
