@@ -45,6 +45,7 @@ from autotune.landscape import (
 )
 from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
+from autotune.models.prediction_spread import scale_sd
 from autotune.models.stacks import REPLAY_STACK
 from autotune.search import (
     FitProbability,
@@ -219,7 +220,8 @@ def study_strategy(name: str, group: LandscapeGroup, check: StudyCheck | None, *
     ``p_fit`` reads: hand it to :func:`replay`."""
     history: list[Observation] = []
     strategy = make_strategy(name, seed=seed, predict=predict,
-                             p_fit=study_p_fit(group, check, history), **options)
+                             p_fit=study_p_fit(group, check, history),
+                             scale_sd=scale_sd(group.cluster.device), **options)
     return strategy, history
 
 

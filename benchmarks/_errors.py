@@ -39,7 +39,8 @@ def group_errors(group: LandscapeGroup) -> GroupErrors:
     predicted = {m.layout: estimate_step(group.model, m.layout, group.cluster,
                                          dtype=group.dtype).model_tflops_per_device
                  for m in ok}
-    bands = tflops_bands(predicted)
+    bands = tflops_bands(predicted, device=group.cluster.device,
+                         ceiling=group.cluster.device_spec().peak_tflops(group.dtype))
     pct, inside, width = [], [], []
     for m in ok:
         measured = float(m.model_tflops_per_device or 0.0)

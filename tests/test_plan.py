@@ -84,13 +84,16 @@ def test_render_table_csv_json() -> None:
     data = json.loads(render_plan(result, "json"))
     assert data["n_feasible"] == result.n_feasible and len(data["feasible"]) == 3
     assert {"code", "count", "example"} <= set(data["excluded"][0])
-    # Every predicted throughput carries its 90% band: the search's posterior interval.
+    # Every predicted throughput carries its 90% band: the search's posterior interval on
+    # the study's device (a Max 1550: no validation covers it, the widest scale), its
+    # upper end at the tile's BF16 peak.
     bands = tflops_bands({c.layout: c.predicted_tflops for c in _ranked(result)},
-                         layouts=[r.layout for r in result.rows])
+                         layouts=[r.layout for r in result.rows], device="max1550-tile",
+                         ceiling=419.0)
     for row, csv_row, js in zip(result.rows, rows, data["feasible"], strict=True):
         lo, hi = row.tflops_band or (0.0, 0.0)
         assert lo < row.step.model_tflops_per_device < hi
-        assert (lo, hi) == pytest.approx(bands[row.layout])
+        assert (lo, hi) == pytest.approx(bands[row.layout]) and hi == 419.0
         assert float(csv_row["model_tflops_band_low"]) == pytest.approx(lo, abs=1e-4)
         assert js["model_tflops_band"] == pytest.approx([lo, hi])
     assert "90% band" in table

@@ -74,7 +74,7 @@ from autotune.models.evidence import (
     STUDY_CORRELATION,
     carry_over_gaussian,
 )
-from autotune.models.prediction_spread import SCALE_SD
+from autotune.models.prediction_spread import SCALE_SD, scale_sd
 
 __all__ = ["BUILTIN_WORKLOAD", "STUDY_CORRELATION", "STAGE_CORRELATION", "THROUGHPUT_PRIOR_SD",
            "THROUGHPUT_NOISE_SD", "CalibrationKey", "LogCorrection", "MemoryPoint",
@@ -91,8 +91,8 @@ are the stage's own (the optimizer wrapper DeepSpeed picks for it, its buffers);
 way to know the split beforehand, each half. A generic statement, not fitted."""
 
 THROUGHPUT_PRIOR_SD = SCALE_SD
-"""Prior sd of the log throughput correction: the default strategy's ``INTERCEPT_SD`` (the
-published spread of step-time models, :mod:`autotune.models.prediction_spread`)."""
+"""Prior sd of the log throughput correction on a validated device (the strategy's
+``INTERCEPT_SD``); :func:`calibrate` takes its device's, ``prediction_spread.scale_sd``."""
 
 THROUGHPUT_NOISE_SD = 0.2
 """Per-layout sd of a log throughput residual around the shared correction: the default
@@ -388,8 +388,8 @@ def calibrate(key: CalibrationKey, earlier: Sequence[MeasuredRow],
     mem_own = _memory_points(own, usable_bytes, device)
     memory = _two_studies(mem_earlier, mem_own, (0.0, memory_sd), memory_sd)
     by_stage = _by_stage(mem_earlier, mem_own, zero_stages, memory_sd)
-    tp_earlier = fit_throughput(_throughput_ratios(earlier))
-    t0, ts = carry_over(tp_earlier, THROUGHPUT_PRIOR_SD)
+    tp_earlier = fit_throughput(_throughput_ratios(earlier), prior_sd=scale_sd(device))
+    t0, ts = carry_over(tp_earlier, scale_sd(device))  # the search's prior on the device
     tp_own = fit_throughput(_throughput_ratios(own), prior_mean=t0, prior_sd=ts)
     throughput = LogCorrection(tp_own.mean, tp_own.sd, tp_own.n_ok + tp_earlier.n_ok)
     counts: dict[str, int] = {}

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from autotune.layout import Layout
 from autotune.models.calibration import Residual
+from autotune.models.prediction_spread import SCALE_SD, scale_sd
 from autotune.search._base import Observation
 from autotune.search._residual import (
     AXIS_SD,
@@ -38,15 +39,24 @@ Band = tuple[float, float]
 
 def tflops_bands(predicted: Mapping[Layout, float], *, layouts: Sequence[Layout] | None = None,
                  history: Sequence[Observation] = (),
-                 warm_start: Sequence[Residual] = ()) -> dict[Layout, Band]:
+                 warm_start: Sequence[Residual] = (), device: str | None = None,
+                 ceiling: float | None = None) -> dict[Layout, Band]:
     """The 90% band of each of ``layouts`` (default: every key of ``predicted``), whose
     cost-model predictions are ``predicted`` (model TFLOPS per device, all candidates of
-    the study, in plan order), given the study's ``history`` and ``warm_start``."""
+    the study, in plan order), given the study's ``history`` and ``warm_start``, on
+    ``device`` (a hardware-table name: the overall scale's prior width,
+    :func:`~autotune.models.prediction_spread.scale_sd`; ``None``: the published spread).
+    ``ceiling``: the device's peak TFLOPS for the study's dtype, where published: no
+    layout's model TFLOPS can pass it (model FLOPs are at most the hardware FLOPs a step
+    runs, and those at most peak times the step's time), so the band's upper end stops
+    there; the posterior itself is not changed."""
     candidates = list(predicted)
     wanted = list(layouts) if layouts is not None else candidates
-    strategy = ResidualStrategy(predict=lambda lay: predicted[lay], warm_start=warm_start)
+    strategy = ResidualStrategy(predict=lambda lay: predicted[lay], warm_start=warm_start,
+                                scale_sd=SCALE_SD if device is None else scale_sd(device))
     mean, sd = strategy.posterior(candidates, history, wanted)
-    return {lay: (math.exp(m - BAND_Z * s), math.exp(m + BAND_Z * s))
+    top = math.inf if ceiling is None else ceiling
+    return {lay: (min(math.exp(m - BAND_Z * s), top), min(math.exp(m + BAND_Z * s), top))
             for lay, m, s in zip(wanted, mean.tolist(), sd.tolist(), strict=True)}
 
 

@@ -139,7 +139,9 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
     warm = calibration.residuals if calibration is not None else ()
     bands = tflops_bands({c.layout: c.predicted_tflops for c in ranked},
                          layouts=[c.layout for c in ranked[:top]],
-                         warm_start=warm) if ranked else {}
+                         warm_start=warm, device=cluster.device,
+                         ceiling=cluster.device_spec().peak_tflops(spec.training.dtype)
+                         ) if ranked else {}
     rows = tuple(_row(spec, constraints, i + 1, c, factor, bands.get(c.layout))
                  for i, c in enumerate(ranked[:top]))
     record, line = None, None

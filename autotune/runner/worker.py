@@ -17,6 +17,7 @@ import optuna
 from autotune.feasibility import Constraints
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
+from autotune.models.prediction_spread import scale_sd
 from autotune.planning.candidates import Candidate
 from autotune.runner import stop_early
 from autotune.runner.confirm_rotation import rotates
@@ -97,6 +98,7 @@ class Worker(Proposing):
             else 0.0,
             min_improvement=spec.search.min_improvement,
             warm_start=learning.calibration.residuals,
+            scale_sd=scale_sd(spec.cluster.device),
             cost=lambda lay: trial_seconds(self.by_key.get(lay.key()), self._run_config,
                                            self._build_s))
         self._run_config = spec.run_config()

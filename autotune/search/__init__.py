@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from autotune.config.study import STRATEGIES, check_min_improvement
 from autotune.errors import SpecError
 from autotune.models.calibration import Residual
+from autotune.models.prediction_spread import SCALE_SD
 from autotune.search._acquisition import TrialCost, TrialSeconds, gain_per_second
 from autotune.search._base import (
     FitProbability,
@@ -73,8 +74,8 @@ def _gp(seed: int):
 
 def make_strategy(name: str, *, seed: int, predict: Predictor | None = None,
                   p_fit: FitProbability | None = None, min_improvement: float | None = None,
-                  warm_start: Sequence[Residual] = (), cost: TrialCost | None = None
-                  ) -> Strategy:
+                  warm_start: Sequence[Residual] = (), cost: TrialCost | None = None,
+                  scale_sd: float = SCALE_SD) -> Strategy:
     """A fresh strategy for one study. ``predict`` is the cost model's predicted throughput
     of a layout; ``cost-model-only`` needs it, ``default`` uses it when given. ``p_fit``:
     each candidate's probability of fitting the device (``None``: all fit); the two rank by
@@ -86,13 +87,15 @@ def make_strategy(name: str, *, seed: int, predict: Predictor | None = None,
     only ``default`` has an expected improvement to compare with it; the others refuse it
     rather than ignore it. ``cost``: a trial's expected seconds (an OOM: its build);
     ``default`` then ranks by constrained EI per expected second
-    (:mod:`autotune.search._acquisition`)."""
+    (:mod:`autotune.search._acquisition`). ``scale_sd``: the prior sd of ``default``'s
+    overall scale, :func:`autotune.models.prediction_spread.scale_sd` of the study's
+    device (default: the published spread)."""
     if min_improvement is not None:
         min_improvement = check_min_improvement(min_improvement, name)
     if name == "default":
         return ResidualStrategy(seed=seed, predict=predict, p_fit=p_fit,
                                 min_improvement=min_improvement, warm_start=warm_start,
-                                cost=cost)
+                                cost=cost, scale_sd=scale_sd)
     if name == "cost-model-only":
         if predict is None:
             raise SpecError("search.strategy", name, "needs a cost model (predict)")

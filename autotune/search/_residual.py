@@ -40,9 +40,10 @@ The prior's widths are fixed, generic statements about cost models and measureme
 fitted to any landscape: ``AXIS_SD`` (an axis value may shift throughput by ~30% from
 the prediction), ``INTERCEPT_SD`` (the overall scale: the published spread of step-time
 models against measured runs, sd 0.185 of the log,
-:mod:`autotune.models.prediction_spread`; it is also the width of the band ``plan``
-prints) and ``LAYOUT_SD`` (~20% unexplained per layout: interactions an additive
-correction misses). Everything else is fitted from the study's own trials, and, with a
+:mod:`autotune.models.prediction_spread`, on a device a published validation covers, eight
+times that on another, ``scale_sd``; it is also the width of the band ``plan`` prints)
+and ``LAYOUT_SD`` (~20% unexplained per layout: interactions an additive correction
+misses). Everything else is fitted from the study's own trials, and, with a
 warm start, from earlier studies': ``warm_start`` holds their residuals
 (:class:`~autotune.models.calibration.Residual`, same device type, dtype and workload);
 the same regression fitted on them from the generic prior gives a posterior that,
@@ -61,7 +62,7 @@ import numpy as np
 from autotune.layout import Layout
 from autotune.models.calibration import Residual
 from autotune.models.evidence import carry_over_gaussian, evidence_scale, gaussian_log_evidence
-from autotune.models.prediction_spread import SCALE_SD
+from autotune.models.prediction_spread import SCALE_SD, WIDEST_SCALE
 from autotune.search._acquisition import TrialCost, gain_per_second
 from autotune.search._base import (
     FitProbability,
@@ -79,10 +80,14 @@ NUMERIC_AXES: tuple[str, ...] = ("tp", "pp", "dp", "micro_batch", "grad_accum", 
 CATEGORICAL_AXES: tuple[str, ...] = ("zero_stage", "recompute", "sequence_parallel",
                                      "zero_variant")
 INTERCEPT_SD = SCALE_SD
-INTERCEPT_SCALES: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
-"""Widths of the overall scale the trials may choose by their evidence, times
-``INTERCEPT_SD``: 1 (the published spread, the band before any trial) up to 8 (sd 1.5, a
-model off by a factor of several on a device its kernel rates do not describe)."""
+INTERCEPT_SCALES: tuple[float, ...] = (1.0, 2.0, 4.0, WIDEST_SCALE)
+"""Widths of the overall scale the trials may choose by their evidence, times the prior's
+(``INTERCEPT_SD`` on a validated device): 1 (the published spread, the band before any
+trial) up to 8 (sd 1.5, a model off by a factor of several on a device its kernel rates do
+not describe). The scale never passes ``WIDEST_SCALE`` times ``INTERCEPT_SD``: a study on a
+device no validation covers starts there (``scale_sd``,
+:func:`autotune.models.prediction_spread.scale_sd`) and keeps that width, its trials
+pinning the level."""
 SLOPE_SD = 0.5
 """Prior sd of the calibration slope (per unit of centred log prediction): generic, not a
 published figure. At the published spread (0.185) a cost model wrong per axis (
@@ -121,7 +126,8 @@ class _Features:
     Axes that do not vary among the candidates contribute nothing.
     """
 
-    def __init__(self, candidates: Sequence[Layout], log_prior: dict[Layout, float]):
+    def __init__(self, candidates: Sequence[Layout], log_prior: dict[Layout, float],
+                 intercept_sd: float = INTERCEPT_SD):
         self.numeric = [a for a in NUMERIC_AXES
                         if len({getattr(c, a) for c in candidates}) > 1]
         self.centre = {a: float(np.mean([math.log2(getattr(c, a)) for c in candidates]))
@@ -132,7 +138,7 @@ class _Features:
         self.onehot = [(a, v) for a in CATEGORICAL_AXES
                        for v in sorted({getattr(c, a) for c in candidates}, key=str)
                        if len({getattr(c, a) for c in candidates}) > 1]
-        sds = [INTERCEPT_SD] + ([SLOPE_SD] if self.use_slope else [])
+        sds = [intercept_sd] + ([SLOPE_SD] if self.use_slope else [])
         sds += [TREND_SD] * len(self.numeric) + [AXIS_SD] * len(self.onehot)
         self.width = len(sds)
         self.shape = np.arange(self.width) > 0
@@ -170,8 +176,16 @@ class ResidualStrategy(Strategy):
 
     def __init__(self, *, seed: int = 0, predict: Predictor | None = None,
                  p_fit: FitProbability | None = None, min_improvement: float | None = None,
-                 warm_start: Sequence[Residual] = (), cost: TrialCost | None = None) -> None:
+                 warm_start: Sequence[Residual] = (), cost: TrialCost | None = None,
+                 scale_sd: float = INTERCEPT_SD) -> None:
         super().__init__(seed=seed)
+        self._scale_sd = scale_sd
+        """Prior sd of the overall scale (:func:`~autotune.models.prediction_spread.scale_sd`
+        of the study's device)."""
+        self._scales = tuple(b for b in INTERCEPT_SCALES
+                             if b * scale_sd <= WIDEST_SCALE * INTERCEPT_SD * (1 + 1e-9))
+        """The scale's widths the trials may choose, times the prior's: never past the
+        widest."""
         self._predict = predict
         self._p_fit = p_fit
         self._cost = cost
@@ -189,7 +203,7 @@ class ResidualStrategy(Strategy):
         if self._features is None or any(c not in self._prior for c in candidates):
             self._prior = dict(zip(candidates, log_predictions(candidates, self._predict),
                                    strict=True))
-            self._features = _Features(candidates, self._prior)
+            self._features = _Features(candidates, self._prior, self._scale_sd)
             self._prior_mean, self._prior_precision = self._coefficient_prior(self._features)
         # Measured layouts outside the candidates (a resumed study with other axes, or one
         # the memory calibration now excludes) are residuals against their own prediction.
@@ -239,7 +253,8 @@ class ResidualStrategy(Strategy):
             # the published spread of such models, and a device outside it (a stack well
             # below the kernel rates the model takes) shows as every trial off by one
             # factor, which must widen the scale, not turn on reordering terms.
-            d = np.where(feats.shape, 1.0, _intercept_width(x, r, coef, cov, feats.shape))
+            d = np.where(feats.shape, 1.0,
+                         _intercept_width(x, r, coef, cov, feats.shape, self._scales))
             cov = d[:, None] * cov * d[None, :]
             scale = evidence_scale(x, r, coef, cov, feats.shape, LAYOUT_SD)
             d = np.where(feats.shape, scale, 1.0)
@@ -334,14 +349,14 @@ class ResidualStrategy(Strategy):
 
 
 def _intercept_width(x: np.ndarray, r: np.ndarray, coef: np.ndarray, cov: np.ndarray,
-                     shape: np.ndarray) -> float:
-    """The factor of :data:`INTERCEPT_SCALES` on the overall scale's sd of largest
+                     shape: np.ndarray, scales: Sequence[float] = INTERCEPT_SCALES) -> float:
+    """The factor of ``scales`` (:data:`INTERCEPT_SCALES`) on the overall scale's sd of largest
     evidence (:func:`~autotune.models.calibration.gaussian_log_evidence`), the shape
     terms held off; the mean stays (a warm start's learned offset is not widened); ties
     go to the narrower (Occam, as :func:`~autotune.models.calibration.evidence_scale`)."""
     mean = np.where(shape, 0.0, coef)
     best, best_log_ml = 1.0, -math.inf
-    for b in sorted(INTERCEPT_SCALES):
+    for b in sorted(scales):
         d = np.where(shape, 0.0, b)
         log_ml = gaussian_log_evidence(x, r, mean, d[:, None] * cov * d[None, :], LAYOUT_SD)
         if log_ml is not None and log_ml > best_log_ml + 1e-9:

@@ -30,6 +30,7 @@ from autotune.models.calibration import (
     fit_throughput,
 )
 from autotune.models.memory import runtime_bytes
+from autotune.models.prediction_spread import scale_sd
 
 SD = 0.12  # a typical stated log-sd of the memory model
 LAY = Layout(tp=1, pp=1, dp=8, micro_batch=2, grad_accum=4, zero_stage=2)
@@ -123,6 +124,7 @@ def _row(study: str, *, peak_ratio: float | None = None, oom: bool = False,
 
 def test_calibrate_warm_starts_from_earlier_studies_and_refits_on_its_own() -> None:
     key = CalibrationKey("cpu", "fp32")
+    prior_sd = scale_sd("cpu")  # the search's prior on the device: no validation covers it
     earlier = ([_row("a", peak_ratio=0.8, tflops_ratio=0.5)] * 6
                + [_row("b", peak_ratio=0.8, tflops_ratio=0.5)] * 4)
     warm = calibrate(key, earlier, [], memory_sd=SD, usable_bytes=8e9)
@@ -130,7 +132,7 @@ def test_calibrate_warm_starts_from_earlier_studies_and_refits_on_its_own() -> N
     assert 0.8 < warm.memory_factor < 0.85
     # Ten residuals of ln 0.5 under the conjugate prior, shrunk towards 1 by the prior's
     # width, then carried over at STUDY_CORRELATION (its mean times rho).
-    precision = 1 / THROUGHPUT_PRIOR_SD**2 + 10 / THROUGHPUT_NOISE_SD**2
+    precision = 1 / prior_sd**2 + 10 / THROUGHPUT_NOISE_SD**2
     learned = 10 * math.log(0.5) / THROUGHPUT_NOISE_SD**2 / precision
     assert warm.throughput_factor == pytest.approx(math.exp(STUDY_CORRELATION * learned))
     assert 0.5 < warm.throughput_factor < 0.6
@@ -142,7 +144,7 @@ def test_calibrate_warm_starts_from_earlier_studies_and_refits_on_its_own() -> N
     assert refit.own == 8 and refit.memory.n_ok == 18
     assert warm.memory_factor < refit.memory_factor < 1.0
     carried_var = (STUDY_CORRELATION**2 / precision
-                   + (1 - STUDY_CORRELATION**2) * THROUGHPUT_PRIOR_SD**2)
+                   + (1 - STUDY_CORRELATION**2) * prior_sd**2)
     own_precision = 1 / carried_var + 8 / THROUGHPUT_NOISE_SD**2
     expected = STUDY_CORRELATION * learned / carried_var / own_precision
     assert refit.throughput_factor == pytest.approx(math.exp(expected))

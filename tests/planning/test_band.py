@@ -90,3 +90,39 @@ def test_a_calibrated_plan_bands_with_the_earlier_studies_as_the_search_would() 
         assert row.layout == before.layout  # the ranking is the cost model's either way
         assert row.tflops_band is not None and before.tflops_band is not None
         assert row.tflops_band[1] < before.tflops_band[1]  # the warm posterior: lower
+
+
+def test_a_device_no_validation_covers_starts_at_the_widest_scale_and_its_trials_pin_it(
+        ) -> None:
+    """The published spread (sd 0.185) is of models validated on A100 and Hopper systems;
+    on a Max 1550 the band before any trial is the widest scale the residual model takes,
+    and a few trials bring the untried layouts' band back to the trials' level, narrow."""
+    from autotune.models.prediction_spread import SCALE_SD, WIDEST_SCALE, scale_sd
+    from autotune.search._residual import LAYOUT_SD
+
+    assert scale_sd("a100-80gb") == scale_sd("h200") == SCALE_SD
+    assert scale_sd("max1550-tile") == scale_sd("cpu") == pytest.approx(SCALE_SD * WIDEST_SCALE)
+    one = {LAYOUTS[0]: 100.0}
+    assert tflops_bands(one, device="a100-80gb") == tflops_bands(one)  # unchanged
+    lo, hi = tflops_bands(one, device="max1550-tile")[LAYOUTS[0]]
+    sd = math.sqrt((SCALE_SD * WIDEST_SCALE) ** 2 + LAYOUT_SD**2)
+    assert math.log(hi / lo) == pytest.approx(2 * BAND_Z * sd, rel=1e-6)
+    assert lo < 100.0 / 10 and hi > 100.0 * 10  # a level 2-5x off (ALCF, LRZ) is inside
+    # Three trials 3x below: the level is the trials', the band a few times narrower.
+    flat = {lay: 100.0 for lay in LAYOUTS}
+    history = [Observation(lay, "ok", 100.0 / 3) for lay in LAYOUTS[:3]]
+    after = tflops_bands(flat, history=history, device="max1550-tile")
+    low, high = after[LAYOUTS[5]]
+    assert 100.0 / 3.2 < math.sqrt(low * high) < 100.0 / 2.8
+    assert high / low < (hi / lo) ** 0.5
+
+
+def test_the_search_on_a_device_no_validation_covers_keeps_the_widest_scale() -> None:
+    """The evidence may widen a validated device's scale up to the widest, never past it:
+    a study that starts there keeps that width (its trials pin the level instead)."""
+    from autotune.models.prediction_spread import SCALE_SD, WIDEST_SCALE
+    from autotune.search._residual import INTERCEPT_SCALES
+
+    wide = ResidualStrategy(predict=PREDICTED.__getitem__, scale_sd=SCALE_SD * WIDEST_SCALE)
+    narrow = ResidualStrategy(predict=PREDICTED.__getitem__)
+    assert wide._scales == (1.0,) and narrow._scales == INTERCEPT_SCALES
