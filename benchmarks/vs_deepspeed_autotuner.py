@@ -137,7 +137,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def base_env(work: Path, ranks: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(DS_ACCELERATOR=env.get("DS_ACCELERATOR", "cpu"),
+    # The tools' own commands say ``python`` (the example study's argv) and ``deepspeed``
+    # (the Autotuner's launcher): the ones beside this interpreter, so that
+    # ``.venv/bin/python benchmarks/...`` without an activated environment measures the
+    # same installation (it ran both tools on the system python: no module 'deepspeed').
+    bin_dir = str(Path(sys.executable).parent)
+    env.update(PATH=os.pathsep.join(p for p in (bin_dir, env.get("PATH")) if p),
+               DS_ACCELERATOR=env.get("DS_ACCELERATOR", "cpu"),
                # DeepSpeed counts CPU "devices" from LOCAL_SIZE (else NUMA nodes: 1 here)
                LOCAL_SIZE=str(ranks),
                # its CPU comm op, built for this DeepSpeed only (no clash with another's)

@@ -217,3 +217,19 @@ def test_a_truth_that_does_not_repeat_scores_no_tool(capsys: pytest.CaptureFixtu
     assert out["truth_repeatability"]["repeats"] and out["ground_truth_best"] == "z1-mb8"
     assert out["tools"]["autotune"]["within_5pct"] == 1
     assert "ground truth repeats" in capsys.readouterr().out
+
+
+def test_the_tools_run_under_this_interpreters_installation(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """Both tools' commands say ``python`` and ``deepspeed``: the ones beside the
+    interpreter running the benchmark come first on their PATH, so ``.venv/bin/python
+    benchmarks/vs_deepspeed_autotuner.py`` without an activated environment measures the
+    .venv (it ran both on the system python: "No module named 'deepspeed'", 0 scored)."""
+    import sys
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    env = bench.base_env(tmp_path, 2)
+    first, *rest = env["PATH"].split(":")
+    assert first == str(Path(sys.executable).parent) and rest == ["/usr/bin", "/bin"]
+    assert env["LOCAL_SIZE"] == "2"
