@@ -41,6 +41,7 @@ from autotune.config.study import (
 )
 from autotune.config.workload import WorkloadConfig
 from autotune.errors import SpecError
+from autotune.landscape import table_stack
 from autotune.models.profile import LayerProfile, load_cluster_profile
 from autotune.models.stacks import resolve_stack
 from autotune.planning.space import check_space_size
@@ -288,9 +289,12 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             source=source,
         )
         check_megatron_flags(spec.workload, spec.model)
-        # training.stack: auto is the workload's (the memory model never sees "auto").
+        # training.stack: auto is the workload's, or a replayed table's (the memory model
+        # never sees "auto").
         spec = replace(spec, training=replace(spec.training, stack=resolve_stack(
-            spec.training.stack, spec.workload.kind, replay=spec.launcher.kind == "replay")))
+            spec.training.stack, spec.workload.kind, replay=spec.launcher.kind == "replay",
+            table_stack=table_stack(spec.launcher.replay.landscape, base_dir)
+            if spec.launcher.replay is not None else None)))
         if read_profile:
             # Read once, here: a bad file fails the load, before any database or launcher.
             spec = replace(spec, profile=load_cluster_profile(spec.cluster, spec.model,

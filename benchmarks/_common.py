@@ -46,7 +46,6 @@ from autotune.landscape import (
 from autotune.launchers.replay import ReplayLauncher
 from autotune.layout import Layout
 from autotune.models.prediction_spread import scale_sd
-from autotune.models.stacks import REPLAY_STACK
 from autotune.search import (
     FitProbability,
     Observation,
@@ -104,7 +103,7 @@ def study_constraints(group: LandscapeGroup, *, memory_margin: float | None = No
     cluster and the default ``search`` and ``trial`` sections (as ``autotune/study.py``
     builds it for a study that runs trials, before any table is replayed)."""
     trial = TrialConfig() if memory_margin is None else TrialConfig(memory_margin=memory_margin)
-    training = TrainingConfig(group.global_batch, group.dtype, REPLAY_STACK)  # the table's
+    training = TrainingConfig(group.global_batch, group.dtype, group.stack)  # the table's
     return Constraints.from_configs(group.cluster, training, SearchConfig(), trial)
 
 

@@ -36,7 +36,7 @@ def group_errors(group: LandscapeGroup) -> GroupErrors:
     ok = [m for m in group.ok() if m.model_tflops_per_device]
     if not ok:
         return GroupErrors([], [], [])
-    predicted = {m.layout: estimate_step(group.model, m.layout, group.cluster,
+    predicted = {m.layout: estimate_step(group.model, m.layout, group.cluster, stack=group.stack,
                                          dtype=group.dtype).model_tflops_per_device
                  for m in ok}
     bands = tflops_bands(predicted, device=group.cluster.device,

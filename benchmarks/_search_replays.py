@@ -187,7 +187,8 @@ def run_task(task: Task) -> list[Hit]:
                                    max_trials=task.max_trials, check=task.check,
                                    memory_margin=task.memory_margin, build_s=task.build_s)
                 for seed in task.seeds]
-    predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype, profile=task.profile)
+    predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype, profile=task.profile,
+                                   stack=g.stack)
     out = []
     for seed in task.seeds:
         pred = with_error(predict, g, task.cost_model_error, seed)
@@ -217,7 +218,7 @@ class EarlyStopTask:
 
 def run_early_stop(task: EarlyStopTask) -> list[Run]:
     g = task.group
-    predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype)
+    predict = cost_model_predictor(g.model, g.cluster, dtype=g.dtype, stack=g.stack)
     runs = []
     for draw in range(task.draws):
         pred = with_error(predict, g, task.cost_model_error, draw)

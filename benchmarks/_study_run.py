@@ -21,7 +21,6 @@ from typing import Any
 from autotune.config.study import SearchConfig, TrainingConfig, TrialConfig
 from autotune.landscape import LandscapeGroup
 from autotune.layout import Layout
-from autotune.models.stacks import REPLAY_STACK
 
 __all__ = ["StudyTrial", "replay_device_seconds", "replay_spec", "study_run"]
 
@@ -54,7 +53,7 @@ def replay_spec(group: LandscapeGroup, strategy: str, *, seed: int, n_trials: in
     trial = TrialConfig() if memory_margin is None else TrialConfig(memory_margin=memory_margin)
     return StudySpec(
         name=name, model=group.model, cluster=group.cluster,
-        training=TrainingConfig(group.global_batch, group.dtype, REPLAY_STACK),
+        training=TrainingConfig(group.global_batch, group.dtype, group.stack),
         search=SearchConfig(strategy=strategy, seed=seed, n_trials=n_trials), trial=trial,
         storage=StorageConfig(url=f"sqlite:///{workdir}/study.db"),
         launcher=LauncherConfig(kind="replay", run_dir=f"{workdir}/runs",

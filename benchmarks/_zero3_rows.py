@@ -36,7 +36,8 @@ def zero3_variant_report(groups: list[LandscapeGroup]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for g in groups:
         for m in g.ok():
-            est = estimate_step(g.model, m.layout, g.cluster, dtype=g.dtype)
+            est = estimate_step(g.model, m.layout, g.cluster, dtype=g.dtype,
+                                stack=g.stack)
             rows.append({"group": g.name, "layout": m.layout.key(),
                          "zero_variant": m.layout.zero_variant,
                          "measured_tflops": float(m.model_tflops_per_device or 0.0),

@@ -61,7 +61,6 @@ from autotune.feasibility import MemoryBudget, check_layout
 from autotune.landscape import LandscapeGroup
 from autotune.models.cost import estimate_step
 from autotune.models.profile import LayerProfile, load_profile
-from autotune.models.stacks import REPLAY_STACK
 from autotune.search import cost_model_predictor
 from benchmarks import _common as common
 from benchmarks import _cost_model_variants as variants
@@ -75,7 +74,7 @@ def _flagged(group: LandscapeGroup, margin: float, status: str = "oom") -> int:
     """Rows of ``status`` that the memory model alone predicts do not fit the device."""
     spec = group.cluster.device_spec()
     budget = MemoryBudget(spec.memory_bytes, margin=margin, dtype=group.dtype,
-                          device=group.cluster.device, stack=REPLAY_STACK)
+                          device=group.cluster.device, stack=group.stack)
     return sum(1 for m in group.measurements if m.status == status
                and any(r.code == "memory"
                        for r in check_layout(m.layout, group.model, memory=budget)))
@@ -91,6 +90,7 @@ def rank_group(group: LandscapeGroup, profile: LayerProfile | None = None) -> di
         return {"name": group.name, "n_layouts": 0, "spearman": None, "best_in_top3": False,
                 "profiled_share": 0.0}
     estimates = [estimate_step(group.model, m.layout, group.cluster, dtype=group.dtype,
+                               stack=group.stack,
                                profile=profile) for m in ok]
     predicted = [e.model_tflops_per_device for e in estimates]
     measured = [float(m.model_tflops_per_device or 0.0) for m in ok]
@@ -214,7 +214,8 @@ def online_variant(ev: Evaluation, after: list[int], *, error_sd: float = 0.0,
         for g, c in zip(ev.selected, ev.selected_checks, strict=True):
             told = g.cluster if link_factor is None else variants.wrong_links(g.cluster,
                                                                               link_factor)
-            predict = variants.with_error(cost_model_predictor(g.model, told, dtype=g.dtype),
+            predict = variants.with_error(cost_model_predictor(g.model, told, dtype=g.dtype,
+                                                          stack=g.stack),
                                           g, error_sd, draw)
             row = online.online_group(g, c, after, predict)
             rows.append({**row, "draw": draw} if error_sd > 0 else row)

@@ -80,7 +80,7 @@ def check_min_improvement(value: Any, strategy: str) -> float:
 
 
 TRAINING_STACKS: tuple[str, ...] = ("auto", "deepspeed", "deepspeed-fused-adam", "megatron",
-                                     "megatron-distributed")
+                                     "megatron-distributed", "megatron-deepspeed-either")
 """``training.stack`` values (``autotune/models/stacks.py`` says what each allocates)."""
 
 
@@ -97,10 +97,14 @@ class TrainingConfig:
     (DeepSpeed's engine with torch's AdamW, the built-in trainer), ``deepspeed-fused-adam``
     (DeepSpeed's engine with a fused Adam: Megatron-DeepSpeed with ``--deepspeed``),
     ``megatron`` (Megatron's own mixed-precision optimizer, no DeepSpeed engine: 18 bytes
-    per parameter in bf16) or ``megatron-distributed`` (with
-    ``--use-distributed-optimizer``: 6 + 12/dp). ``auto``: the workload's
-    (``builtin``: deepspeed; ``megatron-deepspeed``: deepspeed-fused-adam; ``command``:
-    deepspeed)."""
+    per parameter in bf16), ``megatron-distributed`` (with
+    ``--use-distributed-optimizer``: 6 + 12/dp) or ``megatron-deepspeed-either``
+    (Megatron-DeepSpeed, not knowing which of ``deepspeed-fused-adam`` and ``megatron``
+    ran: P(fit) is the mean of the two). Every stack but ``deepspeed`` ties the output
+    layer to the embedding, as Megatron's GPT does. ``auto``: the workload's (``builtin``:
+    deepspeed; ``megatron-deepspeed``: deepspeed-fused-adam; ``command``: deepspeed), or
+    with ``launcher.kind: replay`` the table's (vTrain's format: megatron-deepspeed-either;
+    the Aurora format's: deepspeed-fused-adam)."""
 
     def __post_init__(self) -> None:
         check_int("training.global_batch", self.global_batch, maximum=MAX_GLOBAL_BATCH)

@@ -151,14 +151,24 @@ class MemoryBudget:
             fit_probability,
             log_sigma,
         )
+        from autotune.models.stacks import memory_stacks
 
-        est = estimate_memory(model, layout, dtype=self.dtype, device=self.device,
-                              profile=self.profile, stack=self.stack)
-        unc = estimate_uncertainty(model, layout, est, dtype=self.dtype, device=self.device,
-                                   stack=self.stack)
         correction, correction_sigma = self.correction_of(layout)
-        p = fit_probability(est.peak_bytes, self.usable_bytes, unc.relative_sigma,
-                            correction=correction, correction_sigma=correction_sigma)
+        # Where it is unknown which stack runs (training.stack megatron-deepspeed-either),
+        # P(fit) is the mixture's: the mean over the stacks it may be. The peak shown is
+        # the first's (the larger states).
+        ps = []
+        for i, stack in enumerate(memory_stacks(self.stack)):
+            one = estimate_memory(model, layout, dtype=self.dtype, device=self.device,
+                                  profile=self.profile, stack=stack)
+            one_unc = estimate_uncertainty(model, layout, one, dtype=self.dtype,
+                                           device=self.device, stack=stack)
+            ps.append(fit_probability(one.peak_bytes, self.usable_bytes,
+                                      one_unc.relative_sigma, correction=correction,
+                                      correction_sigma=correction_sigma))
+            if i == 0:
+                est, unc = one, one_unc
+        p = sum(ps) / len(ps)
         s = log_sigma(unc.relative_sigma, correction_sigma)
         median = correction * est.peak_bytes
         # sd of a log-normal with median m and log-sd s: m * exp(s^2/2) * sqrt(exp(s^2) - 1)

@@ -55,7 +55,6 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
@@ -65,6 +64,7 @@ from autotune.config._fields import check_choice
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS, ModelConfig
 from autotune.errors import SpecError
+from autotune.landscape.rows import Row, check_columns, read_text
 from autotune.landscape.zero import ZERO_VARIANT_FORM, zero_variant_of
 from autotune.layout import Layout
 from autotune.models.flops import (
@@ -72,10 +72,11 @@ from autotune.models.flops import (
     model_flops_per_step,
     tflops_per_device,
 )
+from autotune.models.stacks import EITHER, REPLAY_STACK
 
 __all__ = ["Measurement", "LandscapeGroup", "load_landscape", "merge_duplicates", "VTRAIN_COLUMNS",
            "AURORA_COLUMNS", "DEFAULT_VTRAIN_HARDWARE", "DEFAULT_AURORA_HARDWARE",
-           "LANDSCAPES_DIR", "SHIPPED_LANDSCAPES", "shipped_landscape"]
+           "LANDSCAPES_DIR", "SHIPPED_LANDSCAPES", "shipped_landscape", "table_stack"]
 
 VTRAIN_COLUMNS: tuple[str, ...] = (
     "# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
@@ -136,6 +137,11 @@ class LandscapeGroup:
     global_batch: int
     dtype: str
     measurements: tuple[Measurement, ...]
+    stack: str = REPLAY_STACK
+    """The training stack that measured it (``training.stack``'s values,
+    :mod:`autotune.models.stacks`): ``deepspeed-fused-adam`` for the Aurora format (its rows
+    give DeepSpeed's ZeRO stage), ``megatron-deepspeed-either`` for vTrain's, which does
+    not say whether Megatron-DeepSpeed ran under DeepSpeed's engine (:func:`table_stack`)."""
 
     @property
     def world_size(self) -> int:
@@ -187,7 +193,7 @@ def load_landscape(
     """
     if attention is not None:
         check_choice("attention", attention, ATTENTION_KINDS)
-    source, text = _read_text(path)
+    source, text = read_text(path)
     reader = csv.reader(io.StringIO(text))
     try:
         header = [h.strip() for h in next(reader)]
@@ -207,86 +213,13 @@ def load_landscape(
                     source=source)
 
 
-def _read_text(path: str | os.PathLike[str] | IO[str]) -> tuple[str, str]:
-    if hasattr(path, "read"):
-        return getattr(path, "name", "<stream>"), path.read()
-    try:
-        return str(path), Path(path).read_text()
-    except FileNotFoundError:
-        raise SpecError("--landscape", str(path), "no such file") from None
-
-
-class _Row:
-    """One CSV row with typed accessors whose errors name the column and the line."""
-
-    def __init__(self, header: list[str], line: int, cells: list[str], source: str):
-        if len(cells) != len(header):
-            raise SpecError(f"line {line}", ",".join(cells),
-                            f"expected {len(header)} columns as in the header, "
-                            f"got {len(cells)}", source=source)
-        self.values = dict(zip(header, (c.strip() for c in cells), strict=True))
-        self.line, self.source = line, source
-
-    def _err(self, column: str, allowed: str) -> SpecError:
-        return SpecError(f"line {self.line}, column {column!r}", self.values.get(column),
-                         allowed, source=self.source)
-
-    def text(self, column: str) -> str:
-        return self.values[column]
-
-    def integer(self, column: str, *, minimum: int = 1) -> int:
-        raw = self.values[column]
-        try:
-            value = float(raw)
-        except ValueError:
-            raise self._err(column, f"allowed: an integer >= {minimum}") from None
-        if not value.is_integer() or value < minimum:
-            raise self._err(column, f"allowed: an integer >= {minimum}")
-        return int(value)
-
-    def number(self, column: str, *, optional: bool = False) -> float | None:
-        raw = self.values[column]
-        if raw == "" and optional:
-            return None
-        try:
-            value = float(raw)
-        except ValueError:
-            raise self._err(column, "allowed: a positive number") from None
-        if not value > 0:
-            raise self._err(column, "allowed: a positive number")
-        return value
-
-    def flag(self, column: str) -> bool:
-        raw = self.values[column].lower()
-        if raw in ("true", "1", "yes"):
-            return True
-        if raw in ("false", "0", "no", ""):
-            return False
-        raise self._err(column, "allowed: true or false")
-
-    def build(self, what: str, factory: Any, **kwargs: Any) -> Any:
-        """Construct a config object; its SpecError gains the line number."""
-        try:
-            return factory(**kwargs)
-        except SpecError as err:
-            raise SpecError(f"line {self.line} ({what}) {err.field}", err.value, err.allowed,
-                            source=self.source) from None
-
-
-def _check_columns(header: list[str], required: Iterable[str], source: str) -> None:
-    missing = [c for c in required if c not in header]
-    if missing:
-        raise SpecError("landscape header", ",".join(header),
-                        f"missing column(s) {', '.join(map(repr, missing))}", source=source)
-
-
 def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: str, *,
                  hardware: str, devices_per_node: int, vocab_size: int,
                  attention: str) -> list[LandscapeGroup]:
-    _check_columns(header, VTRAIN_COLUMNS, source)
+    check_columns(header, VTRAIN_COLUMNS, source)
     groups: dict[tuple, dict[str, Any]] = {}
     for line, cells in rows:
-        row = _Row(header, line, cells, source)
+        row = Row(header, line, cells, source)
         gpus, gb = row.integer("# GPUs"), row.integer("global batch")
         h, a, nl, s = (row.integer(c) for c in ("hidden size", "attention heads", "# layers",
                                             "sequence length"))
@@ -315,15 +248,15 @@ def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: s
                            grad_accum=gb // (dp * mb), zero_stage=0, recompute="full")
         tflops = tflops_per_device(model_flops_per_step(g["model"], gb), iter_s, gpus)
         g["rows"].append(Measurement(layout, "ok", tflops, iter_s))
-    return [_finish(g, "bf16") for g in groups.values()]
+    return [_finish(g, "bf16", EITHER) for g in groups.values()]
 
 
 def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: str, *,
                  hardware: str, vocab_size: int, attention: str) -> list[LandscapeGroup]:
-    _check_columns(header, AURORA_COLUMNS, source)
+    check_columns(header, AURORA_COLUMNS, source)
     groups: dict[tuple, dict[str, Any]] = {}
     for line, cells in rows:
-        row = _Row(header, line, cells, source)
+        row = Row(header, line, cells, source)
         name, table = row.text("model"), row.text("table")
         nodes, devices = row.integer("nodes"), row.integer("devices")
         gb = row.integer("global_batch")
@@ -375,10 +308,30 @@ def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: s
     return [_finish(g, "bf16") for g in groups.values()]
 
 
-def _finish(g: dict[str, Any], dtype: str) -> LandscapeGroup:
+def _finish(g: dict[str, Any], dtype: str, stack: str = REPLAY_STACK) -> LandscapeGroup:
     return LandscapeGroup(name=g["name"], model=g["model"], cluster=g["cluster"],
                           global_batch=g["global_batch"], dtype=dtype,
-                          measurements=merge_duplicates(g["rows"]))
+                          measurements=merge_duplicates(g["rows"]), stack=stack)
+
+
+def table_stack(path: str | os.PathLike[str], base_dir: str | os.PathLike[str] | None = None
+                ) -> str | None:
+    """The stack that measured the table at ``path`` (:attr:`LandscapeGroup.stack`), read
+    from its header alone; ``None`` where the file cannot be read or has neither format's
+    header (loading it then says why). A relative ``path`` not found from the working
+    directory is read from ``base_dir`` (a study file's folder), as the replay launcher
+    finds it."""
+    path = Path(path).expanduser()
+    if not path.is_absolute() and not path.exists() and base_dir is not None:
+        path = Path(base_dir) / path
+    try:
+        with open(path, newline="") as f:
+            header = [h.strip() for h in next(csv.reader(f), [])]
+    except (OSError, UnicodeDecodeError):
+        return None
+    if "iteration time (ms)" in header:
+        return EITHER
+    return REPLAY_STACK if "tflops_per_device" in header else None
 
 
 def merge_duplicates(rows: list[Measurement]) -> tuple[Measurement, ...]:

@@ -57,7 +57,7 @@ from autotune.models.flops import (
 from autotune.models.memory import params_per_rank
 from autotune.models.profile import LayerProfile
 from autotune.models.profile_blend import layer_terms
-from autotune.models.stacks import dp_reduce_bytes_per_param, is_megatron
+from autotune.models.stacks import dp_reduce_bytes_per_param, is_megatron, ties_embeddings
 from autotune.models.ulysses import ulysses_layer_time_s, ulysses_share
 from autotune.models.zero_variants import (
     replica_reduce_time_s,
@@ -137,7 +137,9 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     ``stack`` (a resolved ``training.stack``): under Megatron's own optimizer the
     gradient reduction is its DDP's, over every data-parallel rank whatever the layout's
     ZeRO stage, after the backward, moving its fp32 gradient buffer
-    (:func:`autotune.models.stacks.dp_reduce_bytes_per_param`)."""
+    (:func:`autotune.models.stacks.dp_reduce_bytes_per_param`). Megatron's GPT reduces and
+    updates one embedding matrix where a rank holds both ends
+    (:func:`autotune.models.stacks.ties_embeddings`)."""
     spec = cluster.device_spec()
     peak = spec.peak_flops_or_fallback(dtype)
     lay, m, p = layout, layout.grad_accum, layout.pp
@@ -154,7 +156,8 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
 
     names = ["only"] if p == 1 else ["first", *["middle"] * (p - 2), "last"]
     zero3 = zero3_traffic_time_s if uses_own_zero_groups(lay) else zero3_gather_time_s
-    gathers = {n: zero3(params_per_rank(model, lay, n), lay, cluster, dtype)
+    tied = ties_embeddings(stack)
+    gathers = {n: zero3(params_per_rank(model, lay, n, tied=tied), lay, cluster, dtype)
                for n in set(names) - {"middle"}}
     gathers["middle"] = gathers.get("first", 0.0)  # its layers; no embedding: conservative
     stages: list[_Stage] = []
@@ -167,7 +170,7 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     pipe = pipeline_time_s([st.total for st in stages], m)
 
     # Data-parallel reduction and optimizer step of the largest shard.
-    n_max = max(params_per_rank(model, lay, n) for n in set(names) - {"middle"})
+    n_max = max(params_per_rank(model, lay, n, tied=tied) for n in set(names) - {"middle"})
     dp = 0.0
     if is_megatron(stack):
         # Megatron's DDP all-reduces (or, distributed, reduce-scatters) its buffer once

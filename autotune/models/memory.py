@@ -108,7 +108,8 @@ def layer_params_per_rank(model: ModelConfig, tp: int) -> int:
     )
 
 
-def params_per_rank(model: ModelConfig, layout: Layout, stage: str) -> int:
+def params_per_rank(model: ModelConfig, layout: Layout, stage: str, *,
+                    tied: bool = False) -> int:
     """Parameters one rank of a ``stage`` ("first", "last", "only") holds before ZeRO.
 
     Megatron tensor parallelism (Shoeybi et al. 2019, section 3) splits the QKV and
@@ -118,6 +119,8 @@ def params_per_rank(model: ModelConfig, layout: Layout, stage: str) -> int:
     all without biases (Llama-style; see :class:`~autotune.config.model.ModelConfig`).
     The word embedding and the output layer are vocabulary-parallel (``ceil(V/t)`` rows,
     the trainer pads V); the position embedding is replicated on the first stage.
+    ``tied``: the output layer is the word embedding's weight
+    (:func:`autotune.models.stacks.ties_embeddings`), one matrix where a rank holds both.
     """
     t, h = layout.tp, model.hidden
     n = stage_layers(model, layout.pp) * layer_params_per_rank(model, t)
@@ -125,7 +128,9 @@ def params_per_rank(model: ModelConfig, layout: Layout, stage: str) -> int:
     if stage in ("first", "only"):
         n += vocab_rows * h + model.seq_len * h
     if stage in ("last", "only"):
-        n += vocab_rows * h + 2 * h  # output layer (untied, as in the trainer) + final LN
+        n += 2 * h  # final LayerNorm
+        if not (tied and stage == "only"):
+            n += vocab_rows * h  # the output layer's own matrix
     return n
 
 
@@ -313,7 +318,7 @@ class MemoryEstimate:
 def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
                     device: str | None, measured: MeasuredActivation | None,
                     stack: str = "deepspeed") -> MemoryEstimate:
-    n = params_per_rank(model, layout, stage)
+    n = params_per_rank(model, layout, stage, tied=stacks.ties_embeddings(stack))
     w, g, o = (stacks.megatron_state_bytes(n, layout, dtype, stack) if stacks.is_megatron(stack)
                else model_state_bytes(n, layout, dtype))
     per_layer = measured.activation_bytes if measured is not None else None

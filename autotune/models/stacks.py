@@ -31,8 +31,19 @@ workload: :func:`resolve_stack`), a replayed table which stack measured it.
     ``megatron/optimizer/distrib_optimizer.py``: each data-parallel rank keeps the fp32
     main copy and Adam states of its ``1/dp`` shard of the grad buffer): 2 + 4 + 12/dp.
 
+``megatron-deepspeed-either``
+    Megatron-DeepSpeed where it is not known which of the two ran: under DeepSpeed's
+    engine (``deepspeed-fused-adam``) or on Megatron's own optimizer (``megatron``); the
+    code base runs both, and a table of its measurements need not say which (vTrain's
+    does not: ``data/landscapes/README.md``). The memory check's P(fit) is the average of
+    the two stacks' (:data:`EITHER_STACKS`, equally likely: :func:`memory_stacks`); the
+    peak it shows and the step time are the DeepSpeed engine's, the larger states.
+
 Megatron's own optimizer has no ZeRO: under the two ``megatron`` stacks the layout's
 ``zero_stage`` does not change what is allocated.
+
+Every stack but ``deepspeed`` runs Megatron's GPT, which ties the output layer to the word
+embedding (:func:`ties_embeddings`); the built-in trainer unties them.
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ from autotune.config.study import TRAINING_STACKS
 from autotune.layout import Layout
 from autotune.models.activations import dtype_bytes
 
-__all__ = ["STACKS", "AUTO", "REPLAY_STACK", "resolve_stack", "megatron_state_bytes",
+__all__ = ["STACKS", "AUTO", "EITHER", "EITHER_STACKS", "REPLAY_STACK", "resolve_stack",
+           "memory_stacks", "ties_embeddings", "megatron_state_bytes",
            "megatron_grad_bytes", "dp_reduce_bytes_per_param", "has_torch_adam_temp",
            "has_deepspeed_buckets", "is_megatron"]
 
@@ -59,15 +71,22 @@ _BY_WORKLOAD: dict[str, str] = {
 }
 
 
+EITHER = "megatron-deepspeed-either"
+EITHER_STACKS: tuple[str, ...] = ("deepspeed-fused-adam", "megatron")
+"""What :data:`EITHER` may be: Megatron-DeepSpeed under DeepSpeed's engine (``--deepspeed``)
+or on Megatron's own optimizer, the conservative one first."""
+
 REPLAY_STACK = "deepspeed-fused-adam"
-"""The stack that measured a replayed table: both formats the loader reads, vTrain's and
-ALCF's AuroraGPT notes, are Megatron-DeepSpeed runs under DeepSpeed's engine
-(``data/landscapes/README.md``)."""
+"""The stack that measured a replayed table whose format names its optimizer: ALCF's
+AuroraGPT notes are Megatron-DeepSpeed runs under DeepSpeed's engine (their rows give the
+ZeRO stage). A format that does not say (vTrain's) measured :data:`EITHER`: the loader
+gives each group's (:attr:`autotune.landscape.LandscapeGroup.stack`)."""
 
 
-def resolve_stack(stack: str, workload_kind: str, *, replay: bool = False) -> str:
-    """``stack`` itself, or for ``auto`` the stack ``workload_kind`` runs (a replayed
-    table's, :data:`REPLAY_STACK`, with ``replay``).
+def resolve_stack(stack: str, workload_kind: str, *, replay: bool = False,
+                  table_stack: str | None = None) -> str:
+    """``stack`` itself, or for ``auto`` the stack ``workload_kind`` runs (with ``replay``,
+    the replayed table's: ``table_stack``, else :data:`REPLAY_STACK`).
 
     >>> resolve_stack("auto", "megatron-deepspeed"), resolve_stack("megatron", "builtin")
     ('deepspeed-fused-adam', 'megatron')
@@ -75,8 +94,37 @@ def resolve_stack(stack: str, workload_kind: str, *, replay: bool = False) -> st
     if stack != AUTO:
         return stack
     if replay:
-        return REPLAY_STACK
+        return table_stack or REPLAY_STACK
     return _BY_WORKLOAD.get(workload_kind, "deepspeed")
+
+
+_MEGATRON_GPT = ("deepspeed-fused-adam", "megatron", "megatron-distributed", EITHER)
+"""The stacks that run Megatron's GPT (:func:`ties_embeddings`)."""
+
+
+def memory_stacks(stack: str) -> tuple[str, ...]:
+    """The stacks whose P(fit) the memory check averages: :data:`EITHER_STACKS` for
+    :data:`EITHER` (which one ran is unknown; each equally likely, so the probability of
+    fitting is the mixture's, ``(P_1 + P_2) / 2``), else ``stack`` alone.
+
+    >>> memory_stacks(EITHER), memory_stacks("megatron")
+    (('deepspeed-fused-adam', 'megatron'), ('megatron',))
+    """
+    return EITHER_STACKS if stack == EITHER else (stack,)
+
+
+def ties_embeddings(stack: str) -> bool:
+    """Whether the output layer shares the word embedding's weight: in Megatron's GPT,
+    unless ``--untie-embeddings-and-output-weights`` (default off; ``GPTModel.__init__``,
+    ``share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights``,
+    deepspeedai/Megatron-DeepSpeed@4efb479 ``megatron/model/gpt_model.py`` and
+    ``megatron/arguments.py``; autotune's Megatron-DeepSpeed trials do not pass it), so
+    a rank holding both ends (no pipeline) keeps one ``V x h`` matrix, not two. With a
+    pipeline the last stage keeps its own copy of the embedding for the output layer,
+    kept equal by an all-reduce of its gradient (the same file): the stages' counts are
+    unchanged. The built-in trainer (``deepspeed``) and a user's program, which it
+    stands for, untie them (``trainer/model.py``), as does an unresolved ``auto``."""
+    return stack in _MEGATRON_GPT
 
 
 def is_megatron(stack: str) -> bool:

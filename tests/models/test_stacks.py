@@ -10,12 +10,14 @@ from autotune.config.study import TrainingConfig
 from autotune.errors import SpecError
 from autotune.feasibility import MemoryBudget
 from autotune.hardware import get_device
+from autotune.landscape import AURORA_COLUMNS
 from autotune.layout import Layout
 from autotune.models.memory import estimate_memory, optimizer_temp_bytes
 from autotune.models.stacks import REPLAY_STACK, STACKS, resolve_stack
 from autotune.spec import parse_study
 
-# A 3.7B GPT in pure data parallelism on 64 A100 80GB, full recompute, no ZeRO.
+# A 3.6B GPT (3.7B with its output layer untied) in pure data parallelism on 64 A100
+# 80GB, full recompute, no ZeRO.
 GPT_3_6B = ModelConfig(n_layer=30, hidden=3072, n_head=32, seq_len=2048, vocab_size=51200,
                        attention="explicit", dropout=0.1)
 PURE_DP = Layout(tp=1, pp=1, dp=64, micro_batch=1, grad_accum=1, zero_stage=0,
@@ -32,10 +34,55 @@ def test_megatron_optimizer_keeps_18_bytes_and_the_distributed_one_6_plus_12_ove
     assert states == 18 * n  # bf16 weights, fp32 main_grad, fp32 main copy + 2 moments
     states, n = _states("megatron-distributed")
     assert states == pytest.approx((6 + 12 / 64) * n, rel=1e-9)
-    deepspeed, n = _states("deepspeed")
-    assert deepspeed == 20 * n  # ZeRO-0 bf16: + the fp32 accumulation buffer (2 + 6 + 12)
     # Megatron has no ZeRO: the stage does not change what it allocates.
     assert _states("megatron", Layout(**{**PURE_DP.to_dict(), "zero_stage": 1}))[0] == 18 * n
+    deepspeed, n = _states("deepspeed")
+    assert deepspeed == 20 * n  # ZeRO-0 bf16: + the fp32 accumulation buffer (2 + 6 + 12)
+
+
+def test_megatron_ties_the_output_layer_to_the_embedding_where_a_rank_holds_both() -> None:
+    """Megatron's GPT shares one V x h matrix between the word embedding and the output
+    layer (no --untie-embeddings-and-output-weights); the built-in trainer unties them."""
+    from autotune.models.memory import params_per_rank
+    from autotune.models.stacks import ties_embeddings
+
+    assert not ties_embeddings("deepspeed")
+    assert all(ties_embeddings(s) for s in STACKS if s != "deepspeed")
+    matrix = GPT_3_6B.vocab_size * GPT_3_6B.hidden  # t = 1: unpadded
+    untied, tied = (params_per_rank(GPT_3_6B, PURE_DP, "only", tied=t) for t in (False, True))
+    assert untied - tied == matrix
+    assert _states("megatron")[1] == _states("deepspeed-fused-adam")[1] == tied
+    assert _states("deepspeed")[1] == untied
+    # With a pipeline each end keeps its own matrix: the stages' counts do not change.
+    piped = Layout(tp=1, pp=2, dp=32, micro_batch=1, grad_accum=1, recompute="full")
+    for stage in ("first", "last"):
+        assert (params_per_rank(GPT_3_6B, piped, stage, tied=True)
+                == params_per_rank(GPT_3_6B, piped, stage, tied=False))
+
+
+def test_either_stack_fits_with_the_mean_of_both_stacks_probabilities() -> None:
+    """A table that does not say whether Megatron-DeepSpeed ran under DeepSpeed's engine
+    or Megatron's own optimizer: P(fit) is the mixture's, the peak shown the engine's."""
+    from autotune.models.stacks import EITHER, EITHER_STACKS, memory_stacks
+
+    assert memory_stacks(EITHER) == EITHER_STACKS == ("deepspeed-fused-adam", "megatron")
+    assert memory_stacks("megatron") == ("megatron",)
+    cap = get_device("a100-80gb").memory_bytes
+    for mb in (1, 8):
+        lay = Layout(**{**PURE_DP.to_dict(), "micro_batch": mb})
+        v = {s: MemoryBudget(cap, dtype="bf16", device="a100-80gb", stack=s)
+             .verdict(GPT_3_6B, lay) for s in (*EITHER_STACKS, EITHER)}
+        assert v[EITHER].p_fit == pytest.approx(
+            (v["deepspeed-fused-adam"].p_fit + v["megatron"].p_fit) / 2)
+        assert v[EITHER].predicted_bytes == v["deepspeed-fused-adam"].predicted_bytes
+        assert v["deepspeed-fused-adam"].p_fit < v[EITHER].p_fit < v["megatron"].p_fit
+    # The step time is the DeepSpeed engine's.
+    from autotune.config.cluster import ClusterConfig
+    from autotune.models.cost import estimate_step
+
+    cluster = ClusterConfig(nodes=8, devices_per_node=8, device="a100-80gb")
+    assert (estimate_step(GPT_3_6B, PURE_DP, cluster, stack=EITHER)
+            == estimate_step(GPT_3_6B, PURE_DP, cluster, stack="deepspeed-fused-adam"))
 
 
 def test_only_torch_adamw_has_its_temporary_and_only_deepspeed_its_buckets() -> None:
@@ -70,7 +117,19 @@ def test_auto_resolves_from_the_workload_or_the_table(tmp_path) -> None:
                    "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
                    "iteration time (ms)\n1,4,1,64,4,4,64,1,1,1,10\n")
     replay = parse_study(_study(launcher={"kind": "replay", "replay": {"landscape": str(csv)}}))
+    # vTrain's format does not say whether DeepSpeed's engine ran: either stack.
+    assert replay.training.stack == "megatron-deepspeed-either"
+    # Found beside the study file, as the replay launcher finds it.
+    beside = parse_study(_study(launcher={"kind": "replay", "replay": {"landscape": "t.csv"}}),
+                         base_dir=tmp_path)
+    assert beside.training.stack == "megatron-deepspeed-either"
+    aurora = tmp_path / "a.csv"
+    aurora.write_text(",".join(AURORA_COLUMNS) + "\n")
+    replay = parse_study(_study(launcher={"kind": "replay", "replay": {"landscape": str(aurora)}}))
     assert replay.training.stack == REPLAY_STACK == "deepspeed-fused-adam"
+    # A table that cannot be read: the launcher says why; the stack is the default.
+    missing = _study(launcher={"kind": "replay", "replay": {"landscape": "nowhere.csv"}})
+    assert parse_study(missing).training.stack == REPLAY_STACK
     assert resolve_stack("auto", "megatron-deepspeed") == "deepspeed-fused-adam"
     given = _study()
     given["training"]["stack"] = "megatron-distributed"
@@ -95,8 +154,11 @@ def test_the_gradient_reduction_moves_what_the_stack_reduces() -> None:
     n = params_per_rank(GPT_3_6B, PURE_DP, "only")
     bf16 = dp_reduce_time_s(n, PURE_DP, cluster, "bf16")
     assert step["deepspeed"].dp_comm_s == pytest.approx(bf16)  # ZeRO-0: after the backward
+    # Megatron's GPT reduces one embedding matrix (tied to the output layer): n less V h.
+    n = params_per_rank(GPT_3_6B, PURE_DP, "only", tied=True)
     fp32 = dp_reduce_time_s(n, PURE_DP, cluster, "bf16", bytes_per_param=4)
     three = dp_reduce_time_s(n, PURE_DP, cluster, "bf16", bytes_per_param=3)
+    bf16 = dp_reduce_time_s(n, PURE_DP, cluster, "bf16")
     assert step["megatron"].dp_comm_s == pytest.approx(fp32)
     assert step["megatron-distributed"].dp_comm_s == pytest.approx(three)
     # Bandwidth-bound at 3.7 GB of gradients: the bytes' ratio, within the latency terms.
@@ -123,6 +185,8 @@ def test_a_study_plans_with_its_stack() -> None:
                 "search": {"tp": [1], "pp": [1], "micro_batch": [1], "zero_stage": [0],
                            "recompute": ["full"]}}
 
-    top = {s: plan_study(parse_study(doc(s))).rows[0] for s in ("deepspeed", "megatron")}
+    # Both run Megatron's GPT (one embedding matrix): only the bytes a parameter differ.
+    top = {s: plan_study(parse_study(doc(s))).rows[0]
+           for s in ("deepspeed-fused-adam", "megatron")}
     assert top["megatron"].step.dp_comm_s == pytest.approx(
-        2.0 * top["deepspeed"].step.dp_comm_s, rel=0.01)
+        2.0 * top["deepspeed-fused-adam"].step.dp_comm_s, rel=0.01)

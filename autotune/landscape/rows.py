@@ -1,0 +1,86 @@
+"""Reading a landscape CSV: the text of a file or stream, and one row with typed accessors
+whose errors name the column and the line (:func:`autotune.landscape.load_landscape`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from autotune.errors import SpecError
+
+__all__ = ["Row", "read_text", "check_columns"]
+
+
+def read_text(path: str | os.PathLike[str] | IO[str]) -> tuple[str, str]:
+    if hasattr(path, "read"):
+        return getattr(path, "name", "<stream>"), path.read()
+    try:
+        return str(path), Path(path).read_text()
+    except FileNotFoundError:
+        raise SpecError("--landscape", str(path), "no such file") from None
+
+
+class Row:
+    """One CSV row with typed accessors whose errors name the column and the line."""
+
+    def __init__(self, header: list[str], line: int, cells: list[str], source: str):
+        if len(cells) != len(header):
+            raise SpecError(f"line {line}", ",".join(cells),
+                            f"expected {len(header)} columns as in the header, "
+                            f"got {len(cells)}", source=source)
+        self.values = dict(zip(header, (c.strip() for c in cells), strict=True))
+        self.line, self.source = line, source
+
+    def _err(self, column: str, allowed: str) -> SpecError:
+        return SpecError(f"line {self.line}, column {column!r}", self.values.get(column),
+                         allowed, source=self.source)
+
+    def text(self, column: str) -> str:
+        return self.values[column]
+
+    def integer(self, column: str, *, minimum: int = 1) -> int:
+        raw = self.values[column]
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self._err(column, f"allowed: an integer >= {minimum}") from None
+        if not value.is_integer() or value < minimum:
+            raise self._err(column, f"allowed: an integer >= {minimum}")
+        return int(value)
+
+    def number(self, column: str, *, optional: bool = False) -> float | None:
+        raw = self.values[column]
+        if raw == "" and optional:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise self._err(column, "allowed: a positive number") from None
+        if not value > 0:
+            raise self._err(column, "allowed: a positive number")
+        return value
+
+    def flag(self, column: str) -> bool:
+        raw = self.values[column].lower()
+        if raw in ("true", "1", "yes"):
+            return True
+        if raw in ("false", "0", "no", ""):
+            return False
+        raise self._err(column, "allowed: true or false")
+
+    def build(self, what: str, factory: Any, **kwargs: Any) -> Any:
+        """Construct a config object; its SpecError gains the line number."""
+        try:
+            return factory(**kwargs)
+        except SpecError as err:
+            raise SpecError(f"line {self.line} ({what}) {err.field}", err.value, err.allowed,
+                            source=self.source) from None
+
+
+def check_columns(header: list[str], required: Iterable[str], source: str) -> None:
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise SpecError("landscape header", ",".join(header),
+                        f"missing column(s) {', '.join(map(repr, missing))}", source=source)
