@@ -111,6 +111,9 @@ class PlanResult:
     empty_reasons: tuple[str, ...] = ()
     """Why nothing is feasible (:func:`autotune.planning.empty.empty_space_reasons`); empty
     when some layout is."""
+    stack: str = "deepspeed"
+    """The training stack the memory and step-time models predicted for (``training.stack``
+    resolved: :mod:`autotune.models.stacks`)."""
 
 
 def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | None = None,
@@ -166,7 +169,8 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
         memory_min_p_fit=constraints.memory.min_p_fit if constraints.memory else None,
         calibration=line, calibration_record=record,
         empty_reasons=() if feasible else tuple(empty_space_reasons(
-            spec.search, spec.world_size, spec.training.global_batch, excluded)))
+            spec.search, spec.world_size, spec.training.global_batch, excluded)),
+        stack=spec.training.stack)
 
 
 def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate,
@@ -243,6 +247,7 @@ def _to_json(result: PlanResult) -> dict[str, Any]:
     return {
         "study": result.study, "model": result.model, "world_size": result.world_size,
         "global_batch": result.global_batch, "device": result.device, "dtype": result.dtype,
+        "stack": result.stack,
         "n_layouts": result.n_layouts, "n_feasible": result.n_feasible,
         "n_excluded": result.n_layouts - result.n_feasible,
         "memory_capacity_bytes": result.memory_capacity_bytes,
@@ -283,7 +288,7 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
     from autotune.util.text import format_table
 
     head = (f"study {result.study}: {result.model} on {result.world_size} x {result.device} "
-            f"({result.dtype}), global batch {result.global_batch}, "
+            f"({result.dtype}, stack {result.stack}), global batch {result.global_batch}, "
             f"{result.memory_capacity_bytes / GiB:.0f} GiB per device\n"
             f"{result.n_layouts} layouts: {result.n_feasible} feasible, "
             f"{result.n_layouts - result.n_feasible} excluded; top {len(result.rows)} "

@@ -186,7 +186,14 @@ def test_a_study_plans_with_its_stack() -> None:
                            "recompute": ["full"]}}
 
     # Both run Megatron's GPT (one embedding matrix): only the bytes a parameter differ.
-    top = {s: plan_study(parse_study(doc(s))).rows[0]
-           for s in ("deepspeed-fused-adam", "megatron")}
+    plans = {s: plan_study(parse_study(doc(s))) for s in ("deepspeed-fused-adam", "megatron")}
+    top = {s: p.rows[0] for s, p in plans.items()}
+    # The plan says which stack it predicted for.
+    import json
+
+    from autotune.planning.plan import render_plan
+
+    assert "(bf16, stack megatron)" in render_plan(plans["megatron"]).splitlines()[0]
+    assert json.loads(render_plan(plans["megatron"], "json"))["stack"] == "megatron"
     assert top["megatron"].step.dp_comm_s == pytest.approx(
         2.0 * top["deepspeed-fused-adam"].step.dp_comm_s, rel=0.01)
