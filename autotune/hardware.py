@@ -178,10 +178,12 @@ _SLINGSHOT_NIC_GBPS = 25.0
 
 # Large-GEMM efficiency (gemm_efficiency_max): A100 cuBLAS BF16/FP16 ~250 of 312 TFLOPS
 # (NVIDIA, "A100 Tensor Core GPU architecture" whitepaper and cuBLAS benchmarks); H100 SXM
-# ~700-750 of 989 (NVIDIA Hopper tuning guide, cuBLAS 12); Max 1550 tile: 207 of 419 per
-# tile with the node busy (ALCF, data/landscapes/README.md). HBM (hbm_gbps): A100-40GB
-# 1,555 GB/s, A100-80GB 2,039, H100 3,350, H200 4,800 (NVIDIA datasheets); Max 1550 3,277
-# GB/s per card, half per tile (Intel datasheet). CPU: a rank's share of a small host
+# ~700-750 of 989 (NVIDIA Hopper tuning guide, cuBLAS 12). Both below the best matmul rate
+# a shape search measures (stas00/ml-engineering, compute/accelerator/README.md: MAMF A100
+# SXM 271.2, H100 SXM 794.5, a burst; docs/models.md). Max 1550 tile: 207 of 419 per tile
+# with the node busy (ALCF, data/landscapes/README.md). HBM (hbm_gbps): A100-40GB 1,555
+# GB/s, A100-80GB 2,039, H100 3,350, H200 4,800 (NVIDIA datasheets); Max 1550 3,277 GB/s
+# per card, half per tile (Intel datasheet). CPU: a rank's share of a small host
 # (estimate). GEMM units (gemm_units): 108 SMs on an A100, 132 on an H100/H200 SXM (NVIDIA
 # A100 and H100 whitepapers); the Max 1550's oneMKL tiling is not published: None.
 # Flash attention (flash_efficiency): FlashAttention-2 reaches 50-73% of the A100's peak in
