@@ -106,15 +106,32 @@ def rank_group(group: LandscapeGroup, profile: LayerProfile | None = None) -> di
     }
 
 
+def _below_half(group: LandscapeGroup, check: common.StudyCheck) -> tuple[int, bool]:
+    """The rows that ran whose probability of fitting, under the study's memory rule
+    (``check.constraints``: the group's stack, before any trial), is below 1/2, and whether
+    the group's measured best is one of them: what a study would try late or not at all."""
+    ok = group.ok()
+    if check.constraints is None or not ok:
+        return 0, False
+    below = set()
+    for m in ok:
+        verdict = check.constraints.memory_verdict(m.layout, group.model)
+        if verdict is not None and verdict.p_fit < 0.5:
+            below.add(m.layout)
+    return len(below), group.best().layout in below
+
+
 def evaluate_group(group: LandscapeGroup, *, margin: float,
                    check: common.StudyCheck | None = None) -> dict[str, Any]:
     """:func:`rank_group` with the analytic model, the memory model on its rows, and the
     study's feasibility check (``check``, computed when not given)."""
     check = check or common.study_check(group, memory_margin=margin)
+    below, best_below = _below_half(group, check)
     return {**rank_group(group),
             "n_oom": sum(m.status == "oom" for m in group.measurements),
             "oom_flagged": _flagged(group, margin),
             "ok_flagged_infeasible": _flagged(group, margin, status="ok") if group.ok() else 0,
+            "ok_below_half_p_fit": below, "best_below_half_p_fit": best_below,
             **check.to_dict()}
 
 
@@ -159,6 +176,10 @@ class Evaluation:
     oom_flagged: int = 0
     ok_rows: int = 0
     ok_flagged: int = 0
+    ok_below_half: int = 0
+    """Rows that ran predicted below a probability of fitting of 1/2 (all groups read)."""
+    best_below_half: list[str] = field(default_factory=list)
+    """Groups whose measured best is one of them."""
     tables: list[errors.TableErrors] = field(default_factory=list)
     """Absolute error and band coverage of each file's ok rows (all groups read)."""
 
@@ -179,6 +200,9 @@ def evaluate(args: argparse.Namespace) -> Evaluation:
             ev.oom_flagged += res["oom_flagged"]
             ev.ok_rows += sum(m.status == "ok" for m in g.measurements)
             ev.ok_flagged += res["ok_flagged_infeasible"]
+            ev.ok_below_half += res["ok_below_half_p_fit"]
+            if res["best_below_half_p_fit"]:
+                ev.best_below_half.append(g.name)
             if res["n_layouts"] >= args.min_layouts:
                 ev.rows.append(res)
                 ev.selected.append(g)
@@ -244,6 +268,11 @@ def print_groups(ev: Evaluation, analytic: dict[str, Any], min_layouts: int) -> 
           f"{ev.oom_flagged}")
     # The other side of the memory model's accuracy: rows that ran but are predicted not to.
     print(f"ok rows: {ev.ok_rows}, predicted infeasible by the memory model: {ev.ok_flagged}")
+    share = ev.ok_below_half / ev.ok_rows if ev.ok_rows else 0.0
+    print(f"ok rows predicted below P(fit) 0.5 by the study's memory rule: {ev.ok_below_half}"
+          f" ({share:.1%}); groups whose measured best is one: {len(ev.best_below_half)}"
+          + (f" ({', '.join(ev.best_below_half[:5])}"
+             f"{', ...' if len(ev.best_below_half) > 5 else ''})" if ev.best_below_half else ""))
     common.print_study_check(list(zip(ev.loaded, ev.checks, strict=True)),
                              f"all {len(ev.loaded)} groups read")
     print(f"\n{'table (all ok rows)':44s} {'rows':>5s} {'median |err|':>12s} "
@@ -280,6 +309,8 @@ def to_json(ev: Evaluation, analytic: dict[str, Any], profiled: dict[str, dict[s
         "n_groups": len(ev.rows), "top3_misses": analytic["top3_misses"],
         "oom_rows": ev.oom_rows, "oom_flagged": ev.oom_flagged,
         "ok_rows": ev.ok_rows, "ok_flagged_infeasible": ev.ok_flagged,
+        "ok_below_half_p_fit": ev.ok_below_half,
+        "best_below_half_p_fit_groups": ev.best_below_half,
         "top3_hits": analytic["top3_hits"],
         "ok_excluded": sum(c.ok_excluded for c in ev.checks),
         "best_excluded_groups": [g.name for g, c in pairs if c.best_excluded],
