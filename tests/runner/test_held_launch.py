@@ -125,16 +125,19 @@ def test_a_held_batch_reports_its_trials_and_is_released(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_a_studys_round_runs_in_its_last_launch_within_the_default_budget(
-        tmp_path: Path) -> None:
-    """What the README's demo does: the whole budget in one batch, the round at the
-    default quarter of the search's device-seconds, in the held launch."""
+def test_a_studys_round_runs_in_its_last_launch_within_its_budget(tmp_path: Path) -> None:
+    """What the README's demo does: the whole budget in one batch, then the round in the
+    held launch, planned and stopped by its device-seconds budget."""
     # Trials measured to a loose precision (50%, 2 steps), so that their intervals overlap
-    # and the round is needed.
+    # and the round is needed. The budget is the whole search's device-seconds, not the
+    # default quarter: these trials take about a second, so a quarter is ~2.6 device-s,
+    # about what the held launch's engines cost before the first round; a loaded CI
+    # machine made that refuse every round (state "budget", once in six CI runs). The default's
+    # share on the demo is measured by benchmarks/study_cost.py.
     path = write_study(tmp_path / "s.yaml", name="held", devices=2, n_trials=4,
                        search={"tp": [1], "pp": [1, 2], "micro_batch": [1, 2],
                                "zero_stage": [1], "recompute": ["none"], "n_trials": 4,
-                               "confirm": 3},
+                               "confirm": 3, "confirm_budget": 1.0},
                        trial={"warmup_steps": 1, "measure_steps": 2, "timeout_s": 120,
                               "device": "cpu", "batch_size": 4,
                               "measure_precision": 0.5})
@@ -154,7 +157,7 @@ def test_a_studys_round_runs_in_its_last_launch_within_the_default_budget(
     assert record["rounds"] >= 2
     # The budget is checked between pairs of rounds on what they cost: the teardown and
     # the round under way when the stop is read may pass it, by a round at most.
-    assert record["device_s"] <= 0.25 * search * 1.5, (record["device_s"], search)
+    assert record["device_s"] <= 1.0 * search * 1.5, (record["device_s"], search)
     runs = stored_runs(storage, 1)
     assert runs and all(r["outcome"] == "complete" for r in runs)
     told = re.findall(r"confirmation round (\d+)/\d+:", out.getvalue())
