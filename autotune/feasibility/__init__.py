@@ -157,18 +157,16 @@ class MemoryBudget:
         # Where it is unknown which stack runs (training.stack megatron-deepspeed-either),
         # P(fit) is the mixture's: the mean over the stacks it may be. The peak shown is
         # the first's (the larger states).
-        ps = []
-        for i, stack in enumerate(memory_stacks(self.stack)):
+        each = []
+        for stack in memory_stacks(self.stack):
             one = estimate_memory(model, layout, dtype=self.dtype, device=self.device,
                                   profile=self.profile, stack=stack)
-            one_unc = estimate_uncertainty(model, layout, one, dtype=self.dtype,
-                                           device=self.device, stack=stack)
-            ps.append(fit_probability(one.peak_bytes, self.usable_bytes,
-                                      one_unc.relative_sigma, correction=correction,
-                                      correction_sigma=correction_sigma))
-            if i == 0:
-                est, unc = one, one_unc
-        p = sum(ps) / len(ps)
+            each.append((one, estimate_uncertainty(model, layout, one, dtype=self.dtype,
+                                                   device=self.device, stack=stack)))
+        p = sum(fit_probability(e.peak_bytes, self.usable_bytes, u.relative_sigma,
+                                correction=correction, correction_sigma=correction_sigma)
+                for e, u in each) / len(each)
+        est, unc = each[0]
         s = log_sigma(unc.relative_sigma, correction_sigma)
         median = correction * est.peak_bytes
         # sd of a log-normal with median m and log-sd s: m * exp(s^2/2) * sqrt(exp(s^2) - 1)

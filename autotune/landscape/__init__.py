@@ -76,7 +76,8 @@ from autotune.models.stacks import EITHER, REPLAY_STACK
 
 __all__ = ["Measurement", "LandscapeGroup", "load_landscape", "merge_duplicates", "VTRAIN_COLUMNS",
            "AURORA_COLUMNS", "DEFAULT_VTRAIN_HARDWARE", "DEFAULT_AURORA_HARDWARE",
-           "LANDSCAPES_DIR", "SHIPPED_LANDSCAPES", "shipped_landscape", "table_stack"]
+           "LANDSCAPES_DIR", "SHIPPED_LANDSCAPES", "shipped_landscape", "table_stack",
+           "find_table", "FORMAT_STACKS"]
 
 VTRAIN_COLUMNS: tuple[str, ...] = (
     "# GPUs", "global batch", "micro batch", "hidden size", "attention heads", "# layers",
@@ -200,11 +201,12 @@ def load_landscape(
     except StopIteration:
         raise SpecError("landscape", source, "the file is empty") from None
     rows = [(i, row) for i, row in enumerate(reader, start=2) if any(c.strip() for c in row)]
-    if "iteration time (ms)" in header:
+    kind = _format_of(header)
+    if kind == "vtrain":
         return _load_vtrain(header, rows, source, hardware=hardware or DEFAULT_VTRAIN_HARDWARE,
                             devices_per_node=devices_per_node or DEFAULT_VTRAIN_DEVICES_PER_NODE,
                             vocab_size=vocab_size, attention=attention or "explicit")
-    if "tflops_per_device" in header:
+    if kind == "aurora":
         return _load_aurora(header, rows, source, hardware=hardware or DEFAULT_AURORA_HARDWARE,
                             vocab_size=vocab_size, attention=attention or "flash")
     raise SpecError("landscape header", ",".join(header),
@@ -248,7 +250,7 @@ def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: s
                            grad_accum=gb // (dp * mb), zero_stage=0, recompute="full")
         tflops = tflops_per_device(model_flops_per_step(g["model"], gb), iter_s, gpus)
         g["rows"].append(Measurement(layout, "ok", tflops, iter_s))
-    return [_finish(g, "bf16", EITHER) for g in groups.values()]
+    return [_finish(g, "bf16", FORMAT_STACKS["vtrain"]) for g in groups.values()]
 
 
 def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: str, *,
@@ -305,33 +307,48 @@ def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: s
             sps = row.number("samples_per_s", optional=True)
             iter_s = gb / sps if sps else None
         g["rows"].append(Measurement(layout, status, tflops, iter_s))
-    return [_finish(g, "bf16") for g in groups.values()]
+    return [_finish(g, "bf16", FORMAT_STACKS["aurora"]) for g in groups.values()]
 
 
-def _finish(g: dict[str, Any], dtype: str, stack: str = REPLAY_STACK) -> LandscapeGroup:
+def _finish(g: dict[str, Any], dtype: str, stack: str) -> LandscapeGroup:
     return LandscapeGroup(name=g["name"], model=g["model"], cluster=g["cluster"],
                           global_batch=g["global_batch"], dtype=dtype,
                           measurements=merge_duplicates(g["rows"]), stack=stack)
 
 
+FORMAT_STACKS: dict[str, str] = {"vtrain": EITHER, "aurora": REPLAY_STACK}
+"""The stack that measured each format's tables (:attr:`LandscapeGroup.stack`)."""
+
+
+def _format_of(header: list[str]) -> str | None:
+    """``"vtrain"``, ``"aurora"`` or ``None``: which format a header is, by a column only
+    that format has."""
+    if "iteration time (ms)" in header:
+        return "vtrain"
+    return "aurora" if "tflops_per_device" in header else None
+
+
+def find_table(path: str | os.PathLike[str], base_dir: str | os.PathLike[str] | None) -> Path:
+    """Where a table named in a study file is: ``path`` from the working directory, or,
+    relative and not found there, from ``base_dir`` (the study file's folder)."""
+    found = Path(path).expanduser()
+    if not found.is_absolute() and not found.exists() and base_dir is not None:
+        found = Path(base_dir) / found
+    return found
+
+
 def table_stack(path: str | os.PathLike[str], base_dir: str | os.PathLike[str] | None = None
                 ) -> str | None:
-    """The stack that measured the table at ``path`` (:attr:`LandscapeGroup.stack`), read
+    """The stack that measured the table at ``path`` (found by :func:`find_table`), read
     from its header alone; ``None`` where the file cannot be read or has neither format's
-    header (loading it then says why). A relative ``path`` not found from the working
-    directory is read from ``base_dir`` (a study file's folder), as the replay launcher
-    finds it."""
-    path = Path(path).expanduser()
-    if not path.is_absolute() and not path.exists() and base_dir is not None:
-        path = Path(base_dir) / path
+    header (loading it then says why)."""
     try:
-        with open(path, newline="") as f:
+        with open(find_table(path, base_dir), newline="") as f:
             header = [h.strip() for h in next(csv.reader(f), [])]
     except (OSError, UnicodeDecodeError):
         return None
-    if "iteration time (ms)" in header:
-        return EITHER
-    return REPLAY_STACK if "tflops_per_device" in header else None
+    kind = _format_of(header)
+    return FORMAT_STACKS[kind] if kind is not None else None
 
 
 def merge_duplicates(rows: list[Measurement]) -> tuple[Measurement, ...]:

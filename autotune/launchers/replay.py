@@ -33,7 +33,13 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.launcher import ReplayOptions
 from autotune.config.model import ModelConfig
 from autotune.errors import LaunchError, SpecError
-from autotune.landscape import LandscapeGroup, Measurement, load_landscape, merge_duplicates
+from autotune.landscape import (
+    LandscapeGroup,
+    Measurement,
+    find_table,
+    load_landscape,
+    merge_duplicates,
+)
 from autotune.launchers.base import Launcher
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
@@ -86,9 +92,7 @@ class ReplayLauncher(Launcher):
         that is not given, the one group with the study's model, world size and global
         batch. Any mismatch is a :class:`SpecError` that lists the file's groups.
         """
-        path = Path(opts.landscape).expanduser()
-        if not path.is_absolute() and not path.exists() and source:
-            path = Path(source).parent / path
+        path = find_table(opts.landscape, Path(source).parent if source else None)
         if not path.is_file():
             raise SpecError("launcher.replay.landscape", opts.landscape,
                             "allowed: the path of a readable landscape CSV (vTrain or Aurora "
