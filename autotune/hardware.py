@@ -102,7 +102,9 @@ class DeviceSpec:
     gemm_efficiency_max: float
     """Fraction of the dense peak a large GEMM reaches (published measurements)."""
     hbm_gbps: float
-    """Device memory bandwidth, GB/s (memory-bound kernels, optimizer step)."""
+    """Device memory bandwidth a memory-bound kernel reaches, GB/s (element-wise kernels,
+    the attention scores' passes, the optimizer step): the datasheet's figure times
+    :data:`HBM_EFFECTIVE`, as the links carry what NCCL moves, not line rates."""
     kernel_overhead_s: float = 5e-6
     """Fixed cost per kernel: launch latency plus the eager-mode dispatch (~3-5 us on
     CUDA, NVIDIA's CUDA C++ Best Practices Guide; similar for Level Zero)."""
@@ -149,6 +151,13 @@ class DeviceSpec:
 # for 100G NICs)" (the same, NVIDIA/nccl-tests#119, 2022-11-17): 24/25 of the line rate.
 NVLINK_EFFECTIVE = 370.0 / 450.0
 IB_EFFECTIVE = 24.0 / 25.0
+# HBM: a streaming kernel reads an A100 80GB SXM's memory at 1.80 of its datasheet 2.04
+# TB/s, 88% by Nsight Compute too, and "the maximum memory bandwidth achieved by any kernel
+# was around 90%" in an NVIDIA GTC talk (NVIDIA developer forums, "Trouble to reach peak
+# bandwidth of A100", thread 339083). The memory-bound kernels of a step (LayerNorm,
+# bias-dropout-add, softmax, the optimizer) run at what HBM delivers, not at its line rate:
+# the same ratio for every HBM device, the only one published here (datasheet x ratio).
+HBM_EFFECTIVE = 1.80 / 2.04
 _NVLINK3 = LinkSpec(gbps=300.0 * NVLINK_EFFECTIVE, latency_us=5.0)  # A100: 300 GB/s a way
 _NVLINK4 = LinkSpec(gbps=450.0 * NVLINK_EFFECTIVE, latency_us=5.0)  # H100/H200: 450 a way
 # Between nodes, per device = the node's NIC bandwidth over its devices (NetworkSpec): DGX
@@ -183,9 +192,10 @@ _SLINGSHOT_NIC_GBPS = 25.0
 # SXM 271.2, H100 SXM 794.5, a burst; docs/models.md). Max 1550 tile: 207 of 419 per tile
 # with the node busy (ALCF, data/landscapes/README.md). HBM (hbm_gbps): A100-40GB 1,555
 # GB/s, A100-80GB 2,039, H100 3,350, H200 4,800 (NVIDIA datasheets); Max 1550 3,277 GB/s
-# per card, half per tile (Intel datasheet). CPU: a rank's share of a small host
-# (estimate). GEMM units (gemm_units): 108 SMs on an A100, 132 on an H100/H200 SXM (NVIDIA
-# A100 and H100 whitepapers); the Max 1550's oneMKL tiling is not published: None.
+# per card, half per tile (Intel datasheet); each times HBM_EFFECTIVE. CPU: a rank's share
+# of a small host (estimate). GEMM units (gemm_units): 108 SMs on an A100, 132 on an
+# H100/H200 SXM (NVIDIA A100 and H100 whitepapers); the Max 1550's oneMKL tiling is not
+# published: None.
 # Flash attention (flash_efficiency): FlashAttention-2 reaches 50-73% of the A100's peak in
 # the forward (Dao 2023, arXiv 2307.08691, abstract and section 4.1), the low end for the
 # causal, short-sequence and backward cases: 0.50; on the H100, without Hopper-specific
@@ -203,7 +213,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         memory_bytes=64 * GiB, devices_per_card=2,
         intra_card=_XE_TILE, intra_node=_XE_LINK, inter_node=_SLINGSHOT,
         nic_gbps=_SLINGSHOT_NIC_GBPS,
-        gemm_efficiency_max=0.49, hbm_gbps=1638.0, kernel_overhead_s=8e-6,
+        gemm_efficiency_max=0.49, hbm_gbps=1638.0 * HBM_EFFECTIVE, kernel_overhead_s=8e-6,
         torch_names=("Max 1550", "Data Center GPU Max"),
         source="Intel datasheet: 832 BF16 TFLOPS per 2-tile card at 1.6 GHz; 128 GB HBM2e",
     ),
@@ -212,14 +222,15 @@ HARDWARE: dict[str, DeviceSpec] = {
         memory_bytes=128 * GiB, devices_per_card=1,
         intra_card=_XE_TILE, intra_node=_XE_LINK,
         inter_node=LinkSpec(_SLINGSHOT_NODE_GBPS / 6, 20.0),  # per card: 8 NICs over 6
-        gemm_efficiency_max=0.49, hbm_gbps=3277.0, kernel_overhead_s=8e-6,
+        gemm_efficiency_max=0.49, hbm_gbps=3277.0 * HBM_EFFECTIVE, kernel_overhead_s=8e-6,
         source="Intel datasheet (COMPOSITE mode: one device = one card)",
     ),
     "a100-40gb": DeviceSpec(
         name="a100-40gb", peak_bf16_tflops=312.0, peak_fp32_tflops=19.5,
         memory_bytes=40 * GiB, devices_per_card=1,
         intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR, nic_gbps=_HDR_NIC_GBPS,
-        gemm_efficiency_max=0.80, hbm_gbps=1555.0, gemm_units=108, flash_efficiency=0.50,
+        gemm_efficiency_max=0.80, hbm_gbps=1555.0 * HBM_EFFECTIVE,
+        gemm_units=108, flash_efficiency=0.50,
         torch_names=("A100-SXM4-40GB", "A100-PCIE-40GB"),
         source="NVIDIA A100 datasheet",
     ),
@@ -227,7 +238,8 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="a100-80gb", peak_bf16_tflops=312.0, peak_fp32_tflops=19.5,
         memory_bytes=80 * GiB, devices_per_card=1,
         intra_card=_NVLINK3, intra_node=_NVLINK3, inter_node=_IB_HDR, nic_gbps=_HDR_NIC_GBPS,
-        gemm_efficiency_max=0.80, hbm_gbps=2039.0, gemm_units=108, flash_efficiency=0.50,
+        gemm_efficiency_max=0.80, hbm_gbps=2039.0 * HBM_EFFECTIVE,
+        gemm_units=108, flash_efficiency=0.50,
         torch_names=("A100",),
         source="NVIDIA A100 datasheet",
     ),
@@ -235,7 +247,8 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="h100", peak_bf16_tflops=989.0, peak_fp32_tflops=67.0,
         memory_bytes=80 * GiB, devices_per_card=1,
         intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR, nic_gbps=_NDR_NIC_GBPS,
-        gemm_efficiency_max=0.72, hbm_gbps=3350.0, gemm_units=132, flash_efficiency=0.34,
+        gemm_efficiency_max=0.72, hbm_gbps=3350.0 * HBM_EFFECTIVE,
+        gemm_units=132, flash_efficiency=0.34,
         torch_names=("H100",),
         source="NVIDIA H100 SXM datasheet (dense, without sparsity)",
     ),
@@ -243,7 +256,8 @@ HARDWARE: dict[str, DeviceSpec] = {
         name="h200", peak_bf16_tflops=989.0, peak_fp32_tflops=67.0,
         memory_bytes=141 * 10**9, devices_per_card=1,
         intra_card=_NVLINK4, intra_node=_NVLINK4, inter_node=_IB_NDR, nic_gbps=_NDR_NIC_GBPS,
-        gemm_efficiency_max=0.72, hbm_gbps=4800.0, gemm_units=132, flash_efficiency=0.34,
+        gemm_efficiency_max=0.72, hbm_gbps=4800.0 * HBM_EFFECTIVE,
+        gemm_units=132, flash_efficiency=0.34,
         torch_names=("H200",),
         source="NVIDIA H200 SXM datasheet (dense, without sparsity)",
     ),
