@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -48,6 +48,33 @@ def _scaling(path: Path, env: dict[str, str], mode: str, out: Path) -> subproces
         env={**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
 
 
+def _stop_after(proc: subprocess.Popen[str], marker: str, *, timeout_s: float) -> str:
+    """SIGTERM ``proc`` as soon as its output says ``marker``; its whole output.
+
+    The run's own log line says when a size is done: polling the database it is writing
+    raced that run under load (a reader that could not get the file in time saw no
+    measurement until the run had finished every size, and the SIGTERM then fell in the
+    report's plotting, after the last size)."""
+    stdout = proc.stdout
+    assert stdout is not None
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        for line in stdout:
+            lines.append(line)
+            if marker in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert seen.wait(timeout_s), "".join(lines) or "no output"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=timeout_s)
+    reader.join(timeout=30)
+    return "".join(lines)
+
+
 def _complete(db: Path, study: str) -> int:
     engine = create_engine(f"sqlite:///{db}")
     try:
@@ -73,14 +100,9 @@ def test_weak_and_strong_scaling_over_1_2_4_nodes_resumed_after_sigterm(
     path, db = _study(tmp_path), tmp_path / "study.db"
     with salloc(mn_cluster, 4) as env:
         first = _scaling(path, env, "weak", tmp_path)
-        deadline = time.monotonic() + 200
-        while _complete(db, "mnscale-n1-gb4") < 1 and time.monotonic() < deadline:
-            assert first.poll() is None, first.communicate()[0]
-            time.sleep(0.5)
-        assert _complete(db, "mnscale-n1-gb4") == 1, "the 1-node size measured nothing"
-        first.send_signal(signal.SIGTERM)
-        out, _ = first.communicate(timeout=200)
+        out = _stop_after(first, "[scaling] nodes 1: best layout", timeout_s=200)
         assert first.returncode == 0, out
+        assert _complete(db, "mnscale-n1-gb4") == 1, out
         assert "stopped by SIGTERM" in out, out
         assert _complete(db, "mnscale-n4-gb16") == 0, out
         weak = _scaling(path, env, "weak", tmp_path)
