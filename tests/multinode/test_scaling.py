@@ -76,14 +76,13 @@ def _stop_after(proc: subprocess.Popen[str], marker: str, *, timeout_s: float) -
 
 
 def _complete(db: Path, study: str) -> int:
+    """Complete measurements of ``study``, read once the runs writing ``db`` have exited."""
     engine = create_engine(f"sqlite:///{db}")
     try:
         with engine.connect() as c:
             return int(c.execute(text("select count(*) from measurements where study_name "
                                       "= :n and outcome = 'complete'"), {"n": study})
                        .scalar_one())
-    except Exception:  # the database is being created
-        return 0
     finally:
         engine.dispose()
 
