@@ -107,17 +107,15 @@ def rank_group(group: LandscapeGroup, profile: LayerProfile | None = None) -> di
 
 
 def _below_half(group: LandscapeGroup, check: common.StudyCheck) -> tuple[int, bool]:
-    """The rows that ran whose probability of fitting, under the study's memory rule
-    (``check.constraints``: the group's stack, before any trial), is below 1/2, and whether
-    the group's measured best is one of them: what a study would try late or not at all."""
+    """The rows that ran whose probability of fitting, as the study's runner hands it to a
+    strategy before any trial (:func:`common.study_p_fit`: the group's stack), is below
+    1/2, and whether the group's measured best is one of them: what a study would try late
+    or not at all."""
+    p_fit = common.study_p_fit(group, check, [])
     ok = group.ok()
-    if check.constraints is None or not ok:
+    if p_fit is None or not ok:
         return 0, False
-    below = set()
-    for m in ok:
-        verdict = check.constraints.memory_verdict(m.layout, group.model)
-        if verdict is not None and verdict.p_fit < 0.5:
-            below.add(m.layout)
+    below = {m.layout for m in ok if p_fit(m.layout) < 0.5}
     return len(below), group.best().layout in below
 
 
