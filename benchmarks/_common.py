@@ -70,7 +70,9 @@ def add_landscape_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hardware", metavar="NAME", help="device name where the file "
                         "lacks it")
     parser.add_argument("--devices-per-node", type=int, metavar="N")
-    parser.add_argument("--vocab-size", type=int, default=51200, metavar="N")
+    parser.add_argument("--vocab-size", type=int, metavar="N",
+                        help="override the file's vocabulary (default: vTrain 51200, "
+                        "Aurora 32000: autotune.landscape)")
     parser.add_argument("--attention", choices=ATTENTION_KINDS,
                         help="override the file's attention kind (default: vTrain explicit, "
                         "Aurora flash)")

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import SpecError
-from autotune.landscape import SHIPPED_LANDSCAPES, load_landscape, shipped_landscape
+from autotune.landscape import (
+    DEFAULT_AURORA_VOCAB,
+    DEFAULT_VTRAIN_VOCAB,
+    SHIPPED_LANDSCAPES,
+    load_landscape,
+    shipped_landscape,
+)
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
 
@@ -68,6 +74,9 @@ def test_aurora_hardware_to_model_flops_groups_and_oom():
     g = groups["m70-96dev-gb12-t25"]
     assert g.cluster.devices_per_node == 12 and g.cluster.device == "max1550-tile"
     assert g.model.kv_heads == 8 and g.model.ffn == 28672 and g.model.mlp == "swiglu"
+    assert g.model.vocab_size == 32000  # the format's own (Llama 2's), not vTrain's 51200
+    [told] = _load(AURORA_HEADER + AURORA_ROWS.splitlines(keepends=True)[1], vocab_size=50304)
+    assert told.model.vocab_size == 50304
     oom, ckpt, nockpt = g.measurements
     assert oom.status == "oom" and oom.model_tflops_per_device is None
     ratio = model_flops_per_step(g.model, 12) / hardware_flops_per_step(g.model, 12,
@@ -114,11 +123,15 @@ def test_shipped_landscapes_load():
     aurora = load_landscape(shipped_landscape("aurora_pvc_70b.csv"))
     assert sum(len(g.measurements) for g in aurora) == 41
     assert all(0 < m.model_tflops_per_device < 200 for g in aurora for m in g.ok())
-    # SwiGLU (3 MLP matrices) recovers the published 68.98B of the 70B model: with Llama's
-    # 32000-token vocabulary and less our learned positions (8192 x 8192), within 0.01B.
+    # SwiGLU (3 MLP matrices) and the format's vocabulary (Llama 2's 32000 tokens, untied,
+    # as ALCF's scripts run it) recover the file's own params_b, 68.98B, less our learned
+    # positions (8192 x 8192), within 0.01B; GPT-2's padded 51200 would not (69.29B).
     m70 = next(g.model for g in aurora if g.model.name == "auroragpt-70b")
-    n = replace(m70, vocab_size=32000).n_params() - m70.seq_len * m70.hidden
-    assert abs(n / 1e9 - 68.98) < 0.01
+    assert m70.vocab_size == DEFAULT_AURORA_VOCAB == 32000
+    positions = m70.seq_len * m70.hidden
+    assert abs((m70.n_params() - positions) / 1e9 - 68.98) < 0.01
+    gpt2 = replace(m70, vocab_size=DEFAULT_VTRAIN_VOCAB)
+    assert abs((gpt2.n_params() - positions) / 1e9 - 68.98) > 0.25
 
 
 def test_the_shipped_tables_are_in_the_checkout_with_their_licences():

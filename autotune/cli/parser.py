@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--devices-per-node", type=positive_int, metavar="N",
                     help="with --from-landscape: node size of a table that does not give it")
     pf.add_argument("--vocab-size", type=positive_int, metavar="V",
-                    help="with --from-landscape: vocabulary of the runs (default: 51200)")
+                    help="with --from-landscape: vocabulary of the runs (default: the "
+                    "format's, 51200 for vTrain, 32000 for Aurora)")
     pf.add_argument("--attention", choices=("flash", "explicit"),
                     help="with --from-landscape: attention of the runs (default: the "
                     "format's, explicit for vTrain, flash for Aurora)")

@@ -12,7 +12,7 @@ licences of the two published tables shipped there: :func:`shipped_landscape`):
   global batch, micro batch, hidden size, attention heads, # layers, sequence length,
   tensor parallelism, data parallelism, pipeline parallelism, iteration time (ms)``; extra
   columns (a leading ``Parameters (billion)``) are ignored. The file lacks the vocabulary
-  (vTrain's configs use 51,200: ``vocab_size``), the device (default ``a100-80gb``: every
+  (GPT-2's, padded: :data:`DEFAULT_VTRAIN_VOCAB`), the device (default ``a100-80gb``: every
   row ran, so the larger A100 never makes a memory model refuse a measured layout) and
   the node size (default 8: one DGX A100). The runs were fp16, which has the BF16 peak, so
   the dtype is ``bf16``; activation recomputation was on (Megatron's default then), so
@@ -34,6 +34,7 @@ licences of the two published tables shipped there: :func:`shipped_landscape`):
   54.7 TFLOPS per tile across them, so mixing tables would compare software, not layouts.
   Its ``zero_variant`` column (``mics``, ``hpz12``) is the layout's ZeRO-3 variant
   (:mod:`autotune.landscape.zero`: a bare ``mics`` shards over the devices of a node).
+  The vocabulary is Llama 2's 32,000 tokens (:data:`DEFAULT_AURORA_VOCAB`).
 
 Within a group, rows with the same layout are merged: the mean of the ``ok`` rows' values
 (an ``oom`` row of a layout that also ran ``ok`` is dropped: it ran), else the first row.
@@ -76,6 +77,7 @@ from autotune.models.stacks import EITHER, REPLAY_STACK
 
 __all__ = ["Measurement", "LandscapeGroup", "load_landscape", "merge_duplicates", "VTRAIN_COLUMNS",
            "AURORA_COLUMNS", "DEFAULT_VTRAIN_HARDWARE", "DEFAULT_AURORA_HARDWARE",
+           "DEFAULT_VTRAIN_VOCAB", "DEFAULT_AURORA_VOCAB",
            "LANDSCAPES_DIR", "SHIPPED_LANDSCAPES", "shipped_landscape", "table_stack",
            "find_table", "FORMAT_STACKS"]
 
@@ -92,6 +94,18 @@ AURORA_COLUMNS: tuple[str, ...] = (
 DEFAULT_VTRAIN_HARDWARE = "a100-80gb"
 DEFAULT_AURORA_HARDWARE = "max1550-tile"
 DEFAULT_VTRAIN_DEVICES_PER_NODE = 8
+DEFAULT_VTRAIN_VOCAB = 51200
+"""GPT-2's 50,257 tokens (vTrain's ``vTrainConfig`` default, ``src/config.py``,
+VIA-Research/vTrain@f8dda847) as Megatron pads them at tp 8 (to a multiple of 128 x tp;
+50,304 at tp 1): one vocabulary for every layout of a group, the largest padding."""
+DEFAULT_AURORA_VOCAB = 32000
+"""ALCF's Megatron-DeepSpeed runs tokenize with ``Llama2Tokenizer`` unless told otherwise
+(``ALCF/helpers.sh``, ``setup``: ``tok="${TOKENIZER_TYPE:-Llama2Tokenizer}"``;
+argonne-lcf/Megatron-DeepSpeed@16e5551d4984bd69f2bfd7c166973de09b9fd3a0), whose
+vocabulary is 32,000 tokens, a multiple of Megatron's padding (128 x tp for tp <= 2). The
+table's own ``params_b`` confirms it: 68.98 billion is Llama-2-70B's count, with 32,000
+tokens in an untied embedding and output layer (the same script's ``llama_flags``), and
+51,200 would make it 69.29 (``tests/test_landscape.py``)."""
 
 LANDSCAPES_DIR = Path(__file__).resolve().parents[2] / "data" / "landscapes"
 """The checkout's ``data/landscapes/``: the published tables the docs, tests and benchmarks
@@ -181,16 +195,17 @@ def load_landscape(
     *,
     hardware: str | None = None,
     devices_per_node: int | None = None,
-    vocab_size: int = 51200,
+    vocab_size: int | None = None,
     attention: str | None = None,
 ) -> list[LandscapeGroup]:
     """Read a vTrain-format or Aurora-format CSV into landscape groups (file order).
 
     ``hardware`` and ``devices_per_node`` apply where the file lacks them (the vTrain
     format lacks both; the Aurora format has its node size); ``hardware`` also overrides
-    the Aurora default. ``vocab_size`` applies to both (neither file has it), and so does
-    ``attention`` (``"flash"`` or ``"explicit"``; default: what the format's runs used,
-    explicit for vTrain, flash for Aurora).
+    the Aurora default. ``vocab_size`` and ``attention`` (``"flash"`` or ``"explicit"``)
+    apply to both formats (neither file has a column for them); by default each format's
+    runs' own: :data:`DEFAULT_VTRAIN_VOCAB` and explicit attention for vTrain,
+    :data:`DEFAULT_AURORA_VOCAB` and flash attention for Aurora.
     """
     if attention is not None:
         check_choice("attention", attention, ATTENTION_KINDS)
@@ -205,10 +220,12 @@ def load_landscape(
     if kind == "vtrain":
         return _load_vtrain(header, rows, source, hardware=hardware or DEFAULT_VTRAIN_HARDWARE,
                             devices_per_node=devices_per_node or DEFAULT_VTRAIN_DEVICES_PER_NODE,
-                            vocab_size=vocab_size, attention=attention or "explicit")
+                            vocab_size=vocab_size or DEFAULT_VTRAIN_VOCAB,
+                            attention=attention or "explicit")
     if kind == "aurora":
         return _load_aurora(header, rows, source, hardware=hardware or DEFAULT_AURORA_HARDWARE,
-                            vocab_size=vocab_size, attention=attention or "flash")
+                            vocab_size=vocab_size or DEFAULT_AURORA_VOCAB,
+                            attention=attention or "flash")
     raise SpecError("landscape header", ",".join(header),
                     "unknown format; expected the vTrain columns (" + ", ".join(VTRAIN_COLUMNS)
                     + ") or the Aurora columns (" + ", ".join(AURORA_COLUMNS) + ")",
