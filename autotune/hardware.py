@@ -29,6 +29,7 @@ each tile is one PyTorch device.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from autotune.errors import SpecError
 
@@ -127,6 +128,10 @@ class DeviceSpec:
     """Compute units a GEMM's output tiles are spread over, one tile per unit per wave
     (NVIDIA: streaming multiprocessors; NVIDIA, "Matrix Multiplication Background User's
     Guide", "Wave quantization"); ``None``: not modelled (the tiling is not published)."""
+    speed_sd: float = 0.0
+    """Spread of the speed of devices of this kind across a cluster, an sd as a fraction of
+    the median device's (:data:`GPU_SPEED_SD` for GPUs; 0: none published): a synchronous
+    step waits for its slowest device (:mod:`autotune.models.stragglers`)."""
     torch_names: tuple[str, ...] = ()
     """Substrings of ``torch.<device>.get_device_name()``, most specific first."""
     source: str = ""
@@ -140,6 +145,19 @@ class DeviceSpec:
         """The dense peak FLOP/s the cost model computes with: :meth:`peak_tflops`, else
         :attr:`fallback_peak_tflops`, else 1 TFLOPS (an entry with neither)."""
         return (self.peak_tflops(dtype) or self.fallback_peak_tflops or 1.0) * 1e12
+
+
+# GPUs of one SKU in one cluster differ in speed: "8% (max 22%) average performance
+# variation", outliers "up to 1.5X slower than the median GPU", over more than 90% of the
+# GPUs of five clusters, NVIDIA and AMD, air- and water-cooled (Sinha et al., arXiv:2208.11035v3,
+# abstract; the SC22 version's 32% was measured before that revision). The authors' artifact
+# defines the percent variability as the box plot's fence-to-fence range over the median,
+# "(q3 + 1.5 * iqr) - (q1 - 1.5 * iqr)" / q2, i.e. 4 IQR / median
+# (hal-uw/gpu_variability_sc22_artifact, plot_script/plot_aggregated.py@bc84e72). For a
+# normal spread the IQR is 1.349 sd, so 8% is an sd of 8% / (4 x 1.349) = 1.48% of the
+# median speed (autotune.models.stragglers: what that costs a step over N devices).
+NORMAL_IQR = 2.0 * NormalDist().inv_cdf(0.75)
+GPU_SPEED_SD = 0.08 / (4.0 * NORMAL_IQR)
 
 
 # Link figures are what NCCL moves (nccl-tests' busbw), not line rates. NVLink: "450GB/s is
@@ -215,6 +233,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         nic_gbps=_SLINGSHOT_NIC_GBPS,
         gemm_efficiency_max=0.49, hbm_gbps=1638.0 * HBM_EFFECTIVE, kernel_overhead_s=8e-6,
         torch_names=("Max 1550", "Data Center GPU Max"),
+        speed_sd=GPU_SPEED_SD,
         source="Intel datasheet: 832 BF16 TFLOPS per 2-tile card at 1.6 GHz; 128 GB HBM2e",
     ),
     "max1550-card": DeviceSpec(
@@ -223,6 +242,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         intra_card=_XE_TILE, intra_node=_XE_LINK,
         inter_node=LinkSpec(_SLINGSHOT_NODE_GBPS / 6, 20.0),  # per card: 8 NICs over 6
         gemm_efficiency_max=0.49, hbm_gbps=3277.0 * HBM_EFFECTIVE, kernel_overhead_s=8e-6,
+        speed_sd=GPU_SPEED_SD,
         source="Intel datasheet (COMPOSITE mode: one device = one card)",
     ),
     "a100-40gb": DeviceSpec(
@@ -232,6 +252,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         gemm_efficiency_max=0.80, hbm_gbps=1555.0 * HBM_EFFECTIVE,
         gemm_units=108, flash_efficiency=0.50,
         torch_names=("A100-SXM4-40GB", "A100-PCIE-40GB"),
+        speed_sd=GPU_SPEED_SD,
         source="NVIDIA A100 datasheet",
     ),
     "a100-80gb": DeviceSpec(
@@ -241,6 +262,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         gemm_efficiency_max=0.80, hbm_gbps=2039.0 * HBM_EFFECTIVE,
         gemm_units=108, flash_efficiency=0.50,
         torch_names=("A100",),
+        speed_sd=GPU_SPEED_SD,
         source="NVIDIA A100 datasheet",
     ),
     "h100": DeviceSpec(
@@ -250,6 +272,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         gemm_efficiency_max=0.72, hbm_gbps=3350.0 * HBM_EFFECTIVE,
         gemm_units=132, flash_efficiency=0.34,
         torch_names=("H100",),
+        speed_sd=GPU_SPEED_SD,
         source="NVIDIA H100 SXM datasheet (dense, without sparsity)",
     ),
     "h200": DeviceSpec(
@@ -259,6 +282,7 @@ HARDWARE: dict[str, DeviceSpec] = {
         gemm_efficiency_max=0.72, hbm_gbps=4800.0 * HBM_EFFECTIVE,
         gemm_units=132, flash_efficiency=0.34,
         torch_names=("H200",),
+        speed_sd=GPU_SPEED_SD,
         source="NVIDIA H200 SXM datasheet (dense, without sparsity)",
     ),
     "cpu": DeviceSpec(

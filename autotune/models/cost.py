@@ -58,6 +58,7 @@ from autotune.models.memory import params_per_rank
 from autotune.models.profile import LayerProfile
 from autotune.models.profile_blend import layer_terms
 from autotune.models.stacks import dp_reduce_bytes_per_param, is_megatron, ties_embeddings
+from autotune.models.stragglers import straggler_factor
 from autotune.models.ulysses import ulysses_layer_time_s, ulysses_share
 from autotune.models.zero_variants import (
     replica_reduce_time_s,
@@ -111,6 +112,10 @@ class StepEstimate:
     """The layer time is a measured one from the layer profile; ``compute_s`` then holds
     the whole measured layer time (its TP all-reduces and exposed host time included) and
     ``tp_comm_s`` and ``host_s`` are zero."""
+    straggler_factor: float = 1.0
+    """How much longer the device's kernels (``compute_s``, ``optimizer_s``) take than on
+    the median device: the step waits for the slowest of its devices
+    (:func:`autotune.models.stragglers.straggler_factor`)."""
 
     def to_dict(self) -> dict[str, float | bool]:
         return dict(self.__dict__)
@@ -147,11 +152,14 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     layers = math.ceil(model.n_layer / p)
 
     layer = layer_terms(model, lay, cluster, dtype, profile=profile)
+    # The step waits for its slowest device: every kernel's time is the median device's
+    # times the expected slowdown of the slowest of the world's devices (models/stragglers).
+    slowest = straggler_factor(lay.world_size, spec.speed_sd)
     # Ulysses: each rank computes s/u positions and adds its all-to-alls (models/ulysses).
-    layer_compute = ulysses_share(layer.compute_s, lay)
+    layer_compute = slowest * ulysses_share(layer.compute_s, lay)
     tp_comm = layer.tp_comm_s + ulysses_layer_time_s(model, lay, cluster, dtype)
     exposed_host = layer.host_s
-    logits = 3.0 * ulysses_share(logits_forward_time_s(model, lay, peak, spec), lay)
+    logits = slowest * 3.0 * ulysses_share(logits_forward_time_s(model, lay, peak, spec), lay)
     p2p = stage_p2p_times_s(model, lay, cluster, dtype)
 
     names = ["only"] if p == 1 else ["first", *["middle"] * (p - 2), "last"]
@@ -186,7 +194,7 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
             dp = dp_exposed_time_s(reduce(n_max, lay, cluster, dtype), window,
                                    dp_overlaps_backward(lay))
         dp += replica_reduce_time_s(n_max, lay, cluster, dtype)  # MiCS's second hop
-    opt = optimizer_time_s(n_max, lay, spec, dtype)
+    opt = slowest * optimizer_time_s(n_max, lay, spec, dtype)
     step = pipe + dp + opt
 
     world = lay.world_size
@@ -207,4 +215,5 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
         hardware_tflops_per_device=tflops_per_device(hw_flops, step, world),
         gemm_efficiency=gemm_efficiency(big, peak, spec),
         profiled=layer.measured,
+        straggler_factor=slowest,
     )

@@ -18,6 +18,7 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
 from autotune.feasibility import Constraints
+from autotune.hardware import GPU_SPEED_SD
 from autotune.landscape import LandscapeGroup, load_landscape, shipped_landscape
 from autotune.layout import Layout
 from autotune.models import compute, cost, profile_blend
@@ -37,6 +38,7 @@ from autotune.models.profile_fit import (
     landscape_samples,
     layer_slots,
 )
+from autotune.models.stragglers import straggler_factor
 from autotune.planning.candidates import Candidate, rank_candidates
 from autotune.spec import StudySpec, parse_study
 
@@ -365,25 +367,30 @@ def logits_s(layout: Layout) -> float:
 
 def analytic_layer_s(est: cost.StepEstimate, layout: Layout) -> float:
     """The analytic layer time of one micro-batch, from a pp=1 estimate's breakdown: the
-    stage holds ``L`` layers (compute, TP all-reduces, exposed host time) and the logits."""
+    stage holds ``L`` layers (compute, TP all-reduces, exposed host time) and the logits
+    (device work, so slowed by the step's slowest device, ``straggler_factor``)."""
     m, n = layout.grad_accum, M.n_layer
-    return (est.compute_s + est.tp_comm_s + est.host_s - m * logits_s(layout)) / (m * n)
+    logits = est.straggler_factor * logits_s(layout)
+    return (est.compute_s + est.tp_comm_s + est.host_s - m * logits) / (m * n)
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_pp1_step_moves_by_m_times_l_times_the_layer_time_difference(recompute: Any) -> None:
     """pp = 1, dp = 1: ``T = m (L t + logits) + T_opt``, so replacing the analytic layer
-    time by a measured ``t`` moves the step by exactly ``m L (t - t_analytic)``."""
+    time by a measured ``t`` moves the step by exactly ``m L (f t - t_analytic)``, ``f``
+    the slowest device's slowdown (the measurement is one device's; the step waits for the
+    slowest of the world's)."""
     lay = replace(TP2, recompute=recompute)
     a = cost.estimate_step(M, lay, A100)
     assert not a.profiled and a.tp_comm_s > 0 and a.host_s >= 0
     t_a = analytic_layer_s(a, lay)
     t = 0.6 * t_a
     p = cost.estimate_step(M, lay, A100, profile=profile_of({shape(lay): t}))
-    m, n = lay.grad_accum, M.n_layer
+    m, n, f = lay.grad_accum, M.n_layer, p.straggler_factor
+    assert f == a.straggler_factor == straggler_factor(lay.world_size, GPU_SPEED_SD)
     assert p.profiled and p.tp_comm_s == 0.0 and p.host_s == 0.0
-    assert math.isclose(p.compute_s, m * (n * t + logits_s(lay)), rel_tol=1e-12)
-    assert math.isclose(p.step_time_s - a.step_time_s, m * n * (t - t_a), rel_tol=1e-9)
+    assert math.isclose(p.compute_s, m * f * (n * t + logits_s(lay)), rel_tol=1e-12)
+    assert math.isclose(p.step_time_s - a.step_time_s, m * n * (f * t - t_a), rel_tol=1e-9)
     assert p.optimizer_s == a.optimizer_s and p.bubble_s == 0.0
     assert math.isclose(a.model_tflops_per_device / p.model_tflops_per_device,
                         p.step_time_s / a.step_time_s, rel_tol=1e-12)
@@ -396,10 +403,11 @@ def test_pp2_step_is_the_1f1b_composition_of_measured_stages() -> None:
     a = cost.estimate_step(M, lay, A100)
     t = 2.5e-3
     p = cost.estimate_step(M, lay, A100, profile=profile_of({shape(lay): t}))
-    m, per_stage = lay.grad_accum, math.ceil(M.n_layer / 2)
+    m, per_stage, f = lay.grad_accum, math.ceil(M.n_layer / 2), p.straggler_factor
+    assert f == straggler_factor(lay.world_size, GPU_SPEED_SD) > 1.0
     p2p = a.pp_p2p_s / m  # unchanged by a profile: from the analytic breakdown
-    first = per_stage * t + p2p
-    last = per_stage * t + logits_s(lay) + p2p
+    first = f * per_stage * t + p2p
+    last = f * (per_stage * t + logits_s(lay)) + p2p
     pipe = (m - 1) * max(first, last) + first + last
     assert p.profiled and p.tp_comm_s == 0.0 and p.host_s == 0.0
     assert p.dp_comm_s == a.dp_comm_s > 0  # pp > 1: the reduction follows the flush
