@@ -155,7 +155,9 @@ class DeviceSpec:
 # "(q3 + 1.5 * iqr) - (q1 - 1.5 * iqr)" / q2, i.e. 4 IQR / median
 # (hal-uw/gpu_variability_sc22_artifact, plot_script/plot_aggregated.py@bc84e72). For a
 # normal spread the IQR is 1.349 sd, so 8% is an sd of 8% / (4 x 1.349) = 1.48% of the
-# median speed (autotune.models.stragglers: what that costs a step over N devices).
+# median speed (autotune.models.stragglers: what that costs a step over N devices). The
+# Max 1550 takes the same figure: none is published for it, and the paper finds the spread
+# "regardless of the application, cluster, GPU vendor, and cooling method".
 NORMAL_IQR = 2.0 * NormalDist().inv_cdf(0.75)
 GPU_SPEED_SD = 0.08 / (4.0 * NORMAL_IQR)
 

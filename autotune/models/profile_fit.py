@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from autotune.config.model import ModelConfig
+from autotune.hardware import HARDWARE
 from autotune.layout import Layout
 from autotune.models.links import tp_link
 from autotune.models.profile import LayerMemory, LayerProfile, LayerShape, ProfileEntry
+from autotune.models.stragglers import straggler_factor
 
 if TYPE_CHECKING:
     from autotune.landscape import LandscapeGroup
@@ -212,7 +214,11 @@ def fit_layer_profile(samples: Iterable[LayerSample], *, source: str = "") -> La
         fits = [whole] if whole is not None else [
             _series_time([p for p in points if p.micro_batches == m])
             for m in sorted({p.micro_batches for p in points})]
-        kept = [f for f in fits if f is not None and f[0] > floor]
+        # The steps waited for the slowest of their devices; the profile holds the median
+        # device's layer, which estimate_step slows again for the world it predicts.
+        slowest = _slowest_of(next(iter(by_point.values()))[0])
+        kept = [(f[0] / slowest, None if f[1] is None else f[1] / slowest)
+                for f in fits if f is not None and f[0] > floor]
         if kept:
             times[key[0]] += kept
     entries = []
@@ -225,6 +231,14 @@ def fit_layer_profile(samples: Iterable[LayerSample], *, source: str = "") -> La
                                     stderr_s=se, memory=_layer_memory(
                                         layer_bytes.get(shape), peak_kind.get(shape))))
     return LayerProfile(tuple(entries), source=source)
+
+
+def _slowest_of(sample: LayerSample) -> float:
+    """How much longer the sample's device kernels took than the median device's: the
+    slowest of its world (:func:`autotune.models.stragglers.straggler_factor`; 1 for a
+    device the hardware table does not know or gives no spread)."""
+    spec = HARDWARE.get(sample.device)
+    return straggler_factor(sample.layout.world_size, spec.speed_sd if spec else 0.0)
 
 
 def _median_peak(same: list[LayerSample]) -> float | None:
