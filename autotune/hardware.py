@@ -150,7 +150,8 @@ class DeviceSpec:
 # GPUs of one SKU in one cluster differ in speed: "8% (max 22%) average performance
 # variation", outliers "up to 1.5X slower than the median GPU", over more than 90% of the
 # GPUs of five clusters, NVIDIA and AMD, air- and water-cooled (Sinha et al., arXiv:2208.11035v3,
-# abstract; the SC22 version's 32% was measured before that revision). The authors' artifact
+# abstract; the SC22 proceedings' abstract, over four clusters, said 32%: the later figure
+# is taken, with the definition of the script that plots the fifth). The authors' artifact
 # defines the percent variability as the box plot's fence-to-fence range over the median,
 # "(q3 + 1.5 * iqr) - (q1 - 1.5 * iqr)" / q2, i.e. 4 IQR / median
 # (hal-uw/gpu_variability_sc22_artifact, plot_script/plot_aggregated.py@bc84e72). For a

@@ -12,7 +12,8 @@ of the data-parallel gradient reduction and ``T_opt`` the memory-bound optimizer
 
 Every term is one function citing its source, by concept: compute
 (:mod:`autotune.models.compute`), communication (:mod:`autotune.models.communication`),
-which link a group crosses (:mod:`autotune.models.links`) and the blend with a measured
+which link a group crosses (:mod:`autotune.models.links`), the wait for the slowest device
+(:mod:`autotune.models.stragglers`) and the blend with a measured
 layer profile (:mod:`autotune.models.profile_blend`); this module composes them. What
 crosses nodes (where a group's ranks sit, their share of the node's NICs, NCCL's ring or
 tree) is :mod:`autotune.models.network`. Constants are physical (datasheet peaks,
