@@ -198,3 +198,21 @@ def test_the_cpu_demo_plans_with_dropout() -> None:
     shared = [r for r in with_dropout.rows if r.layout in by_key]
     assert shared and all(r.memory.activations_bytes > by_key[r.layout].memory.activations_bytes
                           for r in shared)
+
+
+def test_plan_says_what_the_slowest_device_costs() -> None:
+    """A GPU study's header gives the slowdown every kernel carries (the slowest of the
+    world's devices); the JSON breakdown has the factor; a CPU study has none."""
+    from autotune.hardware import GPU_SPEED_SD
+    from autotune.models.stragglers import straggler_factor
+
+    result = plan_study(load_study(REPO / "studies" / "lrz_gpt175b.yaml"), top=2)
+    factor = straggler_factor(1024, GPU_SPEED_SD)
+    assert all(r.step.straggler_factor == factor for r in result.rows)
+    assert (f"slowest device: kernels {100 * (factor - 1):.1f}% longer than on the median "
+            "device (the slowest of 1024") in render_plan(result, "table")
+    data = json.loads(render_plan(result, "json"))
+    assert data["feasible"][0]["step"]["straggler_factor"] == pytest.approx(factor)
+    cpu = plan_study(load_study(REPO / "studies" / "cpu_demo.yaml"), top=2)
+    assert all(r.step.straggler_factor == 1.0 for r in cpu.rows)
+    assert "slowest device" not in render_plan(cpu, "table")

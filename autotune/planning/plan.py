@@ -295,6 +295,12 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
             "by predicted model TFLOPS per device x P(fit)")
     if result.memory_min_p_fit is not None:
         head += "\n" + _verdict_line(result)
+    slowest = result.rows[0].step.straggler_factor if result.rows else 1.0
+    if slowest > 1.0:
+        # Why every prediction sits a few percent under the median device's (stragglers).
+        head += (f"\nslowest device: kernels {100 * (slowest - 1):.1f}% longer than on the "
+                 f"median device (the slowest of {result.world_size}; docs/models.md, "
+                 "\"The slowest device\")")
     cols = ["rank", "layout", "TFLOPS/dev", "90% band", "step_s", "mem_GiB", "+-GiB",
             "memory", "bubble_s", "comm_s"]
     picks = [0, 1, 9, -2, 10, 11, 17, -1, 12, 13]
