@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from autotune.config.study import SearchConfig
 from autotune.errors import SpecError
 from autotune.feasibility import Constraints
+from autotune.hardware import GPU_SPEED_SD
+from autotune.models.stragglers import straggler_factor
 from autotune.planning.band import tflops_bands
 from autotune.planning.candidates import Candidate, partition_space, rank_layouts
 from autotune.planning.plan import PlanResult, plan_study, render_plan
@@ -203,9 +205,6 @@ def test_the_cpu_demo_plans_with_dropout() -> None:
 def test_plan_says_what_the_slowest_device_costs() -> None:
     """A GPU study's header gives the slowdown every kernel carries (the slowest of the
     world's devices); the JSON breakdown has the factor; a CPU study has none."""
-    from autotune.hardware import GPU_SPEED_SD
-    from autotune.models.stragglers import straggler_factor
-
     result = plan_study(load_study(REPO / "studies" / "lrz_gpt175b.yaml"), top=2)
     factor = straggler_factor(1024, GPU_SPEED_SD)
     assert all(r.step.straggler_factor == factor for r in result.rows)
