@@ -132,3 +132,24 @@ def test_budget_for_study_and_without_memory_rule() -> None:
                                     TrialConfig())
     assert (budget.margin, budget.min_p_fit, budget.correction) == (0.05, 0.025, 1.0)
     assert constraints().structural_only().memory_verdict(dp8(1), MODEL) is None
+
+
+def test_a_run_moves_its_siblings_the_other_way() -> None:
+    # The mirror of an OOM: dp8(8) is uncertain; the sibling that needs no less memory
+    # (ZeRO-1 instead of 2) ran, so dp8(8) fits; a run of a lighter sibling (dp8(4))
+    # raises dp8(8)'s P(fit) (the shared error lies below dp8(4)'s headroom) without
+    # making it sure.
+    cons = constraints()
+    unsure, heavier = dp8(8), dp8(8, zero=1)
+    before = cons.memory_verdict(unsure, MODEL)
+    assert before.verdict is FitVerdict.UNCERTAIN and 0.0 < before.p_fit < 1.0
+    assert cons.memory_verdict(unsure, MODEL, fits=[heavier]).p_fit == 1.0
+    raised = cons.memory_verdict(unsure, MODEL, fits=[dp8(4)])
+    assert before.p_fit < raised.p_fit < 1.0
+    # Both bounds: the OOM of the heavier one and the run of dp8(4) leave the error
+    # between their headrooms.
+    both = cons.memory_verdict(unsure, MODEL, ooms=[heavier], fits=[dp8(4)])
+    assert 0.0 < both.p_fit < raised.p_fit
+    # Another shard shares nothing with the run: unchanged.
+    other = Layout(tp=2, pp=1, dp=4, micro_batch=8, grad_accum=2, zero_stage=2)
+    assert cons.memory_verdict(unsure, MODEL, fits=[other]) == before

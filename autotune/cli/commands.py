@@ -232,11 +232,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(plan_command(spec, args))
         return EXIT_OK
     learn = spec.search.learn_from_database and not args.no_learn
-    calibration, ooms, note = plan_calibration(spec, learn=learn)
+    calibration, ooms, fits, note = plan_calibration(spec, learn=learn)
     if note:
         print(f"autotune: {note}", file=sys.stderr)
     result = plan_study(spec, top=args.top, calibration=calibration, ooms=tuple(ooms),
-                        learn_enabled=learn)
+                        fits=tuple(fits), learn_enabled=learn)
     print(render_plan(result, args.format))
     return EXIT_OK if not result.empty_reasons else refuse_empty(spec, result.empty_reasons)
 

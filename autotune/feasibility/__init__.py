@@ -319,34 +319,52 @@ class Constraints:
                             memory=self.memory, deepspeed=self.deepspeed)
 
     def memory_verdict(self, layout: Layout, model: ModelConfig, *,
-                       ooms: Iterable[Layout] = ()) -> MemoryVerdict | None:
+                       ooms: Iterable[Layout] = (),
+                       fits: Iterable[Layout] = ()) -> MemoryVerdict | None:
         """The memory verdict of ``layout`` (``None`` without a memory rule).
 
         ``ooms``: layouts measured to run out of memory. One that ``layout`` needs no less
         memory than (:func:`autotune.layout.needs_no_less_memory`) makes it *exceeds*
         with ``p_fit = 0`` (``oom`` names it); a sibling that needs less (same tp and pp)
         lowers its ``p_fit`` by conditioning on the shared error
-        (:func:`~autotune.models.memory_uncertainty.oom_conditioned_p_fit`). The verdict
-        does not check the structural rules: :meth:`check` does.
+        (:func:`~autotune.models.memory_uncertainty.oom_conditioned_p_fit`). ``fits``:
+        layouts measured to run, the mirror: one that needs no less memory than
+        ``layout`` makes it fit (``p_fit = 1``), a sibling with less headroom raises its
+        ``p_fit`` (:func:`~autotune.models.memory_uncertainty.run_conditioned_p_fit`).
+        The verdict does not check the structural rules: :meth:`check` does.
         """
         if self.memory is None:
             return None
         fit = self.memory.verdict(model, layout)
-        ooms = list(ooms)
-        if not ooms:
+        ooms, fits = list(ooms), list(fits)
+        if not ooms and not fits:
             return fit
         from autotune.models.memory_uncertainty import (
             FitVerdict,
             classify_fit,
             oom_conditioned_p_fit,
+            run_conditioned_p_fit,
         )
         for oom in ooms:
             if needs_no_less_memory(layout, oom):
                 return replace(fit, verdict=FitVerdict.EXCEEDS, p_fit=0.0, oom=oom.key())
-        # With one shared error, the most surprising OOM (the most headroom) says the most.
-        siblings = [self.memory.verdict(model, oom).headroom_sd for oom in ooms
-                    if oom.tp == layout.tp and oom.pp == layout.pp]
-        if not siblings:
+        if any(needs_no_less_memory(ran, layout) for ran in fits):
+            return replace(fit, verdict=FitVerdict.FITS, p_fit=1.0)
+
+        def headrooms(measured: list[Layout]) -> list[float]:
+            return [self.memory.verdict(model, m).headroom_sd for m in measured  # type: ignore[union-attr]
+                    if m.tp == layout.tp and m.pp == layout.pp]
+
+        # With one shared error, the most surprising OOM (the most headroom) and the most
+        # surprising run (the least) say the most.
+        low, high = headrooms(ooms), headrooms(fits)
+        if not low and not high:
             return fit
-        p = min(fit.p_fit, oom_conditioned_p_fit(fit.headroom_sd, max(siblings)))
+        if not high:
+            p = min(fit.p_fit, oom_conditioned_p_fit(fit.headroom_sd, max(low)))
+        elif not low:
+            # A run only adds evidence of fitting: never below the unconditioned mixture.
+            p = max(fit.p_fit, run_conditioned_p_fit(fit.headroom_sd, min(high)))
+        else:
+            p = run_conditioned_p_fit(fit.headroom_sd, min(high), max(low))
         return replace(fit, p_fit=p, verdict=classify_fit(p, self.memory.min_p_fit))

@@ -79,13 +79,18 @@ from autotune.models.memory import (
     runtime_bytes,
     score_transient_bytes,
 )
-from autotune.models.p_fit import fit_probability, log_sigma, oom_conditioned_p_fit
+from autotune.models.p_fit import (
+    fit_probability,
+    log_sigma,
+    oom_conditioned_p_fit,
+    run_conditioned_p_fit,
+)
 
 __all__ = ["FitVerdict", "MemoryUncertainty", "MemoryVerdict", "estimate_uncertainty",
            "grad_accumulation_sigma_bytes", "flat_partition_sigma_bytes",
            "activation_sigma_bytes", "logits_sigma_bytes", "buffer_sigma_bytes",
            "runtime_sigma_bytes", "fragmentation_sigma_bytes", "log_sigma",
-           "fit_probability", "classify_fit", "oom_conditioned_p_fit",
+           "fit_probability", "classify_fit", "oom_conditioned_p_fit", "run_conditioned_p_fit",
            "ACTIVATION_UNCOUNTED_FRACTION", "FRAGMENTATION_SD", "FRAGMENTATION_SD_IRREGULAR",
            "RUNTIME_SD_FRACTION", "CPU_RUNTIME_SD_FRACTION", "DEFAULT_MIN_P_FIT"]
 

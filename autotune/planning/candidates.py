@@ -48,7 +48,7 @@ class Candidate:
     predicted_memory_bytes: int
     p_fit: float = 1.0
     """Probability that the layout fits the device (1 without a memory rule), conditioned
-    on the measured OOMs given to the ranking."""
+    on the measured OOMs and runs given to the ranking."""
     memory_verdict: FitVerdict = FitVerdict.FITS
     """*fits* or *uncertain*; *exceeds* only through measured OOMs (a dominating one:
     ``p_fit`` 0, which the strategies skip; siblings conditioned below the threshold keep
@@ -79,27 +79,32 @@ def partition_space(model: ModelConfig, cluster: ClusterConfig, training: Traini
 
 def rank_candidates(model: ModelConfig, cluster: ClusterConfig, training: TrainingConfig,
                     search: SearchConfig, constraints: Constraints, *,
-                    profile: LayerProfile | None, ooms: Sequence[Layout] = ()
-                    ) -> list[Candidate]:
+                    profile: LayerProfile | None, ooms: Sequence[Layout] = (),
+                    fits: Sequence[Layout] = ()) -> list[Candidate]:
     """Feasible layouts, best expected throughput first (ties: fewer devices per model)."""
     feasible, _ = partition_space(model, cluster, training, search, constraints)
     return rank_layouts(model, cluster, feasible, dtype=training.dtype, profile=profile,
-                        constraints=constraints, ooms=ooms, stack=training.stack)
+                        constraints=constraints, ooms=ooms, fits=fits,
+                        stack=training.stack)
 
 
 def rank_layouts(model: ModelConfig, cluster: ClusterConfig, layouts: Iterable[Layout], *,
                  dtype: str, profile: LayerProfile | None,
                  constraints: Constraints | None = None,
-                 ooms: Sequence[Layout] = (), stack: str = "deepspeed") -> list[Candidate]:
+                 ooms: Sequence[Layout] = (), fits: Sequence[Layout] = (),
+                 stack: str = "deepspeed") -> list[Candidate]:
     """``layouts`` with their predictions, best expected throughput first (ties: fewer
     devices per model, then layout order). The probability of fitting comes from
-    ``constraints``' memory rule, conditioned on the measured ``ooms``; without one (a
+    ``constraints``' memory rule, conditioned on the measured ``ooms`` and on the layouts
+    measured to run, ``fits`` (:meth:`~autotune.feasibility.Constraints.memory_verdict`);
+    without one (a
     replayed table) every layout has 1."""
     out = []
     for layout in layouts:
         step = estimate_step(model, layout, cluster, dtype=dtype, profile=profile,
                              stack=stack)
-        fit = constraints.memory_verdict(layout, model, ooms=ooms) if constraints else None
+        fit = (constraints.memory_verdict(layout, model, ooms=ooms, fits=fits)
+               if constraints else None)
         if fit is None:
             mem = estimate_memory(model, layout, dtype=dtype, device=cluster.device,
                                   profile=profile, stack=stack).peak_bytes

@@ -117,9 +117,11 @@ class PlanResult:
 
 
 def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | None = None,
-               ooms: tuple[Layout, ...] = (), learn_enabled: bool = True) -> PlanResult:
+               ooms: tuple[Layout, ...] = (), fits: tuple[Layout, ...] = (),
+               learn_enabled: bool = True) -> PlanResult:
     """Rank the study's feasible layouts and count the excluded ones by reason; with a
-    ``calibration``, under its corrections and conditioned on the measured ``ooms``."""
+    ``calibration``, under its corrections and conditioned on the measured ``ooms`` and
+    on the layouts measured to run, ``fits``."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise SpecError("--top", top, "allowed: an integer >= 1")
     constraints = Constraints.from_configs(
@@ -135,7 +137,7 @@ def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | Non
     feasible, excluded = partition_space(model, cluster, spec.training, spec.search,
                                          constraints)
     ranked = rank_layouts(model, cluster, feasible, dtype=spec.training.dtype,
-                          profile=profile, constraints=constraints, ooms=ooms,
+                          profile=profile, constraints=constraints, ooms=ooms, fits=fits,
                           stack=spec.training.stack)
     # The band is the search's prior as a run of this study would start it: with the
     # earlier studies' residuals as its warm start (the worker passes the same ones).

@@ -174,8 +174,8 @@ class StudyLearning:
         self.table = None if table is None else tuple(table)
         uncalibrated = self._rank(base)
         # The ranking of the constraints and OOMs it was last asked for (one per refit).
-        self._memo: tuple[tuple[Constraints, tuple[Layout, ...]], list[Candidate]] = (
-            (base, ()), uncalibrated)
+        self._memo: tuple[tuple[Constraints, tuple[Layout, ...], tuple[Layout, ...]],
+                          list[Candidate]] = ((base, (), ()), uncalibrated)
         self.memory_log_sd = memory_log_sd(base, spec, [c.layout for c in uncalibrated])
         self.usable_bytes = base.memory.usable_bytes if base.memory is not None else None
         self.calibration = self._fit(())
@@ -195,25 +195,28 @@ class StudyLearning:
         return self.base.with_memory_correction(cal.memory_factor, cal.memory_sd,
                                                 by_stage=cal.memory_stage_corrections())
 
-    def _rank(self, constraints: Constraints, ooms: Sequence[Layout] = ()) -> list[Candidate]:
+    def _rank(self, constraints: Constraints, ooms: Sequence[Layout] = (),
+              fits: Sequence[Layout] = ()) -> list[Candidate]:
         spec = self.spec
         if self.table is None:
             return rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
-                                   constraints, profile=spec.profile, ooms=ooms)
+                                   constraints, profile=spec.profile, ooms=ooms, fits=fits)
         # A replayed table's rows, checked by ``constraints`` (structural only, or the
         # study's full check: launcher.replay.study_check, whose memory rule then gives
-        # each row its probability of fitting, conditioned on the OOMs).
+        # each row its probability of fitting, conditioned on the OOMs and the runs).
         return rank_layouts(spec.model, spec.cluster,
                             [lay for lay in self.table if not constraints.check(lay, spec.model)],
                             dtype=spec.training.dtype, profile=spec.profile,
-                            constraints=constraints, ooms=ooms, stack=spec.training.stack)
+                            constraints=constraints, ooms=ooms, fits=fits,
+                            stack=spec.training.stack)
 
-    def candidates(self, ooms: Sequence[Layout] = ()) -> list[Candidate]:
+    def candidates(self, ooms: Sequence[Layout] = (),
+                   fits: Sequence[Layout] = ()) -> list[Candidate]:
         """The feasible layouts under the current calibration, ``p_fit`` conditioned on
-        the measured ``ooms``."""
-        memo = (self.constraints, tuple(ooms))
+        the measured ``ooms`` and on the layouts measured to run, ``fits``."""
+        memo = (self.constraints, tuple(ooms), tuple(fits))
         if self._memo[0] != memo:
-            self._memo = (memo, self._rank(self.constraints, ooms))
+            self._memo = (memo, self._rank(self.constraints, ooms, fits))
         return list(self._memo[1])
 
     def fit_own(self, own: Sequence[MeasuredRow]) -> Calibration:
@@ -223,11 +226,12 @@ class StudyLearning:
         self.constraints = self._constraints()
         return self.calibration
 
-    def refit(self, storage: Storage, ooms: Sequence[Layout] = ()) -> list[Candidate]:
+    def refit(self, storage: Storage, ooms: Sequence[Layout] = (),
+              fits: Sequence[Layout] = ()) -> list[Candidate]:
         """Refit both corrections on the study's rows so far (one query) and return the
         candidates they give."""
         self.fit_own(own_rows(storage, self.key, self.spec.name))
-        return self.candidates(ooms)
+        return self.candidates(ooms, fits)
 
     def calibrated_memory_bytes(self, layout: Layout) -> float | None:
         """The layout's predicted peak times the memory correction (``None``: no rule)."""
@@ -236,10 +240,11 @@ class StudyLearning:
 
 
 def plan_calibration(spec: StudySpec, *, learn: bool = True,
-                     ) -> tuple[Calibration | None, list[Layout], str | None]:
+                     ) -> tuple[Calibration | None, list[Layout], list[Layout], str | None]:
     """What ``autotune plan`` learns from the study's database: the calibration (earlier
     studies' rows unless ``learn`` is false, and the study's own), the study's measured
-    OOM layouts, and a note when the database could not be read. A SQLite file that does
+    OOM layouts and the layouts it measured to run, and a note when the database could
+    not be read. A SQLite file that does
     not exist is not created (nothing to learn from)."""
     from sqlalchemy.engine import make_url
 
@@ -250,11 +255,11 @@ def plan_calibration(spec: StudySpec, *, learn: bool = True,
     if backend_of(url) == "sqlite":
         path = make_url(url).database
         if not path or path == ":memory:" or not Path(path).is_file():
-            return None, [], None
+            return None, [], [], None
     try:
         storage = Storage(spec.storage)
     except StorageError as err:
-        return None, [], f"not calibrated: {err}"
+        return None, [], [], f"not calibrated: {err}"
     try:
         base = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
                                         profile=spec.profile)
@@ -266,4 +271,5 @@ def plan_calibration(spec: StudySpec, *, learn: bool = True,
         learning.fit_own(own)
     finally:
         storage.close()
-    return learning.calibration, [r.layout for r in own if r.oom], None
+    return (learning.calibration, [r.layout for r in own if r.oom],
+            [r.layout for r in own if not r.oom], None)

@@ -210,7 +210,7 @@ class Worker(Proposing):
 
     def _recalibrate(self, observed: list[Observation], *, final: bool = False) -> None:
         """Refit the corrections when the study has judged more trials (one query); every
-        untried layout gets its new probability of fitting, given the OOMs.
+        untried layout gets its new probability of fitting, given the OOMs and the runs.
 
         After every trial up to 20, then whenever the judged trials grew by 5%, and at the
         end of the run: a refit costs a query and a grid posterior per ZeRO stage, which,
@@ -224,7 +224,8 @@ class Worker(Proposing):
             return
         self._judged = judged
         ooms = [o.layout for o in observed if o.status == "oom"]
-        self._set_candidates(self.learning.refit(self.storage, ooms))
+        fits = [o.layout for o in observed if o.status == "ok"]
+        self._set_candidates(self.learning.refit(self.storage, ooms, fits))
         self.constraints = self.learning.constraints
         if getattr(self.launcher, "build_s", None) is None:
             # One narrow read of the timings, not the study's whole trials each refit.

@@ -63,7 +63,7 @@ from autotune.layout import Layout
 from autotune.models.calibration import Residual
 from autotune.models.evidence import carry_over_gaussian, evidence_scale, gaussian_log_evidence
 from autotune.models.prediction_spread import SCALE_SD, WIDEST_SCALE
-from autotune.search._acquisition import TrialCost, gain_per_second
+from autotune.search._acquisition import TrialCost, gain_per_second, seed_scores
 from autotune.search._base import (
     FitProbability,
     Observation,
@@ -316,9 +316,12 @@ class ResidualStrategy(Strategy):
         judged = sum(o.status in ("ok", "oom", "error") for o in history)
         if not values or judged < SEED_TRIALS:
             # The cost model's favourites first (corrected by a warm start, not yet by this
-            # study's trials), by expected throughput; argmax keeps the first of ties.
+            # study's trials): the one that adds most to the seeds' expected best
+            # (seed_scores); argmax keeps the first of ties.
             mean, _ = self.scores(free, [])
-            return mean + log_p, None, judged
+            ran = [o.layout for o in history if o.status == "ok"]
+            best_ran = float(np.max(self.scores(ran, [])[0])) if ran else None
+            return seed_scores(mean, log_p, best_ran), None, judged
         mean, sd = self.scores(free, history)
         p_fit = np.exp(log_p)
         ei_if_fits = expected_improvement(mean, sd, math.log(max(values)))

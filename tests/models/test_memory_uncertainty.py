@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import pytest
 
@@ -108,3 +109,19 @@ def test_an_oom_conditions_its_siblings() -> None:
     # both far beyond what float P(fit) can tell apart from 1: still ordered by headroom
     assert unc.oom_conditioned_p_fit(41.0, 40.0) == pytest.approx(1.0)
     assert 0.2 < unc.oom_conditioned_p_fit(40.01, 40.0) < 0.5
+
+
+def test_a_run_conditions_its_siblings() -> None:
+    # A sibling that ran with less headroom than this layout: it fits.
+    assert unc.run_conditioned_p_fit(1.0, 0.5) == 1.0
+    # One that ran with more: P(e <= z | e <= z_ran) = Phi(z) / Phi(z_ran), above Phi(z).
+    phi = NormalDist().cdf
+    assert unc.run_conditioned_p_fit(0.0, 1.0) == pytest.approx(phi(0.0) / phi(1.0))
+    assert unc.run_conditioned_p_fit(0.0, 1.0) > phi(0.0)
+    # With an OOM below: the error lies between the two headrooms.
+    expected = (phi(0.5) - phi(0.0)) / (phi(1.0) - phi(0.0))
+    assert unc.run_conditioned_p_fit(0.5, 1.0, 0.0) == pytest.approx(expected)
+    assert unc.run_conditioned_p_fit(-0.1, 1.0, 0.0) == 0.0  # no more headroom than the OOM
+    # Trials against the model's order (the run with less headroom than the OOM): the
+    # OOM's condition alone.
+    assert unc.run_conditioned_p_fit(0.5, 0.1, 0.3) == unc.oom_conditioned_p_fit(0.5, 0.3)

@@ -138,7 +138,7 @@ def test_an_oom_on_a_layout_predicted_to_fit_moves_its_siblings(
     assert line is not None and line.startswith("no earlier study of a100-40gb/bf16/builtin")
 
     # `autotune plan` reads the same: the siblings' verdicts as the runner has them.
-    cal, ooms, note = plan_calibration(spec)
+    cal, ooms, _fits, note = plan_calibration(spec)
     assert note is None and ooms == [first] and cal is not None
     assert cal.memory_factor == pytest.approx(record["memory"]["factor"], rel=1e-4)
     storage.close()

@@ -10,6 +10,7 @@ import numpy as np
 from autotune.layout import Layout
 from autotune.models.evidence import evidence_scale
 from autotune.search import Observation, TrialSeconds, gain_per_second, make_strategy
+from autotune.search._acquisition import seed_scores
 
 
 def _space() -> list[Layout]:
@@ -100,3 +101,33 @@ def test_the_default_strategys_sequence_in_one_pass_is_the_sequential_one() -> N
         stops.append(one.stop is not None)
     print(lengths, stops)
     assert 8 in lengths and any(stops)
+
+
+def test_once_a_seed_ran_the_next_is_the_one_that_could_beat_it() -> None:
+    # tp1 is predicted 10% ahead of the rest but may not fit (p 0.6); tp2 surely fits.
+    # First the best expected throughput (tp2 at 100 against tp1's 0.6 x 110); once tp2
+    # ran, only tp1 can beat it: the next seed, though the other tp2 layouts fit surely.
+    cands = _space()
+    predict = {lay: (110.0 if lay.tp == 1 else 100.0 - lay.tp + lay.micro_batch / 10)
+               for lay in cands}
+    strategy = make_strategy("default", seed=0, predict=predict.__getitem__,
+                             p_fit=lambda lay: 0.6 if lay.tp == 1 else 1.0)
+    first = strategy.propose(cands, [])
+    assert first is not None and first.tp == 2
+    second = strategy.propose(cands, [Observation(first, "ok", predict[first])])
+    assert second is not None and second.tp == 1
+    # Where nothing untried is predicted above the layouts that ran: expected throughput.
+    ran = [Observation(lay, "ok", predict[lay]) for lay in cands if lay.tp == 1]
+    third = strategy.propose(cands, ran)
+    assert third == max((lay for lay in cands if lay.tp != 1), key=predict.__getitem__)
+
+
+def test_seed_scores_order() -> None:
+    log_mean = np.log(np.array([100.0, 110.0, 105.0, 90.0]))
+    log_p = np.log(np.array([1.0, 0.5, 0.9, 1.0]))
+    # Before any run: expected throughput (100 > 0.9 x 105 > 90 > 0.5 x 110).
+    assert list(np.argsort(-seed_scores(log_mean, log_p, None))) == [0, 2, 3, 1]
+    # After the first ran: the gains over it first (0.5 x ln 1.1 = 0.048 > 0.9 x ln 1.05
+    # = 0.044), then the rest by expected throughput.
+    order = np.argsort(-seed_scores(log_mean, log_p, math.log(100.0)))
+    assert list(order) == [1, 2, 0, 3]

@@ -106,7 +106,7 @@ def test_a_command_study_and_a_builtin_study_never_learn_from_each_other(
     finally:
         storage.close()
     # ... and so does `autotune plan`'s calibration.
-    calibration, _, note = plan_calibration(spec)
+    calibration, _, _, note = plan_calibration(spec)
     assert note is None and calibration is not None
     assert calibration.key.workload == "builtin"
     assert dict(calibration.learned_from) == {"trainer-before": 2}
