@@ -19,7 +19,7 @@ factor); an empty list means feasible.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -318,9 +318,18 @@ class Constraints:
                             global_batch=self.global_batch, placement=self.placement,
                             memory=self.memory, deepspeed=self.deepspeed)
 
+    def measured_headrooms(self, model: ModelConfig, layouts: Iterable[Layout]
+                           ) -> dict[Layout, float]:
+        """Each measured layout's headroom in sds (:attr:`MemoryVerdict.headroom_sd`) for
+        :meth:`memory_verdict`, computed once for a whole ranking (empty without a rule)."""
+        if self.memory is None:
+            return {}
+        return {lay: self.memory.verdict(model, lay).headroom_sd for lay in set(layouts)}
+
     def memory_verdict(self, layout: Layout, model: ModelConfig, *,
-                       ooms: Iterable[Layout] = (),
-                       fits: Iterable[Layout] = ()) -> MemoryVerdict | None:
+                       ooms: Iterable[Layout] = (), fits: Iterable[Layout] = (),
+                       headrooms: Mapping[Layout, float] | None = None,
+                       ) -> MemoryVerdict | None:
         """The memory verdict of ``layout`` (``None`` without a memory rule).
 
         ``ooms``: layouts measured to run out of memory. One that ``layout`` needs no less
@@ -331,11 +340,14 @@ class Constraints:
         layouts measured to run, the mirror: one that needs no less memory than
         ``layout`` makes it fit (``p_fit = 1``), a sibling with less headroom raises its
         ``p_fit`` (:func:`~autotune.models.memory_uncertainty.run_conditioned_p_fit`).
-        The verdict does not check the structural rules: :meth:`check` does.
+        ``headrooms``: :meth:`measured_headrooms` of the measured layouts, where a ranking
+        asks for many verdicts. The verdict does not check the structural rules:
+        :meth:`check` does.
         """
-        if self.memory is None:
+        memory = self.memory
+        if memory is None:
             return None
-        fit = self.memory.verdict(model, layout)
+        fit = memory.verdict(model, layout)
         ooms, fits = list(ooms), list(fits)
         if not ooms and not fits:
             return fit
@@ -351,13 +363,14 @@ class Constraints:
         if any(needs_no_less_memory(ran, layout) for ran in fits):
             return replace(fit, verdict=FitVerdict.FITS, p_fit=1.0)
 
-        def headrooms(measured: list[Layout]) -> list[float]:
-            return [self.memory.verdict(model, m).headroom_sd for m in measured  # type: ignore[union-attr]
-                    if m.tp == layout.tp and m.pp == layout.pp]
+        def siblings(measured: list[Layout]) -> list[float]:
+            return [headrooms[m] if headrooms is not None and m in headrooms
+                    else memory.verdict(model, m).headroom_sd
+                    for m in measured if m.tp == layout.tp and m.pp == layout.pp]
 
         # With one shared error, the most surprising OOM (the most headroom) and the most
         # surprising run (the least) say the most.
-        low, high = headrooms(ooms), headrooms(fits)
+        low, high = siblings(ooms), siblings(fits)
         if not low and not high:
             return fit
         if not high:
@@ -367,4 +380,4 @@ class Constraints:
             p = max(fit.p_fit, run_conditioned_p_fit(fit.headroom_sd, min(high)))
         else:
             p = run_conditioned_p_fit(fit.headroom_sd, min(high), max(low))
-        return replace(fit, p_fit=p, verdict=classify_fit(p, self.memory.min_p_fit))
+        return replace(fit, p_fit=p, verdict=classify_fit(p, memory.min_p_fit))

@@ -97,13 +97,15 @@ def rank_layouts(model: ModelConfig, cluster: ClusterConfig, layouts: Iterable[L
     devices per model, then layout order). The probability of fitting comes from
     ``constraints``' memory rule, conditioned on the measured ``ooms`` and on the layouts
     measured to run, ``fits`` (:meth:`~autotune.feasibility.Constraints.memory_verdict`);
-    without one (a
-    replayed table) every layout has 1."""
+    without one (a replayed table) every layout has 1."""
     out = []
+    # The measured layouts' own verdicts once, not once for every layout they condition.
+    headrooms = constraints.measured_headrooms(model, [*ooms, *fits]) if constraints else {}
     for layout in layouts:
         step = estimate_step(model, layout, cluster, dtype=dtype, profile=profile,
                              stack=stack)
-        fit = (constraints.memory_verdict(layout, model, ooms=ooms, fits=fits)
+        fit = (constraints.memory_verdict(layout, model, ooms=ooms, fits=fits,
+                                          headrooms=headrooms)
                if constraints else None)
         if fit is None:
             mem = estimate_memory(model, layout, dtype=dtype, device=cluster.device,
