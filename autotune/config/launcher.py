@@ -112,7 +112,7 @@ class ReplayOptions:
     a replay behaves as the study it stands for, and ``autotune run`` on a table gives
     what ``benchmarks/search_efficiency.py`` does): the placement and memory rules
     exclude rows (a row that ran may be excluded), and each kept row is weighed by its
-    probability of fitting, conditioned on the study's OOMs. ``false``: only the
+    probability of fitting, conditioned on the study's OOMs and runs. ``false``: only the
     structural rules (every row of the table is a candidate, each fits with probability
     1), what ``search_efficiency.py --no-study-check`` replays."""
     build_s: float = 60.0

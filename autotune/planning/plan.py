@@ -10,7 +10,7 @@ verdict (*fits* or *uncertain*) and probability of fitting, and the header count
 verdicts of every layout the memory rule judged. With a :class:`~autotune.models.
 calibration.Calibration` (what ``autotune plan`` learned from the study's database:
 :func:`autotune.runner.learning.plan_calibration`), the memory verdicts use the corrected
-budget, ``p_fit`` is conditioned on the study's measured OOMs, each row also carries its
+budget, ``p_fit`` is conditioned on the study's measured OOMs and runs, each row also carries its
 calibrated peak and throughput, and the header says what it learned from. Every row's
 predicted throughput carries its 90% band (:mod:`autotune.planning.band`: the interval of
 the search's residual posterior before any trial, so the band and the search agree).

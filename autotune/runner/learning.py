@@ -14,7 +14,7 @@ The maths is :mod:`autotune.models.calibration`'s; this module reads and applies
 * :class:`StudyLearning` is one worker's calibration. :meth:`~StudyLearning.refit` reads
   the study's own rows (one query, by study name) and refits both corrections; the memory
   correction goes into the memory budget, so every untried layout's probability of
-  fitting and verdict are recomputed (conditioned on the study's OOMs too), and the
+  fitting and verdict are recomputed (conditioned on the study's OOMs and runs too), and the
   feasible set with them. The runner refits whenever the study has judged more trials.
 * :func:`plan_calibration`: the same for ``autotune plan``, from a database that exists.
 """

@@ -42,9 +42,10 @@ order the benchmark replays them in, whatever the cost model predicts of them, w
 cost model's prediction and each candidate's probability of fitting apart. Whenever the
 study has judged more trials, the worker refits its memory and step-time corrections
 (:mod:`autotune.runner.learning`, warm-started from earlier studies of the device) and
-recomputes every candidate's probability of fitting, conditioned on the study's OOMs. How
-the Optuna study is opened and read is :mod:`autotune.runner.optuna_io`; how trials are
-written, :mod:`autotune.storage.claims`; when a study is done, :mod:`autotune.runner.budget`.
+recomputes every candidate's probability of fitting, conditioned on the study's OOMs and
+runs. How the Optuna study is opened and read is :mod:`autotune.runner.optuna_io`; how
+trials are written, :mod:`autotune.storage.claims`; when a study is done,
+:mod:`autotune.runner.budget`.
 """
 
 

@@ -43,7 +43,7 @@ cost model gives it: not weighed by the probability of fitting (:data:`FitProbab
 
 FitProbability = Callable[[Layout], float]
 """Probability that a candidate fits the device's memory (the memory verdict's ``p_fit``,
-conditioned on the study's OOMs). Kept apart from :data:`Predictor`: a layout that ran
+conditioned on the study's OOMs and runs). Kept apart from :data:`Predictor`: a layout that ran
 fitted, so what it measured is a residual against the prediction alone, while a trial
 not yet run is worth its throughput only with this probability (an OOM gives nothing).
 Asked anew at every proposal: it changes as the study measures."""

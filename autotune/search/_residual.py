@@ -3,9 +3,11 @@
 The cost model is usually right about the shape of the landscape and wrong about a few
 axes (a slow interconnect, a kernel that is faster at one micro-batch). So the strategy
 
-1. measures the cost model's top :data:`SEED_TRIALS` layouts first, in expected order:
-   the predicted throughput (corrected by the warm-start prior, below) times the
-   probability of fitting;
+1. measures :data:`SEED_TRIALS` seeds from the cost model first (its prediction corrected
+   by the warm-start prior, below): the largest predicted throughput times the
+   probability of fitting, then each time the layout that adds most to the seeds'
+   expected best (:func:`~autotune.search._acquisition.seed_scores`: one predicted above
+   every layout that ran, however doubtful its memory);
 2. then fits, on the measured layouts only, a Bayesian linear model of the residual
    ``r = log(measured) - log(predicted)`` with a trend per doubling of each numeric axis
    (tp, pp, dp, micro-batch, grad-accum), one coefficient per categorical value (ZeRO
