@@ -173,7 +173,8 @@ class StudyLearning:
         self.earlier = tuple(earlier)
         self.table = None if table is None else tuple(table)
         uncalibrated = self._rank(base)
-        # The ranking of the constraints and OOMs it was last asked for (one per refit).
+        # The ranking of the constraints, OOMs and runs it was last asked for (one per
+        # refit).
         self._memo: tuple[tuple[Constraints, tuple[Layout, ...], tuple[Layout, ...]],
                           list[Candidate]] = ((base, (), ()), uncalibrated)
         self.memory_log_sd = memory_log_sd(base, spec, [c.layout for c in uncalibrated])
@@ -244,8 +245,8 @@ def plan_calibration(spec: StudySpec, *, learn: bool = True,
     """What ``autotune plan`` learns from the study's database: the calibration (earlier
     studies' rows unless ``learn`` is false, and the study's own), the study's measured
     OOM layouts and the layouts it measured to run, and a note when the database could
-    not be read. A SQLite file that does
-    not exist is not created (nothing to learn from)."""
+    not be read. A SQLite file that does not exist is not created (nothing to learn
+    from)."""
     from sqlalchemy.engine import make_url
 
     from autotune.errors import StorageError
