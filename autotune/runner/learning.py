@@ -25,8 +25,7 @@ import copy
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import SpecError
 from autotune.feasibility import Constraints
@@ -43,9 +42,12 @@ from autotune.planning.candidates import Candidate, rank_candidates, rank_layout
 from autotune.report.timings import STARTUP_PHASES
 from autotune.search import TrialSeconds
 from autotune.spec import StudySpec
-from autotune.storage import Storage
 from autotune.trial import RunConfig
 from autotune.trial.outcome import Outcome
+
+if TYPE_CHECKING:  # the database layer loads only where a database is read: `plan` on a
+    # study without one stays free of SQLAlchemy's ORM and Alembic (its 2 s budget)
+    from autotune.storage import Storage
 
 __all__ = ["MAX_EARLIER_ROWS", "DEFAULT_MEMORY_LOG_SD", "workload_of", "key_of",
            "earlier_rows", "own_rows", "memory_log_sd", "StudyLearning", "plan_calibration",
@@ -247,16 +249,13 @@ def plan_calibration(spec: StudySpec, *, learn: bool = True,
     OOM layouts and the layouts it measured to run, and a note when the database could
     not be read. A SQLite file that does not exist is not created (nothing to learn
     from)."""
-    from sqlalchemy.engine import make_url
+    from autotune.config.sqlite_file import nothing_to_read
 
+    if nothing_to_read(spec.storage.url):
+        return None, [], [], None
     from autotune.errors import StorageError
-    from autotune.storage.urls import backend_of, resolve_url
+    from autotune.storage import Storage
 
-    url = resolve_url(spec.storage.url)
-    if backend_of(url) == "sqlite":
-        path = make_url(url).database
-        if not path or path == ":memory:" or not Path(path).is_file():
-            return None, [], [], None
     try:
         storage = Storage(spec.storage)
     except StorageError as err:

@@ -157,12 +157,14 @@ def campaign_studies(spec: StudySpec, request: ScalingRequest, file: str, *,
 def plan_command(spec: StudySpec, args: Any) -> str:
     """``autotune plan --scaling MODE``: the curve at every size, measured beside
     predicted where the study's database has the sizes' studies."""
+    from autotune.config.sqlite_file import nothing_to_read
     from autotune.scaling.table import scaling_csv
-    from autotune.storage import open_storage
 
     request = request_of(spec, args.scaling, args.nodes, args.devices)
     storage = None
-    if not args.no_learn and _database_exists(spec):
+    if not args.no_learn and not nothing_to_read(spec.storage.url):
+        from autotune.storage import open_storage  # a plan creates no database
+
         storage = open_storage(spec.storage)
     try:
         rows = scaling_table(storage, spec, request)
@@ -176,19 +178,6 @@ def plan_command(spec: StudySpec, args: Any) -> str:
 
         return scaling_json(rows, request)
     return format_scaling(rows, request, references=parse_references(args.reference))
-
-
-def _database_exists(spec: StudySpec) -> bool:
-    """A SQLite file is read only if it exists (``plan`` creates no database)."""
-    from sqlalchemy.engine import make_url
-
-    from autotune.storage.urls import backend_of, resolve_url
-
-    url = resolve_url(spec.storage.url)
-    if backend_of(url) != "sqlite":
-        return True
-    path = make_url(url).database
-    return path is not None and path not in ("", ":memory:") and Path(path).is_file()
 
 
 def status_lines(storage: Any, studies: Sequence[Any]) -> list[str]:

@@ -25,7 +25,7 @@ import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.energy import energy_text
 from autotune.layout import Layout
@@ -33,8 +33,10 @@ from autotune.models.flops import model_flops_per_step
 from autotune.planning.band import ratio_band
 from autotune.scaling.sizes import ScalingRequest, scaling_efficiency, size_spec
 from autotune.spec import StudySpec
-from autotune.storage import Storage
 from autotune.util.text import format_table
+
+if TYPE_CHECKING:  # the database layer loads where a database is read (plan_command)
+    from autotune.storage import Storage
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
            "scaling_json", "format_scaling", "scaling_csv", "CSV_COLUMNS", "Z_95"]

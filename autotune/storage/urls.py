@@ -23,6 +23,7 @@ from pathlib import Path
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from autotune.config.sqlite_file import ENV_VAR_RE
 from autotune.errors import SpecError
 
 __all__ = ["mask_url", "mask_env", "SECRET_NAME", "resolve_url", "backend_of", "parse_url",
@@ -33,7 +34,7 @@ SUPPORTED = {
     "postgresql": ("postgresql", "postgresql+psycopg", "postgresql+psycopg2"),
     "mysql": ("mysql", "mysql+pymysql", "mariadb+pymysql"),
 }
-_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENV_RE = ENV_VAR_RE
 
 
 def _mask_raw(url: str) -> str:

@@ -3,13 +3,15 @@ creating nothing; a study file's relative SQLite URL names a file next to the st
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from autotune.cli import main
-from autotune.config.sqlite_file import next_to, require_existing
+from autotune.config.sqlite_file import next_to, nothing_to_read, require_existing
 from autotune.errors import UsageError
 from autotune.spec import load_study
 from tests.helpers import write_study
@@ -55,3 +57,31 @@ def test_urls_left_alone_and_memory_databases() -> None:
     require_existing("sqlite://", "status")  # in memory: nothing to find
     with pytest.raises(UsageError, match=r"no database at /nowhere/x\.db"):
         require_existing("sqlite:////nowhere/x.db", "status")
+
+
+def test_nothing_to_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "there.db").write_bytes(b"")
+    monkeypatch.setenv("DBDIR", str(tmp_path))
+    monkeypatch.delenv("UNSET_DBDIR", raising=False)
+    assert nothing_to_read("sqlite://") and nothing_to_read("sqlite:///:memory:")
+    assert nothing_to_read(f"sqlite:///{tmp_path / 'gone.db'}")
+    assert nothing_to_read("sqlite:///${DBDIR}/gone.db")  # expanded, then looked for
+    assert not nothing_to_read(f"sqlite:///{tmp_path / 'there.db'}")
+    assert not nothing_to_read("sqlite:///${DBDIR}/there.db")
+    assert not nothing_to_read("sqlite:///${UNSET_DBDIR}/x.db")  # opening it names the variable
+    assert not nothing_to_read("postgresql+psycopg://u@127.0.0.1/test")
+
+
+def test_plan_without_a_database_loads_no_database_layer(tmp_path: Path) -> None:
+    """`plan` of a study that has not run opens nothing, creates nothing and imports
+    neither the storage layer nor Alembic: their ~0.5 s of imports would be a quarter of
+    a 175B plan's 2 s CPU budget (benchmarks/plan_cpu_time.py)."""
+    study = write_study(tmp_path / "s.yaml", db=tmp_path / "s.db")
+    code = ("import sys\nfrom autotune.cli import main\n"
+            f"rc = main(['plan', {str(study)!r}, '--top', '3'])\n"
+            "loaded = sorted(m for m in ('autotune.storage', 'alembic') if m in sys.modules)\n"
+            "print('LOADED', loaded, rc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "LOADED [] 0" in out, out
+    assert not (tmp_path / "s.db").exists()

@@ -1,0 +1,92 @@
+"""CPU time of ``autotune plan``: what a user waits for before asking for 128 nodes.
+
+Runs the shipped command (``python -m autotune plan STUDY``) as a child process, several
+times, and reads each child's CPU time (user + system) from the kernel (``os.wait4``),
+so imports, the study file's validation, the ranking and the printing all count, as they
+do for a user. Three ways side by side, on the same machine in one run:
+
+* ``no database``: the study has not run (its SQLite file does not exist): nothing is
+  opened or imported of the database layer;
+* ``with database``: the same study with an (empty) database beside it: the plan opens it
+  to calibrate, which loads SQLAlchemy's ORM, Alembic and Optuna's storage;
+* ``--scaling weak``: the four sizes 16, 32, 64, 128 nodes, one plan each.
+
+The issue's goal (#32): ``autotune plan`` on the 175B study under 2 s of CPU time.
+
+    .venv/bin/python benchmarks/plan_cpu_time.py [--study studies/lrz_gpt175b.yaml] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cpu_seconds(argv: list[str]) -> float:
+    """One child's user + system CPU time, its output discarded (a failure is an error)."""
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", *argv], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"autotune {' '.join(argv)} failed:\n{err}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def with_database(study: Path, folder: Path) -> Path:
+    """A copy of ``study`` whose storage is an empty database that exists."""
+    from autotune.config.storage import StorageConfig
+    from autotune.storage import Storage
+
+    data = yaml.safe_load(study.read_text())
+    url = f"sqlite:///{folder / 'plan.db'}"
+    data["storage"] = {"url": url}
+    Storage(StorageConfig(url=url)).close()  # creates the schema, as a first trial would
+    copy = folder / study.name
+    copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    return copy
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--study", type=Path, default=ROOT / "studies" / "lrz_gpt175b.yaml")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    study = args.study.resolve()
+    with tempfile.TemporaryDirectory() as tmp:
+        ways = {"no database": ["plan", str(study)],
+                "with database": ["plan", str(with_database(study, Path(tmp)))],
+                "--scaling weak (4 sizes)": ["plan", str(study), "--scaling", "weak",
+                                             "--nodes", "16,32,64,128"]}
+        cpu_seconds(ways["no database"])  # byte-compiles, fills the page cache
+        times: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(args.runs):  # interleaved: a load change hits every way alike
+            for name, command in ways.items():
+                times[name].append(cpu_seconds(command))
+    print(f"autotune plan {study.name}: CPU seconds (user + system) of the command, "
+          f"{args.runs} runs each")
+    print(f"{'way':<26} {'median':>7} {'min':>7} {'max':>7}")
+    for name, values in times.items():
+        print(f"{name:<26} {statistics.median(values):7.2f} {min(values):7.2f} "
+              f"{max(values):7.2f}")
+    print("goal: the plan under 2 s of CPU time")
+    if args.json:
+        args.json.write_text(json.dumps(
+            {name: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v)}
+             for name, v in times.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
