@@ -10,7 +10,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from autotune.cli.commands import EXIT_FAIL, EXIT_INTERRUPT, EXIT_OK, EXIT_USAGE, Handler
+from autotune.cli.commands import (
+    EXIT_FAIL,
+    EXIT_INTERRUPT,
+    EXIT_OK,
+    EXIT_USAGE,
+    Handler,
+    cmd_plan,
+    quiet_optuna,
+)
 from autotune.cli.parser import build_parser
 from autotune.errors import AutotuneError, UsageError
 
@@ -27,9 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own progress lines instead
+    if args.func is not cmd_plan:  # `plan` quiets Optuna only where it opens a database
+        quiet_optuna()
     handler: Handler = args.func
     try:
         return handler(args)

@@ -1,8 +1,9 @@
 """The feasible layouts of a study, ranked by the cost model: what the search draws from.
 
-:func:`rank_candidates` is the one place that combines the space
-(:mod:`autotune.planning.space`), the feasibility check (:mod:`autotune.feasibility`), the memory
-model and the cost model; the planner shows its output and the study runner searches it.
+:func:`partition_space` (the space, :mod:`autotune.planning.space`, through the
+feasibility check, :mod:`autotune.feasibility`) and :func:`rank_layouts` (the memory and
+cost models) are where the four meet, :func:`rank_candidates` the two in one; the planner
+shows their output and the study runner searches it.
 
 A candidate's worth is its *expected* throughput, the predicted TFLOPS times the
 probability that it fits the device (:attr:`Candidate.expected_tflops`): a layout whose

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-import optuna
-from optuna.trial import FrozenTrial
+from typing import TYPE_CHECKING
 
 from autotune.layout import Layout
 from autotune.util.argtypes import positive_int
+
+if TYPE_CHECKING:  # every command builds the parser: Optuna loads where a study is read
+    import optuna
+    from optuna.trial import FrozenTrial
 
 __all__ = ["add_job_flags", "emit_job"]
 

@@ -38,7 +38,7 @@ from autotune.models.calibration import (
     MeasuredRow,
     calibrate,
 )
-from autotune.planning.candidates import Candidate, rank_candidates, rank_layouts
+from autotune.planning.candidates import Candidate, partition_space, rank_layouts
 from autotune.report.timings import STARTUP_PHASES
 from autotune.search import TrialSeconds
 from autotune.spec import StudySpec
@@ -174,12 +174,12 @@ class StudyLearning:
         self.spec, self.base, self.key, self.enabled = spec, base, key, enabled
         self.earlier = tuple(earlier)
         self.table = None if table is None else tuple(table)
-        uncalibrated = self._rank(base)
         # The ranking of the constraints, OOMs and runs it was last asked for (one per
-        # refit).
+        # refit); made when first asked for: `plan` reads the calibration only, and ranks
+        # the space itself.
         self._memo: tuple[tuple[Constraints, tuple[Layout, ...], tuple[Layout, ...]],
-                          list[Candidate]] = ((base, (), ()), uncalibrated)
-        self.memory_log_sd = memory_log_sd(base, spec, [c.layout for c in uncalibrated])
+                          list[Candidate]] | None = None
+        self.memory_log_sd = memory_log_sd(base, spec, self._feasible(base))
         self.usable_bytes = base.memory.usable_bytes if base.memory is not None else None
         self.calibration = self._fit(())
         self.constraints = self._constraints()
@@ -198,17 +198,21 @@ class StudyLearning:
         return self.base.with_memory_correction(cal.memory_factor, cal.memory_sd,
                                                 by_stage=cal.memory_stage_corrections())
 
-    def _rank(self, constraints: Constraints, ooms: Sequence[Layout] = (),
-              fits: Sequence[Layout] = ()) -> list[Candidate]:
+    def _feasible(self, constraints: Constraints) -> list[Layout]:
+        """The layouts ``constraints`` keep: of the space, or of a replayed table's rows
+        (checked structurally only, or by the study's full check:
+        ``launcher.replay.study_check``)."""
         spec = self.spec
         if self.table is None:
-            return rank_candidates(spec.model, spec.cluster, spec.training, spec.search,
-                                   constraints, profile=spec.profile, ooms=ooms, fits=fits)
-        # A replayed table's rows, checked by ``constraints`` (structural only, or the
-        # study's full check: launcher.replay.study_check, whose memory rule then gives
-        # each row its probability of fitting, conditioned on the OOMs and the runs).
-        return rank_layouts(spec.model, spec.cluster,
-                            [lay for lay in self.table if not constraints.check(lay, spec.model)],
+            return partition_space(spec.model, spec.cluster, spec.training, spec.search,
+                                   constraints)[0]
+        return [lay for lay in self.table if not constraints.check(lay, spec.model)]
+
+    def _rank(self, constraints: Constraints, ooms: Sequence[Layout] = (),
+              fits: Sequence[Layout] = ()) -> list[Candidate]:
+        # Each kept layout's probability of fitting is conditioned on the OOMs and runs.
+        spec = self.spec
+        return rank_layouts(spec.model, spec.cluster, self._feasible(constraints),
                             dtype=spec.training.dtype, profile=spec.profile,
                             constraints=constraints, ooms=ooms, fits=fits,
                             stack=spec.training.stack)
@@ -218,7 +222,7 @@ class StudyLearning:
         """The feasible layouts under the current calibration, ``p_fit`` conditioned on
         the measured ``ooms`` and on the layouts measured to run, ``fits``."""
         memo = (self.constraints, tuple(ooms), tuple(fits))
-        if self._memo[0] != memo:
+        if self._memo is None or self._memo[0] != memo:
             self._memo = (memo, self._rank(self.constraints, ooms, fits))
         return list(self._memo[1])
 

@@ -19,6 +19,7 @@ benchmark (``benchmarks/search_efficiency.py``) drives the very same objects. Se
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from autotune.config.study import STRATEGIES, check_min_improvement
 from autotune.errors import SpecError
@@ -36,12 +37,6 @@ from autotune.search._base import (
     plan_order,
     untried,
 )
-from autotune.search._optuna import (
-    STARTUP_TRIALS,
-    OptunaSamplerStrategy,
-    axis_distributions,
-    layout_from_params,
-)
 from autotune.search._residual import ResidualStrategy
 from autotune.search._seeding import cost_model_predictor
 from autotune.search._simple import CostModelOnlyStrategy, GridStrategy, RandomStrategy
@@ -52,9 +47,25 @@ __all__ = ["STRATEGIES", "Observation", "Predictor", "FitProbability", "Stop", "
            "ResidualStrategy", "CostModelOnlyStrategy", "GridStrategy", "RandomStrategy",
            "OptunaSamplerStrategy", "TrialCost", "TrialSeconds", "gain_per_second"]
 
+_OPTUNA_NAMES = ("STARTUP_TRIALS", "OptunaSamplerStrategy", "axis_distributions",
+                 "layout_from_params")
+"""Loaded from :mod:`autotune.search._optuna` when first asked for: Optuna's ~0.2 s of
+imports are the samplers' and the study runner's, not ``autotune plan``'s (which ranks
+with this package's residual model; docs/guide.md, its 2 s of CPU)."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _OPTUNA_NAMES:
+        from autotune.search import _optuna
+
+        return getattr(_optuna, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def _tpe(seed: int):
     import optuna
+
+    from autotune.search._optuna import STARTUP_TRIALS
 
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS,
                                       multivariate=True)
@@ -62,6 +73,8 @@ def _tpe(seed: int):
 
 def _gp(seed: int):
     import optuna
+
+    from autotune.search._optuna import STARTUP_TRIALS
 
     try:
         import scipy  # noqa: F401  (GPSampler needs it; not a core dependency)
@@ -104,8 +117,8 @@ def make_strategy(name: str, *, seed: int, predict: Predictor | None = None,
         return RandomStrategy(seed=seed)
     if name == "grid":
         return GridStrategy(seed=seed)
-    if name == "tpe":
-        return OptunaSamplerStrategy("tpe", _tpe, seed=seed)
-    if name == "gp":
-        return OptunaSamplerStrategy("gp", _gp, seed=seed)
+    if name in ("tpe", "gp"):
+        from autotune.search._optuna import OptunaSamplerStrategy
+
+        return OptunaSamplerStrategy(name, _tpe if name == "tpe" else _gp, seed=seed)
     raise SpecError("search.strategy", name, f"allowed: one of {', '.join(STRATEGIES)}")

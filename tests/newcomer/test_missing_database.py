@@ -74,14 +74,35 @@ def test_nothing_to_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_plan_without_a_database_loads_no_database_layer(tmp_path: Path) -> None:
     """`plan` of a study that has not run opens nothing, creates nothing and imports
-    neither the storage layer nor Alembic: their ~0.5 s of imports would be a quarter of
-    a 175B plan's 2 s CPU budget (benchmarks/plan_cpu_time.py)."""
+    neither the storage layer, Alembic nor Optuna: their ~0.7 s of imports would be a
+    third of a 175B plan's 2 s CPU budget (benchmarks/plan_cpu_time.py)."""
     study = write_study(tmp_path / "s.yaml", db=tmp_path / "s.db")
     code = ("import sys\nfrom autotune.cli import main\n"
             f"rc = main(['plan', {str(study)!r}, '--top', '3'])\n"
-            "loaded = sorted(m for m in ('autotune.storage', 'alembic') if m in sys.modules)\n"
+            "loaded = sorted(m for m in ('autotune.storage', 'alembic', 'optuna')\n"
+            "                if m in sys.modules)\n"
             "print('LOADED', loaded, rc)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert "LOADED [] 0" in out, out
     assert not (tmp_path / "s.db").exists()
+
+
+def test_optuna_is_quiet_wherever_it_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Every command but a plan without a database turns Optuna's INFO lines off; a plan
+    that reads a database does too."""
+    import optuna
+
+    monkeypatch.chdir(tmp_path)
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    main(["status", "--storage", "sqlite:///typo.db"])
+    assert optuna.logging.get_verbosity() == optuna.logging.WARNING
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    study = write_study(tmp_path / "s.yaml", db=tmp_path / "s.db")
+    assert main(["plan", str(study), "--top", "2"]) == 0  # no database: Optuna untouched
+    assert optuna.logging.get_verbosity() == optuna.logging.INFO
+    optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="other")
+    assert main(["plan", str(study), "--top", "2"]) == 0
+    assert optuna.logging.get_verbosity() == optuna.logging.WARNING
+    capsys.readouterr()
