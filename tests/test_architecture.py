@@ -221,8 +221,8 @@ def test_from_a_package_import_a_submodule_is_no_import_of_the_package() -> None
 STORAGE_PUBLIC = ("autotune.storage", "autotune.storage.urls")
 """What may be imported of storage from outside it: the door (``autotune/storage/
 __init__.py``: :class:`~autotune.storage.TrialStore` and the names the readers need) and
-the URL helpers the launchers use without loading the database. Every other storage
-module is the door's own."""
+the URL helpers the launchers and the campaign use. Every other storage module is the
+door's own."""
 
 
 def storage_imports(folders: tuple[str, ...]) -> list[Import]:

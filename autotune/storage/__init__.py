@@ -9,8 +9,10 @@ The rest are the names the readers need: the attribute keys (:class:`TrialAttr`,
 values a stored trial reads back with. The modules behind them (``_optuna_rdb``,
 ``claims``, ``confirmations``, ``judged``, ``keys``, ``leases``, ``records``,
 ``study_records``, ``values``, ``schema``) are this package's own: nothing outside it
-imports them (``tests/test_architecture.py``). :mod:`autotune.storage.urls` stays
-importable alone: the launchers mask URLs without loading the database.
+imports them (``tests/test_architecture.py``). :mod:`autotune.storage.urls` is the other
+public module (the launchers and the campaign mask and check URLs with it); importing it
+still runs this door, so a command that must not load the database decides first, with
+:func:`autotune.config.sqlite_file.nothing_to_read`, whether there is one to read.
 """
 
 from __future__ import annotations
