@@ -34,7 +34,6 @@ SUPPORTED = {
     "postgresql": ("postgresql", "postgresql+psycopg", "postgresql+psycopg2"),
     "mysql": ("mysql", "mysql+pymysql", "mariadb+pymysql"),
 }
-_ENV_RE = ENV_VAR_RE
 
 
 def _mask_raw(url: str) -> str:
@@ -133,7 +132,7 @@ def resolve_url(url: str) -> str:
             raise SpecError("storage.url", mask_url(url), f"environment variable {name} is not set")
         return os.environ[name]
 
-    url = _ENV_RE.sub(_expand, url)
+    url = ENV_VAR_RE.sub(_expand, url)
     backend = backend_of(url)
     if backend == "sqlite":
         return url
