@@ -4,20 +4,36 @@ What ``cost_model_accuracy.py`` reports beside the Spearman: over a table's meas
 rows, the median and the maximum of ``|predicted / measured - 1|`` (model TFLOPS per
 device), and the share of rows whose measured value lies inside the band ``plan`` prints
 (:func:`autotune.planning.band.tflops_bands`, each group taken as one study whose
-candidates are its measured-ok layouts, before any trial).
+candidates are its measured-ok layouts, before any trial). The same errors by parallelism
+class (:func:`parallelism_class`: whether the layout has tensor and pipeline parallelism)
+say which terms carry a table's bias: a class far from the others points at the terms only
+it pays (the TP all-reduces, the bubble and the point-to-point sends), which an overall
+median hides.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from autotune.landscape import LandscapeGroup
+from autotune.layout import Layout
 from autotune.models.cost import estimate_step
 from autotune.planning.band import tflops_bands
 
-__all__ = ["GroupErrors", "TableErrors", "group_errors"]
+__all__ = ["GroupErrors", "TableErrors", "group_errors", "parallelism_class", "print_tables"]
+
+
+def parallelism_class(layout: Layout) -> str:
+    """``tp1-pp1``, ``tp>1-pp1``, ``tp1-pp>1`` or ``tp>1-pp>1``: which of the terms that only
+    model parallelism pays the layout's step holds (TP all-reduces; bubble and sends).
+
+    >>> parallelism_class(Layout(tp=2, pp=1, dp=4, micro_batch=1, grad_accum=1))
+    'tp>1-pp1'
+    """
+    return f"tp{'>1' if layout.tp > 1 else '1'}-pp{'>1' if layout.pp > 1 else '1'}"
 
 
 @dataclass(frozen=True)
@@ -29,13 +45,15 @@ class GroupErrors:
     inside: list[bool]
     width: list[float]
     """The band's high / low (a factor)."""
+    classes: list[str] = field(default_factory=list)
+    """Each row's :func:`parallelism_class`."""
 
 
 def group_errors(group: LandscapeGroup) -> GroupErrors:
     """:class:`GroupErrors` of ``group``'s ok rows (empty when it has none)."""
     ok = [m for m in group.ok() if m.model_tflops_per_device]
     if not ok:
-        return GroupErrors([], [], [])
+        return GroupErrors([], [], [], [])
     predicted = {m.layout: estimate_step(group.model, m.layout, group.cluster, stack=group.stack,
                                          dtype=group.dtype).model_tflops_per_device
                  for m in ok}
@@ -48,7 +66,7 @@ def group_errors(group: LandscapeGroup) -> GroupErrors:
         lo, hi = bands[m.layout]
         inside.append(lo <= measured <= hi)
         width.append(hi / lo)
-    return GroupErrors(pct, inside, width)
+    return GroupErrors(pct, inside, width, [parallelism_class(m.layout) for m in ok])
 
 
 @dataclass
@@ -59,17 +77,30 @@ class TableErrors:
     pct: list[float] = field(default_factory=list)
     inside: list[bool] = field(default_factory=list)
     width: list[float] = field(default_factory=list)
+    classes: list[str] = field(default_factory=list)
 
     def add(self, errors: GroupErrors) -> None:
         self.pct += errors.pct
         self.inside += errors.inside
         self.width += errors.width
+        self.classes += errors.classes
+
+    def by_class(self) -> dict[str, dict[str, Any]]:
+        """Per :func:`parallelism_class` present, in that function's order: ``n_rows``,
+        ``median_pct_error`` (signed) and ``median_abs_pct_error``."""
+        out: dict[str, dict[str, Any]] = {}
+        for cls in ("tp1-pp1", "tp>1-pp1", "tp1-pp>1", "tp>1-pp>1"):
+            pct = [x for x, c in zip(self.pct, self.classes, strict=True) if c == cls]
+            if pct:
+                out[cls] = {"n_rows": len(pct), "median_pct_error": statistics.median(pct),
+                            "median_abs_pct_error": statistics.median(abs(x) for x in pct)}
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """``median_abs_pct_error``, ``max_abs_pct_error``, ``median_pct_error`` (signed,
         positive: too optimistic), ``predicted_high`` (rows predicted above their
         measured value), ``band_coverage`` (share inside the 90% band) and
-        ``median_band_width`` (its high / low)."""
+        ``median_band_width`` (its high / low); ``by_parallelism``: :meth:`by_class`."""
         n = len(self.pct)
         absolute = [abs(x) for x in self.pct]
         return {"path": self.path, "n_rows": n,
@@ -78,4 +109,22 @@ class TableErrors:
                 "median_pct_error": statistics.median(self.pct) if n else None,
                 "predicted_high": sum(x > 0 for x in self.pct),
                 "band_coverage": sum(self.inside) / n if n else None,
-                "median_band_width": statistics.median(self.width) if n else None}
+                "median_band_width": statistics.median(self.width) if n else None,
+                "by_parallelism": self.by_class()}
+
+
+def print_tables(tables: list[TableErrors]) -> None:
+    """One line per file with ok rows, then its rows by parallelism class."""
+    print(f"\n{'table (all ok rows)':44s} {'rows':>5s} {'median |err|':>12s} "
+          f"{'max |err|':>9s} {'median err':>10s} {'too high':>8s} {'in 90% band':>11s} "
+          f"{'band width':>10s}")
+    for t in (t.to_dict() for t in tables):
+        if not t["n_rows"]:
+            continue
+        print(f"{Path(t['path']).name:44s} {t['n_rows']:5d} "
+              f"{t['median_abs_pct_error']:11.1f}% {t['max_abs_pct_error']:8.1f}% "
+              f"{t['median_pct_error']:+9.1f}% {t['predicted_high']:8d} "
+              f"{t['band_coverage']:11.0%} {t['median_band_width']:10.2f}")
+        for cls, c in t["by_parallelism"].items():
+            print(f"  {cls:42s} {c['n_rows']:5d} {c['median_abs_pct_error']:11.1f}% "
+                  f"{'':9s} {c['median_pct_error']:+9.1f}%")

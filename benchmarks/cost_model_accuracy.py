@@ -273,15 +273,7 @@ def print_groups(ev: Evaluation, analytic: dict[str, Any], min_layouts: int) -> 
              f"{', ...' if len(ev.best_below_half) > 5 else ''})" if ev.best_below_half else ""))
     common.print_study_check(list(zip(ev.loaded, ev.checks, strict=True)),
                              f"all {len(ev.loaded)} groups read")
-    print(f"\n{'table (all ok rows)':44s} {'rows':>5s} {'median |err|':>12s} "
-          f"{'max |err|':>9s} {'median err':>10s} {'too high':>8s} {'in 90% band':>11s}")
-    for t in (t.to_dict() for t in ev.tables):
-        if not t["n_rows"]:
-            continue
-        print(f"{Path(t['path']).name:44s} {t['n_rows']:5d} "
-              f"{t['median_abs_pct_error']:11.1f}% {t['max_abs_pct_error']:8.1f}% "
-              f"{t['median_pct_error']:+9.1f}% {t['predicted_high']:8d} "
-              f"{t['band_coverage']:11.0%} {t['median_band_width']:10.2f}")
+    errors.print_tables(ev.tables)
 
 
 def _print_comparison(variants: dict[str, dict[str, Any]]) -> None:
