@@ -17,6 +17,7 @@ from autotune.scaling.sizes import ScalingRequest, default_sizes, parse_sizes
 from autotune.scaling.table import (
     ScalingRow,
     _pct,
+    efficiency_base,
     format_scaling,
     scaling_csv,
     scaling_table,
@@ -81,7 +82,8 @@ def write_report(rows: Sequence[ScalingRow], request: ScalingRequest, spec: Stud
     report = Report(f"Scaling: {spec.name} ({request.mode})", meta=[
         f"model: {spec.model.name}", f"device: {spec.cluster.device}",
         f"sizes ({request.axis}): {', '.join(map(str, request.sizes))}",
-        f"efficiency: per-device throughput against {request.axis} {request.base}"],
+        f"efficiency: per-device throughput against {request.axis} "
+        f"{efficiency_base(rows, request)}"],
         sections=[Section("Table", [Table(frame), Code(format_scaling(rows, request))]),
                   Section("Plot", [Image("scaling.png", "scaling curve"), Text(
                       "Measured points (green) beside the cost model's curve calibrated on "

@@ -15,7 +15,10 @@ prediction carries the band of that ratio under the same prior
 layouts differ in do not).
 
 Efficiency (:func:`autotune.scaling.sizes.scaling_efficiency`) is against the smallest
-size's measured per-device throughput where it was measured, else its prediction.
+size's measured per-device throughput where it was measured, else its prediction; where
+the smallest sizes have neither (no layout fits them: a large model on few nodes), against
+the smallest size that has one (:func:`efficiency_base`), and the table says so and why
+those sizes have none (:attr:`ScalingRow.note`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ if TYPE_CHECKING:  # the database layer loads where a database is read (plan_com
     from autotune.storage import Storage
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
-           "scaling_json", "format_scaling", "scaling_csv", "CSV_COLUMNS", "Z_95"]
+           "efficiency_base", "scaling_json", "format_scaling", "scaling_csv", "CSV_COLUMNS",
+           "Z_95"]
 
 Z_95 = 1.959964
 CSV_COLUMNS = ("nodes", "devices", "best_layout", "model_tflops_per_device", "tokens_per_s",
@@ -80,6 +84,9 @@ class ScalingRow:
     energy_source: str | None = None
     joules_per_token: float | None = None
     model_tflops_per_watt: float | None = None
+    note: str = ""
+    """Predicted rows without a layout: why none is feasible at this size
+    (:func:`no_layout_reason`)."""
 
 
 def _tokens_per_s(spec: StudySpec, tflops_per_device: float, devices: int) -> float:
@@ -141,6 +148,17 @@ def _calibration(storage: Storage | None, spec: StudySpec, at: StudySpec,
     return StudyLearning(at, base, key, rows).calibration
 
 
+def no_layout_reason(plan: Any) -> str:
+    """Why ``plan`` (a :class:`~autotune.planning.plan.PlanResult`) has no feasible layout,
+    in one line: the exclusions by first reason and the first one's message, or the
+    reasons the space is empty."""
+    if plan.excluded:
+        counts = ", ".join(f"{e.code} {e.count}" for e in plan.excluded)
+        return (f"no feasible layout ({plan.n_layouts} excluded: {counts}); e.g. "
+                f"{plan.excluded[0].example}")
+    return "no feasible layout: " + ("; ".join(plan.empty_reasons) or "the space is empty")
+
+
 def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingRequest,
                    measured: Sequence[ScalingRow] = ()) -> list[ScalingRow]:
     """The model's best layout and throughput at every size (module docstring)."""
@@ -169,25 +187,36 @@ def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingReq
                           tokens_per_s=_tokens_per_s(at, tflops, devices),
                           tflops_low=low, tflops_high=high, layout=top.layout,
                           calibrated_on=",".join(str(s) for s in below) if cal else "")
+        else:
+            row = replace(row, note=no_layout_reason(plan))
         out.append(row)
     return out
 
 
+def efficiency_base(rows: Sequence[ScalingRow], request: ScalingRequest) -> int:
+    """The size efficiency is against: the smallest with a throughput, measured or
+    predicted (the request's smallest where no size has one)."""
+    return min((r.size for r in rows if r.model_tflops_per_device is not None),
+               default=request.base)
+
+
 def with_efficiency(rows: Sequence[ScalingRow], request: ScalingRequest) -> list[ScalingRow]:
-    """Each row's efficiency against the base size (module docstring): measured rows and
-    calibrated predictions against the base's measurement (its prediction where it was
+    """Each row's efficiency against the base size (:func:`efficiency_base`): measured rows
+    and calibrated predictions against the base's measurement (its prediction where it was
     not measured); an uncalibrated prediction against the base's uncalibrated one (the
     cost model's own curve, whatever its absolute error)."""
+    base = efficiency_base(rows, request)
+
     def figure(source: str, calibrated: bool | None = None) -> float | None:
         for r in rows:
-            if r.size == request.base and r.source == source and (
+            if r.size == base and r.source == source and (
                     calibrated is None or bool(r.calibrated_on) == calibrated):
                 return r.model_tflops_per_device
         return None
 
     model_base = figure("predicted", False) or figure("predicted")
     measured_base = figure("measured") or model_base
-    base_row = next((r for r in rows if r.size == request.base and r.source == "predicted"
+    base_row = next((r for r in rows if r.size == base and r.source == "predicted"
                      and not r.calibrated_on), None)
     base_layout = base_row.layout if base_row is not None else None
     out = []
@@ -255,6 +284,11 @@ def format_scaling(rows: Sequence[ScalingRow], request: ScalingRequest, *,
                         and r.source == "predicted" else "")
         body.append(line)
     lines = [format_table(head, body)]
+    base = efficiency_base(rows, request)
+    if base != request.base:
+        lines.append(f"efficiency against {request.axis} {base}, the smallest size with a "
+                     "layout")
+    lines += [f"{request.axis} {r.size}: {r.note}" for r in rows if r.note]
     for r in rows:
         if r.source == "measured":
             lines.append(f"{request.axis} {r.size}: " + energy_text(
@@ -301,11 +335,14 @@ def scaling_csv(rows: Sequence[ScalingRow], request: ScalingRequest) -> str:
 
 
 def scaling_json(rows: Sequence[ScalingRow], request: ScalingRequest) -> str:
-    """The table as JSON: the request and one object per row with the CSV's columns
-    (``null``: not known)."""
+    """The table as JSON: the request, the size efficiency is against
+    (``efficiency_base``), why the sizes without a layout have none (``no_layout``: size
+    to reason) and one object per row with the CSV's columns (``null``: not known)."""
     import json
 
     return json.dumps({"mode": request.mode, "axis": request.axis,
                        "sizes": list(request.sizes),
+                       "efficiency_base": efficiency_base(rows, request),
+                       "no_layout": {str(r.size): r.note for r in rows if r.note},
                        "rows": [dict(zip(CSV_COLUMNS, _values(r), strict=True))
                                 for r in rows]}, indent=2, default=str)

@@ -25,6 +25,32 @@ def test_plan_scaling_json(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     assert data["rows"][0]["efficiency"] == 1.0
 
 
+def test_plan_scaling_from_sizes_no_layout_fits(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default sizes of a 175B study start at 1 node, where nothing fits: the table
+    says why, and the efficiency is against the smallest size with a layout (before, every
+    size's efficiency was '-' without a word)."""
+    monkeypatch.chdir(tmp_path)
+    study = str(REPO / "studies" / "lrz_gpt175b.yaml")
+    args = ["plan", study, "--scaling", "weak", "--nodes", "1,16,128", "--no-learn"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "efficiency against nodes 16, the smallest size with a layout" in out
+    reason = next(line for line in out.splitlines() if line.startswith("nodes 1: "))
+    assert "no feasible layout (" in reason and "memory" in reason and "GiB" in reason
+    lines = out.splitlines()
+    assert "100%" in next(line for line in lines if line.startswith("16 "))
+    assert main([*args, "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["efficiency_base"] == 16 and list(data["no_layout"]) == ["1"]
+    effs = {r["nodes"]: r["efficiency"] for r in data["rows"]}
+    assert effs[1] is None and effs[16] == 1.0 and 0.9 < effs[128] <= 1.0
+    assert main([*args, "--format", "csv"]) == 0
+    csv_lines = capsys.readouterr().out.splitlines()
+    assert csv_lines[0].startswith("nodes,devices,best_layout") and len(csv_lines) == 4
+
+
 def test_scaling_report_writes_its_csv_beside_the_plot_and_percent(tmp_path: Path) -> None:
     from autotune.scaling.command import write_report
     from autotune.spec import load_study
