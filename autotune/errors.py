@@ -14,6 +14,7 @@ from typing import Any
 __all__ = [
     "AutotuneError",
     "UsageError",
+    "EmptySpaceError",
     "SpecError",
     "StorageError",
     "LaunchError",
@@ -83,6 +84,12 @@ class AutotuneError(Exception):
 
 class UsageError(AutotuneError):
     """The user asked for something malformed or impossible (exit code 2)."""
+
+
+class EmptySpaceError(UsageError):
+    """A study has no feasible layout to measure (exit code 2): its message says why.
+    Apart from the other usage errors so that a scaling run can skip such a size (a large
+    model on a few nodes) and go on with the sizes it fits."""
 
 
 class SpecError(UsageError):

@@ -60,7 +60,7 @@ from typing import TypeVar
 
 import optuna
 
-from autotune.errors import UsageError
+from autotune.errors import EmptySpaceError, UsageError
 from autotune.feasibility import Constraints
 from autotune.launchers.base import Launcher
 from autotune.planning.empty import empty_message
@@ -137,7 +137,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
                              table=table, enabled=learn)
     candidates = learning.candidates()
     if not candidates:
-        raise UsageError(empty_message(spec, constraints, table is not None))
+        raise EmptySpaceError(empty_message(spec, constraints, table is not None))
     # once, before worker threads could race to create it
     study = storage.retrying("opening the study", lambda: open_study(spec, storage))
     refusal = stop_early.resume_refusal(study, spec, storage, retry_failed=retry_failed)

@@ -12,6 +12,12 @@ warm start, and the line each size prints says which studies it learned from.
 Each size's study carries the user attribute ``scaling``, ``{mode: record}``
 (:func:`scaling_record`; one study may serve both modes), by which ``autotune status``
 finds the scaling studies of a database and shows their tables.
+
+A size with no feasible layout (a 175B GPT on one node: its states alone exceed the
+devices' memory) is skipped, its reason logged and kept in :attr:`ScalingRun.skipped`, and
+the run goes on with the next size; the table then shows it without a layout, and the
+efficiency against the smallest size that has one. Only when every size is such does the
+run stop, with the first one's error.
 Under SLURM, run it inside an allocation of the largest size (``salloc -N 4 autotune
 scaling ...``) or from a campaign job; the smaller sizes' trials run side by side on
 disjoint node groups of the allocation, as any study's do.
@@ -24,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autotune.errors import EmptySpaceError
 from autotune.runner.lifecycle import StopSignals
 from autotune.scaling.sizes import ScalingRequest, size_spec
 from autotune.spec import StudySpec
@@ -51,6 +58,8 @@ class ScalingRun:
     """How the run went: the sizes finished, and what stopped it (``None``: all done)."""
 
     done: list[int] = field(default_factory=list)
+    skipped: dict[int, str] = field(default_factory=dict)
+    """Sizes with no feasible layout, and why (module docstring)."""
     stopped_by: StopReason | None = None
     """``sigterm``, ``interrupt``, ``failed`` (a size completed no trial)."""
     stopped_at: int | None = None
@@ -71,8 +80,18 @@ def run_scaling(spec: StudySpec, request: ScalingRequest, *, n_trials: int | Non
             if between.received is not None:  # arrived while no size's study ran
                 outcome.stopped_by, outcome.stopped_at = StopReason.SIGTERM, size
                 return outcome
-            if not _run_size(spec, request, size, at, outcome, n_trials=n_trials,
-                             storage_url=storage_url, log=log, quiet=quiet):
+            try:
+                going_on = _run_size(spec, request, size, at, outcome, n_trials=n_trials,
+                                     storage_url=storage_url, log=log, quiet=quiet)
+            except EmptySpaceError as err:
+                # Known before any trial (the study creates nothing): a size too small
+                # for the model says nothing about the sizes it fits.
+                outcome.skipped[size] = str(err)
+                log(f"{request.axis} {size}: skipped: {err}")
+                if len(outcome.skipped) == len(request.sizes):
+                    raise
+                continue
+            if not going_on:
                 return outcome
     return outcome
 

@@ -188,3 +188,43 @@ def test_campaign_studies_make_a_campaign_of_one_study_per_size(
            for s in spec.studies]
     assert got == [("sc-n1-gb4", 1, 4, 2), ("sc-n2-gb8", 2, 8, 2), ("sc-n4-gb16", 4, 16, 2)]
     assert not (tmp_path / "study.db").exists()
+
+
+def test_a_size_where_nothing_fits_is_skipped_and_the_run_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A pipeline of 2 on 1 node of 1 device has no layout: the scaling run says why and
+    goes on with the next size (before: it stopped there, exit 2, the larger sizes not
+    run); only when every size is such does it stop with that error."""
+    import autotune.scaling.run as run_mod
+    from autotune.errors import EmptySpaceError
+
+    path = write_study(tmp_path / "s.yaml", name="sk",
+                       cluster={"nodes": 2, "devices_per_node": 1, "device": "cpu"},
+                       training={"global_batch": 8, "dtype": "fp32"},
+                       search={"tp": [1], "pp": [2], "micro_batch": [1], "zero_stage": [0],
+                               "recompute": ["none"], "n_trials": 1})
+    real = run_mod._run_size
+    ran: list[int] = []
+
+    def run_size(spec, request, size, at, outcome, **kw):  # type: ignore[no-untyped-def]
+        if size == 1:  # the real study: it must refuse before any launch
+            return real(spec, request, size, at, outcome, **kw)
+        ran.append(size)  # 2 nodes fit; launching them is the multinode test's work
+        outcome.done.append(size)
+        return True
+
+    monkeypatch.setattr(run_mod, "_run_size", run_size)
+    lines: list[str] = []
+    spec = load_study(path)
+    out = run_mod.run_scaling(spec, ScalingRequest("weak", "nodes", (1, 2)), n_trials=None,
+                              storage_url=None, log=lines.append, quiet=True)
+    assert ran == [2] and out.done == [2] and out.stopped_by is None
+    assert list(out.skipped) == [1] and "no feasible layout" in out.skipped[1]
+    assert any(line.startswith("nodes 1: skipped: ") for line in lines)
+    assert not list((tmp_path / "runs").glob("*"))  # nothing launched for it
+    with pytest.raises(EmptySpaceError, match="no feasible layout"):
+        run_mod.run_scaling(spec, ScalingRequest("weak", "nodes", (1,)), n_trials=None,
+                            storage_url=None, log=lines.append, quiet=True)
+    assert main(["scaling", str(path), "--mode", "weak", "--nodes", "1"]) == 2
+    assert "no feasible layout" in capsys.readouterr().err
