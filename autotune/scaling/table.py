@@ -39,11 +39,12 @@ from autotune.spec import StudySpec
 from autotune.util.text import format_table
 
 if TYPE_CHECKING:  # the database layer loads where a database is read (plan_command)
+    from autotune.planning.plan import PlanResult
     from autotune.storage import Storage
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
-           "efficiency_base", "scaling_json", "format_scaling", "scaling_csv", "CSV_COLUMNS",
-           "Z_95"]
+           "efficiency_base", "no_layout_reason", "scaling_json", "format_scaling",
+           "scaling_csv", "CSV_COLUMNS", "Z_95"]
 
 Z_95 = 1.959964
 CSV_COLUMNS = ("nodes", "devices", "best_layout", "model_tflops_per_device", "tokens_per_s",
@@ -148,10 +149,9 @@ def _calibration(storage: Storage | None, spec: StudySpec, at: StudySpec,
     return StudyLearning(at, base, key, rows).calibration
 
 
-def no_layout_reason(plan: Any) -> str:
-    """Why ``plan`` (a :class:`~autotune.planning.plan.PlanResult`) has no feasible layout,
-    in one line: the exclusions by first reason and the first one's message, or the
-    reasons the space is empty."""
+def no_layout_reason(plan: PlanResult) -> str:
+    """Why ``plan`` has no feasible layout, in one line: the exclusions by first reason
+    and the first one's message, or the reasons the space is empty."""
     if plan.excluded:
         counts = ", ".join(f"{e.code} {e.count}" for e in plan.excluded)
         return (f"no feasible layout ({plan.n_layouts} excluded: {counts}); e.g. "
