@@ -138,14 +138,23 @@ def campaign_studies(spec: StudySpec, request: ScalingRequest, file: str, *,
                      n_trials: int | None) -> str:
     """The ``studies:`` entries of a campaign file that runs each size as its own study
     (one job array per size, resumable as any campaign's: docs/hpc.md); the table then
-    comes from ``autotune scaling ... --table-only``."""
+    comes from ``autotune scaling ... --table-only``. A size where no layout is feasible
+    is left out, a comment above the entries says why (as the scaling run skips it); when
+    every size is such, the first one's error."""
     import yaml
 
+    from autotune.errors import EmptySpaceError
+    from autotune.planning.plan import plan_study
     from autotune.scaling.sizes import size_spec
+    from autotune.scaling.table import no_layout_reason
 
-    entries = []
+    entries, left_out = [], list[tuple[int, str]]()
     for size in request.sizes:
         at = size_spec(spec, request, size)
+        plan = plan_study(at, top=1)
+        if not plan.rows:
+            left_out.append((size, no_layout_reason(plan)))
+            continue
         overrides: dict[str, Any] = {
             "cluster": {"nodes": at.cluster.nodes,
                         "devices_per_node": at.cluster.devices_per_node},
@@ -153,7 +162,12 @@ def campaign_studies(spec: StudySpec, request: ScalingRequest, file: str, *,
         if n_trials:
             overrides["search"] = {"n_trials": n_trials}
         entries.append({"file": file, "name": at.name, "overrides": overrides})
-    return yaml.safe_dump({"studies": entries}, sort_keys=False).rstrip("\n")
+    if not entries:
+        size, why = left_out[0]
+        raise EmptySpaceError(f"{file}: no size has a layout; {request.axis} {size}: {why}")
+    notes = [f"# {request.axis} {size} left out: {why}" for size, why in left_out]
+    return "\n".join([*notes, yaml.safe_dump({"studies": entries}, sort_keys=False)
+                      .rstrip("\n")])
 
 
 def plan_command(spec: StudySpec, args: Any) -> str:

@@ -190,6 +190,21 @@ def test_campaign_studies_make_a_campaign_of_one_study_per_size(
     assert not (tmp_path / "study.db").exists()
 
 
+def test_campaign_studies_leave_out_a_size_where_nothing_fits(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As the scaling run skips it: a comment says why, and only the sizes the model fits
+    become studies; no size fitting is the first one's error."""
+    study = str(REPO / "studies" / "lrz_gpt175b.yaml")
+    assert main(["scaling", study, "--mode", "weak", "--nodes", "1,16",
+                 "--campaign-studies"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# nodes 1 left out: no feasible layout (")
+    assert [e["name"] for e in yaml.safe_load(out)["studies"]] == ["lrz-gpt175b-n16-gb192"]
+    assert main(["scaling", study, "--mode", "weak", "--nodes", "1,2",
+                 "--campaign-studies"]) == 2
+    assert "no size has a layout; nodes 1: no feasible layout" in capsys.readouterr().err
+
+
 def test_a_size_where_nothing_fits_is_skipped_and_the_run_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
