@@ -23,12 +23,16 @@ from autotune.layout import Layout
 from autotune.models.cost import estimate_step
 from autotune.planning.band import tflops_bands
 
-__all__ = ["GroupErrors", "TableErrors", "group_errors", "parallelism_class", "print_tables"]
+__all__ = ["GroupErrors", "TableErrors", "group_errors", "parallelism_class",
+           "PARALLELISM_CLASSES", "print_tables"]
+
+PARALLELISM_CLASSES = ("tp1-pp1", "tp>1-pp1", "tp1-pp>1", "tp>1-pp>1")
+"""Every value of :func:`parallelism_class`, in the order the benchmark reports them."""
 
 
 def parallelism_class(layout: Layout) -> str:
-    """``tp1-pp1``, ``tp>1-pp1``, ``tp1-pp>1`` or ``tp>1-pp>1``: which of the terms that only
-    model parallelism pays the layout's step holds (TP all-reduces; bubble and sends).
+    """One of :data:`PARALLELISM_CLASSES`: which of the terms that only model parallelism
+    pays the layout's step holds (TP all-reduces; bubble and sends).
 
     >>> parallelism_class(Layout(tp=2, pp=1, dp=4, micro_batch=1, grad_accum=1))
     'tp>1-pp1'
@@ -86,10 +90,10 @@ class TableErrors:
         self.classes += errors.classes
 
     def by_class(self) -> dict[str, dict[str, Any]]:
-        """Per :func:`parallelism_class` present, in that function's order: ``n_rows``,
-        ``median_pct_error`` (signed) and ``median_abs_pct_error``."""
+        """Per :func:`parallelism_class` present, in :data:`PARALLELISM_CLASSES` order:
+        ``n_rows``, ``median_pct_error`` (signed) and ``median_abs_pct_error``."""
         out: dict[str, dict[str, Any]] = {}
-        for cls in ("tp1-pp1", "tp>1-pp1", "tp1-pp>1", "tp>1-pp>1"):
+        for cls in PARALLELISM_CLASSES:
             pct = [x for x, c in zip(self.pct, self.classes, strict=True) if c == cls]
             if pct:
                 out[cls] = {"n_rows": len(pct), "median_pct_error": statistics.median(pct),
