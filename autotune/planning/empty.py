@@ -5,7 +5,8 @@ search axes makes whole numbers (:func:`autotune.planning.space.enumerate_layout
 ``tp * pp`` to divide the world size and ``dp * micro_batch`` to divide the global batch),
 or after it, because every layout is excluded. :func:`structural_reasons` names the axis
 values that can never form a layout, with the values that would; :func:`empty_space_reasons`
-adds, for a space whose layouts all fail the check, the excluded counts by first reason.
+puts ahead of them, for a space whose layouts all fail the check, the excluded counts by
+first reason; :func:`no_layout_text` is the one sentence every command says it with.
 
 >>> from autotune.config.study import SearchConfig
 >>> structural_reasons(SearchConfig(tp=(2,), pp=(1,), micro_batch=(1,)), 3, 16)
@@ -27,8 +28,8 @@ from autotune.planning.candidates import partition_space
 from autotune.planning.space import _divisors, axis_choices, enumerate_layouts
 from autotune.spec import StudySpec
 
-__all__ = ["structural_reasons", "empty_space_reasons", "excluded_summary", "empty_message",
-           "refuse_empty", "refuse_structurally_empty"]
+__all__ = ["structural_reasons", "empty_space_reasons", "excluded_summary", "no_layout_text",
+           "empty_message", "refuse_empty", "refuse_structurally_empty"]
 
 
 def _values(values: Sequence[int]) -> str:
@@ -93,13 +94,28 @@ def by_first_reason(excluded: Sequence[tuple[Layout, Sequence[Reason]]]
 
 def empty_space_reasons(search: SearchConfig, world_size: int, global_batch: int,
                         excluded: Sequence[tuple[Layout, Sequence[Reason]]] = ()) -> list[str]:
-    """Why no layout is feasible: the structural reasons, else what excluded the layouts
-    (else one line saying the space has no layout, which only an empty axis gives)."""
+    """Why no layout is feasible: what excluded the layouts, then the axis values that form
+    none (first what decided it: with layouts to exclude, an axis value that formed none
+    is a side note); else one line saying the space has no layout, which only an empty
+    axis gives."""
     reasons = structural_reasons(search, world_size, global_batch)
     if excluded:
-        reasons += [f"all {len(excluded)} layouts are excluded", *excluded_summary(excluded)]
+        reasons = [f"all {len(excluded)} layouts are excluded", *excluded_summary(excluded),
+                   *reasons]
     return reasons or [f"no combination of the search axes forms a layout on "
                        f"{world_size} devices at global_batch {global_batch}"]
+
+
+def no_layout_text(reasons: Sequence[str]) -> str:
+    """The one sentence for a space with no feasible layout, with ``reasons`` (from
+    :func:`empty_space_reasons`): what ``run`` refuses with, ``plan`` exits with, and the
+    scaling table and campaign print for such a size (one text for one fact: a user
+    greps one phrase, whichever command said it).
+
+    >>> no_layout_text(["micro_batch 32 > global_batch 16"])
+    'no feasible layout in the search space: micro_batch 32 > global_batch 16'
+    """
+    return f"no feasible layout in the search space: {'; '.join(reasons)}"
 
 
 def empty_message(spec: StudySpec, constraints: Constraints, replayed: bool = False) -> str:
@@ -113,12 +129,12 @@ def empty_message(spec: StudySpec, constraints: Constraints, replayed: bool = Fa
                                   constraints)
     reasons = empty_space_reasons(spec.search, spec.world_size, spec.training.global_batch,
                                   excluded)
-    return f"{where}: no feasible layout in the search space: {'; '.join(reasons)}{hint}"
+    return f"{where}: {no_layout_text(reasons)}{hint}"
 
 
 def refuse_empty(spec: StudySpec, reasons: Sequence[str]) -> int:
     """``plan``'s refusal of a space with nothing feasible: a usage error, as ``run``'s."""
-    raise UsageError(f"{spec.source or spec.name}: no feasible layout: " + "; ".join(reasons))
+    raise UsageError(f"{spec.source or spec.name}: {no_layout_text(reasons)}")
 
 
 def refuse_structurally_empty(spec: StudySpec) -> None:
@@ -127,5 +143,4 @@ def refuse_structurally_empty(spec: StudySpec) -> None:
     needs the database: :func:`empty_message` says that later)."""
     if not enumerate_layouts(spec.search, spec.world_size, spec.training.global_batch):
         reasons = empty_space_reasons(spec.search, spec.world_size, spec.training.global_batch)
-        raise UsageError(f"{spec.source or spec.name}: no feasible layout in the search "
-                         f"space: {'; '.join(reasons)}")
+        raise UsageError(f"{spec.source or spec.name}: {no_layout_text(reasons)}")

@@ -137,7 +137,9 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
                              table=table, enabled=learn)
     candidates = learning.candidates()
     if not candidates:
-        raise EmptySpaceError(empty_message(spec, constraints, table is not None))
+        # the reasons under the calibration that emptied it (the uncalibrated check may
+        # keep layouts the database's measured OOMs rule out)
+        raise EmptySpaceError(empty_message(spec, learning.constraints, table is not None))
     # once, before worker threads could race to create it
     study = storage.retrying("opening the study", lambda: open_study(spec, storage))
     refusal = stop_early.resume_refusal(study, spec, storage, retry_failed=retry_failed)

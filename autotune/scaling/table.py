@@ -39,11 +39,10 @@ from autotune.spec import StudySpec
 from autotune.util.text import format_table
 
 if TYPE_CHECKING:  # the database layer loads where a database is read (plan_command)
-    from autotune.planning.plan import PlanResult
     from autotune.storage import Storage
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
-           "efficiency_base", "no_layout_reason", "scaling_json", "format_scaling",
+           "efficiency_base", "scaling_json", "format_scaling",
            "scaling_csv", "CSV_COLUMNS", "Z_95"]
 
 Z_95 = 1.959964
@@ -87,7 +86,8 @@ class ScalingRow:
     model_tflops_per_watt: float | None = None
     note: str = ""
     """Predicted rows without a layout: why none is feasible at this size
-    (:func:`no_layout_reason`)."""
+    (:func:`autotune.planning.empty.no_layout_text`, the words ``run`` refuses such a
+    size's study with)."""
 
 
 def _tokens_per_s(spec: StudySpec, tflops_per_device: float, devices: int) -> float:
@@ -149,19 +149,10 @@ def _calibration(storage: Storage | None, spec: StudySpec, at: StudySpec,
     return StudyLearning(at, base, key, rows).calibration
 
 
-def no_layout_reason(plan: PlanResult) -> str:
-    """Why ``plan`` has no feasible layout, in one line: the exclusions by first reason
-    and the first one's message, or the reasons the space is empty."""
-    if plan.excluded:
-        counts = ", ".join(f"{e.code} {e.count}" for e in plan.excluded)
-        return (f"no feasible layout ({plan.n_layouts} excluded: {counts}); e.g. "
-                f"{plan.excluded[0].example}")
-    return "no feasible layout: " + ("; ".join(plan.empty_reasons) or "the space is empty")
-
-
 def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingRequest,
                    measured: Sequence[ScalingRow] = ()) -> list[ScalingRow]:
     """The model's best layout and throughput at every size (module docstring)."""
+    from autotune.planning.empty import no_layout_text
     from autotune.planning.plan import plan_study
 
     done = sorted(r.size for r in measured)
@@ -188,7 +179,7 @@ def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingReq
                           tflops_low=low, tflops_high=high, layout=top.layout,
                           calibrated_on=",".join(str(s) for s in below) if cal else "")
         else:
-            row = replace(row, note=no_layout_reason(plan))
+            row = replace(row, note=no_layout_text(plan.empty_reasons))
         out.append(row)
     return out
 

@@ -198,11 +198,50 @@ def test_campaign_studies_leave_out_a_size_where_nothing_fits(
     assert main(["scaling", study, "--mode", "weak", "--nodes", "1,16",
                  "--campaign-studies"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# nodes 1 left out: no feasible layout (")
+    assert out.startswith("# nodes 1 left out: no feasible layout in the search space: all ")
     assert [e["name"] for e in yaml.safe_load(out)["studies"]] == ["lrz-gpt175b-n16-gb192"]
     assert main(["scaling", study, "--mode", "weak", "--nodes", "1,2",
                  "--campaign-studies"]) == 2
     assert "no size has a layout; nodes 1: no feasible layout" in capsys.readouterr().err
+
+
+def test_campaign_studies_judge_a_size_as_its_run_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The campaign's entries are judged with the calibration its runs will have (the
+    database's earlier OOMs of the device), not by the model alone: at 8 nodes the 175B
+    study's layouts are predicted just above the tiles' memory, kept as uncertain by the
+    model alone, but out of the space once earlier studies ran out of memory below the
+    predicted peak; its run refuses that size in the same words (before: the campaign
+    kept a size whose job would exit 2)."""
+    from autotune.errors import EmptySpaceError
+    from autotune.launchers.local import LocalLauncher
+    from autotune.runner.study import run_study
+
+    study = str(REPO / "studies" / "lrz_gpt175b.yaml")
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    args = ["scaling", study, "--mode", "weak", "--nodes", "8,16", "--campaign-studies",
+            "--storage", url]
+    storage = Storage(StorageConfig(url=url))
+    assert main(args) == 0  # nothing learned yet: both sizes are studies
+    out = capsys.readouterr().out
+    assert [e["name"] for e in yaml.safe_load(out)["studies"]] == [
+        "lrz-gpt175b-n8-gb96", "lrz-gpt175b-n16-gb192"]
+    for i in range(8):  # an earlier study of the tiles ran out at a predicted 40 GiB
+        storage.add_measurement(_row(
+            "lrz-earlier", trial_number=i, trial_id=i + 1, device_type="max1550-tile",
+            dtype="bf16", outcome="oom", zero_stage=i % 2, peak_memory_bytes=None,
+            predicted_memory_bytes=40.0 * 2**30, model_tflops_per_device=None))
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# nodes 8 left out: no feasible layout in the search space: all ")
+    assert [e["name"] for e in yaml.safe_load(out)["studies"]] == ["lrz-gpt175b-n16-gb192"]
+    why = out.splitlines()[0].removeprefix("# nodes 8 left out: ")
+    spec = load_study(study).with_storage_url(url)
+    at = size_spec(spec, ScalingRequest("weak", "nodes", (8, 16)), 8)
+    with pytest.raises(EmptySpaceError) as refused:
+        run_study(at, storage, LocalLauncher())
+    assert why.split(" e.g. ")[0] in str(refused.value)
+    storage.close()
 
 
 def test_a_size_where_nothing_fits_is_skipped_and_the_run_goes_on(
