@@ -146,8 +146,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_best(args: argparse.Namespace) -> int:
     from autotune.report.export import emit_best
+    from autotune.report.job_flags import refuse_misplaced_flags
     from autotune.report.results import best_layout, confirmation_line, load_existing_study
 
+    refuse_misplaced_flags(args)  # before a database is opened
     storage, name = _open(args.storage, args.study, "best")
     study = load_existing_study(storage, name)
     layout, trial = best_layout(study)
@@ -156,7 +158,7 @@ def cmd_best(args: argparse.Namespace) -> int:
 
         print(emit_job(study, layout, trial, args))
     else:
-        print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out)))
+        print(emit_best(study, layout, trial, fmt=args.emit, out_dir=Path(args.out or ".")))
     line = confirmation_line(study)
     if line:  # on stderr: the emitted JSON, config or command line stays as it was
         print(f"confirmation: {line}", file=sys.stderr)

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--storage", metavar="URL", help=STORAGE_HELP)
     b.add_argument("--emit", choices=("json", "deepspeed", "megatron-deepspeed", "command",
                                       "slurm"), default="json", help=EMIT_HELP)
-    b.add_argument("--out", default=".", metavar="DIR", help=OUT_HELP)
+    b.add_argument("--out", metavar="DIR", help=OUT_HELP)
     add_job_flags(b)
     b.set_defaults(func=c.cmd_best)
 

@@ -110,3 +110,23 @@ def test_long_text_cells_of_html_tables_wrap() -> None:
     frame = pd.DataFrame({"trial": [1], "where": ["start-up 31%; " * 8]})
     page = render(Report("t", meta=[], sections=[Section("s", [Table(frame)])]), "html")
     assert "<td class='text'>start-up 31%" in page and "td.text { min-width" in page
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--emit", "json", "--site", "aurora", "--steps", "5"], "--site, --steps go with --emit slurm"),
+    (["--emit", "deepspeed", "--time", "00:30:00"], "--time go with --emit slurm"),
+    (["--emit", "megatron-deepspeed", "--out", "cfg"], "--emit megatron-deepspeed only prints"),
+    (["--out", "cfg"], "--emit json only prints"),
+])
+def test_best_refuses_a_flag_its_emit_does_not_use(flags: list[str], named: str,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, ``best --emit json --site aurora`` printed JSON and ignored the site, and
+    ``--out`` with a format that writes nothing left the user looking for a file: now a
+    usage error that names the flag (exit 2), before any database is opened."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["best", "no-such-study.yaml", *flags]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "no-such-study" not in err
+    assert not list(tmp_path.iterdir())  # no database, no --out folder
