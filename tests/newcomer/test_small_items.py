@@ -113,7 +113,8 @@ def test_long_text_cells_of_html_tables_wrap() -> None:
 
 
 @pytest.mark.parametrize(("flags", "named"), [
-    (["--emit", "json", "--site", "aurora", "--steps", "5"], "--site, --steps go with --emit slurm"),
+    (["--emit", "json", "--site", "aurora", "--steps", "5"],
+     "--site, --steps go with --emit slurm"),
     (["--emit", "deepspeed", "--time", "00:30:00"], "--time go with --emit slurm"),
     (["--emit", "megatron-deepspeed", "--out", "cfg"], "--emit megatron-deepspeed only prints"),
     (["--out", "cfg"], "--emit json only prints"),
