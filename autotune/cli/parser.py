@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="measured trials per size (resumes count)")
     sc.add_argument("--csv", metavar="FILE", help="write the table as CSV")
     sc.add_argument("--report", metavar="DIR", help="write scaling.md/.html, .png, .csv")
-    sc.add_argument("--format", choices=("md", "html"), default="md")
+    sc.add_argument("--format", choices=("md", "html"),
+                    help="with --report: the report's format (default: md)")
     sc.add_argument("--no-predict", action="store_true",
                     help="measured rows only (no cost-model curve)")
     sc.add_argument("--table-only", action="store_true",

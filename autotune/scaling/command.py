@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from autotune.planning.plan import PlanResult
 
 __all__ = ["request_of", "run_command", "plan_command", "write_report", "parse_references",
-           "campaign_studies", "status_lines"]
+           "campaign_studies", "refuse_misplaced_flags", "status_lines"]
 
 
 def request_of(spec: StudySpec, mode: str, nodes: str | None, devices: str | None,
@@ -103,6 +103,7 @@ def run_command(args: Any, log: Callable[[str], None]) -> int:
     from autotune.spec import load_study
     from autotune.storage import open_storage
 
+    refuse_misplaced_flags(args)  # before the study file is read: nothing to undo
     spec = load_study(args.study)
     request = request_of(spec, args.mode, args.nodes, args.devices)
     if args.campaign_studies:
@@ -124,7 +125,7 @@ def run_command(args: Any, log: Callable[[str], None]) -> int:
 
         write_text_atomic(args.csv, scaling_csv(rows, request))
     if args.report:
-        print(write_report(rows, request, spec, Path(args.report), args.format,
+        print(write_report(rows, request, spec, Path(args.report), args.format or "md",
                            csv_path=Path(args.csv) if args.csv else None))
     if run.stopped_by == StopReason.INTERRUPT:
         return 130
@@ -136,6 +137,33 @@ def run_command(args: Any, log: Callable[[str], None]) -> int:
               "sizes were not run", file=sys.stderr)
         return 1
     return 0
+
+
+def refuse_misplaced_flags(args: Any) -> None:
+    """A flag the chosen mode does not use is a usage error that names it (exit 2), as
+    ``plan --nodes`` without ``--scaling`` is: ``--campaign-studies`` prints campaign
+    entries and writes no table (``--csv``, ``--report``, ``--no-predict``, and
+    ``--table-only``, the other mode that runs nothing, are for ``--table-only`` once the
+    campaign ran); ``--table-only`` runs nothing (``--n-trials``); ``--format`` is the
+    report's (``--report``). Silently ignored, a user would wait for a CSV or a report
+    that was never written."""
+    from autotune.errors import UsageError
+
+    def given(*names: str) -> list[str]:
+        return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None)]
+
+    if args.campaign_studies and (extra := given("csv", "report", "no_predict",
+                                                 "table_only")):
+        raise UsageError(f"scaling: {', '.join(extra)} make or shape the table, which "
+                         "--campaign-studies does not print (it prints the campaign's "
+                         "studies: entries); run `autotune scaling ... --table-only` with "
+                         "them once the campaign has run")
+    if args.table_only and (extra := given("n_trials")):
+        raise UsageError(f"scaling: {', '.join(extra)} sets what a run measures; "
+                         "--table-only runs nothing")
+    if args.format is not None and not args.report:
+        raise UsageError("scaling: --format is the --report's (md or html); add "
+                         "--report DIR")
 
 
 def campaign_studies(spec: StudySpec, request: ScalingRequest, file: str, *,

@@ -244,6 +244,25 @@ def test_campaign_studies_judge_a_size_as_its_run_does(
     storage.close()
 
 
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--campaign-studies", "--csv", "t.csv", "--report", "r"], "--csv, --report make or shape"),
+    (["--campaign-studies", "--table-only"], "--table-only make or shape"),
+    (["--table-only", "--n-trials", "3"], "--n-trials sets what a run measures"),
+    (["--table-only", "--format", "html"], "--format is the --report's"),
+])
+def test_scaling_refuses_a_flag_its_mode_does_not_use(
+        flags: list[str], named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, ``--campaign-studies --csv t.csv`` printed the entries and wrote no CSV, and
+    ``--table-only --n-trials 3`` measured nothing: now exit 2 with the flag named, before
+    the study file is read (it does not exist here) or anything is written."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["scaling", "missing.yaml", "--mode", "weak", *flags]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "missing.yaml" not in err
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_size_where_nothing_fits_is_skipped_and_the_run_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
