@@ -29,11 +29,14 @@ def _budget(text: str) -> float:
 
 
 def add_confirm_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--confirm-budget", type=_budget, metavar="X", default=None,
-                        help="device-seconds the confirmation round may spend, as a fraction "
-                             "of the search's (search.confirm_budget, default 0.25)")
-    parser.add_argument("--no-confirm", action="store_true",
-                        help="no confirmation round (search.confirm: 0)")
+    # One or the other: a budget for a round that --no-confirm turns off says two things
+    # (argparse refuses the pair with both flags named, exit 2).
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--confirm-budget", type=_budget, metavar="X", default=None,
+                       help="device-seconds the confirmation round may spend, as a fraction "
+                            "of the search's (search.confirm_budget, default 0.25)")
+    group.add_argument("--no-confirm", action="store_true",
+                       help="no confirmation round (search.confirm: 0)")
 
 
 def confirm_overrides(spec: StudySpec, *, no_confirm: bool, budget: float | None) -> StudySpec:

@@ -131,3 +131,13 @@ def test_best_refuses_a_flag_its_emit_does_not_use(flags: list[str], named: str,
     err = capsys.readouterr().err
     assert named in err and "no-such-study" not in err
     assert not list(tmp_path.iterdir())  # no database, no --out folder
+
+
+def test_run_refuses_a_budget_for_a_round_it_turns_off(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--no-confirm --confirm-budget 0.2`` says two things: argparse's usage error names
+    both flags (exit 2; before, the budget was silently dropped)."""
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "missing.yaml", "--no-confirm", "--confirm-budget", "0.2"])
+    assert stop.value.code == 2
+    assert "--confirm-budget: not allowed with argument --no-confirm" in capsys.readouterr().err
