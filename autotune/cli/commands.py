@@ -15,6 +15,8 @@ from autotune.trial.outcome import StopReason
 from autotune.util.argtypes import positive_int
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPT = 0, 1, 2, 130
+PLAN_TOP = 20
+"""Layouts ``plan`` lists without ``--top`` (the flag's help says it)."""
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -244,13 +246,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if not args.scaling:
             raise UsageError("plan: --nodes, --devices and --reference go with --scaling "
                              "weak|strong")
+        if args.top is not None:  # before: silently ignored
+            raise UsageError("plan: --top K lists the best layouts of one size; --scaling "
+                             "shows the best layout at each size")
         print(plan_command(spec, args))
         return EXIT_OK
     learn = spec.search.learn_from_database and not args.no_learn
     calibration, ooms, fits, note = plan_calibration(spec, learn=learn)
     if note:
         print(f"autotune: {note}", file=sys.stderr)
-    result = plan_study(spec, top=args.top, calibration=calibration, ooms=tuple(ooms),
+    result = plan_study(spec, top=args.top or PLAN_TOP, calibration=calibration, ooms=tuple(ooms),
                         fits=tuple(fits), learn_enabled=learn)
     print(render_plan(result, args.format))
     return EXIT_OK if not result.empty_reasons else refuse_empty(spec, result.empty_reasons)

@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")
     pl.add_argument("study", metavar="STUDY.yaml")
-    pl.add_argument("--top", type=positive_int, default=20, metavar="K",
-                    help="list the K best predicted layouts (default: 20)")
+    pl.add_argument("--top", type=positive_int, metavar="K",
+                    help=f"list the K best predicted layouts (default: {c.PLAN_TOP})")
     pl.add_argument("--storage", metavar="URL",
                     help="database to calibrate from (overrides the study file)")
     pl.add_argument("--format", choices=("table", "csv", "json"), default="table")

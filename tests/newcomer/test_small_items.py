@@ -141,3 +141,12 @@ def test_run_refuses_a_budget_for_a_round_it_turns_off(
         main(["run", "missing.yaml", "--no-confirm", "--confirm-budget", "0.2"])
     assert stop.value.code == 2
     assert "--confirm-budget: not allowed with argument --no-confirm" in capsys.readouterr().err
+
+
+def test_plan_refuses_top_with_scaling(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--top`` lists one size's layouts; with ``--scaling`` it was silently ignored."""
+    study = str(REPO / "studies" / "lrz_gpt175b.yaml")
+    assert main(["plan", study, "--scaling", "weak", "--nodes", "16", "--top", "3"]) == 2
+    assert "--top K lists the best layouts of one size" in capsys.readouterr().err
+    assert main(["plan", study, "--top", "3", "--format", "csv"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 4  # header and 3 layouts
