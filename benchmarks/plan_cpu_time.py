@@ -3,13 +3,15 @@
 Runs the shipped command (``python -m autotune plan STUDY``) as a child process, several
 times, and reads each child's CPU time (user + system) from the kernel (``os.wait4``),
 so imports, the study file's validation, the ranking and the printing all count, as they
-do for a user. Three ways side by side, on the same machine in one run:
+do for a user. Four ways side by side, on the same machine in one run:
 
 * ``no database``: the study has not run (its SQLite file does not exist): nothing is
   opened or imported of the database layer;
 * ``with database``: the same study with an (empty) database beside it: the plan opens it
   to calibrate, which loads SQLAlchemy's ORM, Alembic and Optuna's storage;
-* ``--scaling weak``: the four sizes 16, 32, 64, 128 nodes, one plan each.
+* ``--scaling weak``: the four sizes 16, 32, 64, 128 nodes, one plan each;
+* ``--scaling, with database``: the same beside the (empty) database: each size also reads
+  the memory correction its run would start from (``scaling.table``).
 
 The issue's goal (#32): ``autotune plan`` on the 175B study under 2 s of CPU time.
 
@@ -68,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         ways = {"no database": ["plan", str(study)],
                 "with database": ["plan", str(with_database(study, Path(tmp)))],
                 "--scaling weak (4 sizes)": ["plan", str(study), "--scaling", "weak",
-                                             "--nodes", "16,32,64,128"]}
+                                             "--nodes", "16,32,64,128"],
+                "--scaling, with database": ["plan", str(with_database(study, Path(tmp))),
+                                             "--scaling", "weak", "--nodes", "16,32,64,128"]}
         cpu_seconds(ways["no database"])  # byte-compiles, fills the page cache
         times: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(args.runs):  # interleaved: a load change hits every way alike

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the database layer loads only where a database is read: `pl
 
 __all__ = ["MAX_EARLIER_ROWS", "DEFAULT_MEMORY_LOG_SD", "workload_of", "key_of",
            "earlier_rows", "own_rows", "memory_log_sd", "StudyLearning", "plan_calibration",
+           "stored_calibration",
            "build_seconds", "trial_seconds"]
 
 MAX_EARLIER_ROWS = 2_000
@@ -265,15 +266,23 @@ def plan_calibration(spec: StudySpec, *, learn: bool = True,
     except StorageError as err:
         return None, [], [], f"not calibrated: {err}"
     try:
-        base = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
-                                        profile=spec.profile)
-        key = key_of(spec, workload_of(spec.launcher.kind, spec.workload.kind))
-        learning = StudyLearning(spec, base, key,
-                                 earlier_rows(storage, key, spec.name) if learn else (),
-                                 enabled=learn)
-        own = own_rows(storage, key, spec.name)
-        learning.fit_own(own)
+        return (*stored_calibration(storage, spec, learn=learn), None)
     finally:
         storage.close()
+
+
+def stored_calibration(storage: Storage, spec: StudySpec, *, learn: bool = True,
+                       ) -> tuple[Calibration, list[Layout], list[Layout]]:
+    """:func:`plan_calibration` from an open ``storage``: the calibration a run of ``spec``
+    starts from (earlier studies' rows of its key unless ``learn`` is false, then its
+    own), its measured OOM layouts and the layouts it measured to run."""
+    base = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
+                                    profile=spec.profile)
+    key = key_of(spec, workload_of(spec.launcher.kind, spec.workload.kind))
+    learning = StudyLearning(spec, base, key,
+                             earlier_rows(storage, key, spec.name) if learn else (),
+                             enabled=learn)
+    own = own_rows(storage, key, spec.name)
+    learning.fit_own(own)
     return (learning.calibration, [r.layout for r in own if r.oom],
-            [r.layout for r in own if not r.oom], None)
+            [r.layout for r in own if not r.oom])

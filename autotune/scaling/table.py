@@ -19,6 +19,12 @@ size's measured per-device throughput where it was measured, else its prediction
 the smallest sizes have neither (no layout fits them: a large model on few nodes), against
 the smallest size that has one (:func:`efficiency_base`), and the table says so and why
 those sizes have none (:attr:`ScalingRow.note`).
+
+Which layouts a size may use is judged as its run will judge it (:func:`_as_its_run`):
+under the memory correction a run of that size starts from (every earlier study of the
+device in the database, and the size's own rows), so a size its run refuses shows no
+layout, in the run's words, and one the model alone rules out but measured peaks admit
+shows its best layout. Only the throughput stays calibrated on the smaller sizes.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from autotune.spec import StudySpec
 from autotune.util.text import format_table
 
 if TYPE_CHECKING:  # the database layer loads where a database is read (plan_command)
+    from autotune.models.calibration import Calibration
     from autotune.storage import Storage
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
@@ -149,6 +156,23 @@ def _calibration(storage: Storage | None, spec: StudySpec, at: StudySpec,
     return StudyLearning(at, base, key, rows).calibration
 
 
+def _as_its_run(storage: Storage | None, at: StudySpec, below: Calibration | None,
+                ) -> tuple[Calibration | None, tuple[Layout, ...], tuple[Layout, ...]]:
+    """The calibration a size is planned under: the memory correction (and the measured
+    OOMs and runs) a run of ``at`` starts from, with the throughput correction of the
+    smaller sizes ``below`` (or none): the prediction stays an extrapolation from them,
+    while which layouts fit is what the run will say (module docstring)."""
+    if storage is None:
+        return below, (), ()
+    from autotune.models.calibration import LogCorrection
+    from autotune.runner.learning import stored_calibration
+
+    run, ooms, fits = stored_calibration(storage, at, learn=at.search.learn_from_database)
+    judged = replace(run, throughput=below.throughput if below else LogCorrection(),
+                     residuals=below.residuals if below else ())
+    return judged, tuple(ooms), tuple(fits)
+
+
 def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingRequest,
                    measured: Sequence[ScalingRow] = ()) -> list[ScalingRow]:
     """The model's best layout and throughput at every size (module docstring)."""
@@ -161,7 +185,8 @@ def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingReq
         at = size_spec(spec, request, size)
         below = [s for s in done if s < size]
         cal = _calibration(storage, spec, at, request, below)
-        plan = plan_study(at, top=1, calibration=cal)
+        judged, ooms, fits = _as_its_run(storage, at, cal)
+        plan = plan_study(at, top=1, calibration=judged, ooms=ooms, fits=fits)
         devices = request.devices(spec, size)
         row = ScalingRow(size=size, nodes=at.cluster.nodes, devices=devices,
                          global_batch=at.training.global_batch, mode=request.mode,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -236,6 +237,13 @@ def test_campaign_studies_judge_a_size_as_its_run_does(
     assert out.startswith("# nodes 8 left out: no feasible layout in the search space: all ")
     assert [e["name"] for e in yaml.safe_load(out)["studies"]] == ["lrz-gpt175b-n16-gb192"]
     why = out.splitlines()[0].removeprefix("# nodes 8 left out: ")
+    # `plan --scaling` judges the sizes so too (before: by the model alone, no size of it
+    # measured), and its 16-node prediction keeps the throughput uncalibrated
+    assert main(["plan", study, "--scaling", "weak", "--nodes", "8,16", "--storage", url,
+                 "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["no_layout"] == {"8": why} and data["efficiency_base"] == 16
+    assert [r["calibrated_on"] for r in data["rows"]] == ["", ""]
     spec = load_study(study).with_storage_url(url)
     at = size_spec(spec, ScalingRequest("weak", "nodes", (8, 16)), 8)
     with pytest.raises(EmptySpaceError) as refused:
