@@ -1,13 +1,13 @@
 """Several layouts in one launch measure what each measures alone (issue #16).
 
 One launch of three layouts (world size 2) against two solo launches of the layouts that
-ran second and third (the first of a batch is measured as it would be alone), and a batch
-with an out-of-memory layout in the middle. About 40 s on 2 cores.
+ran second and third (the first of a batch is measured as it would be alone), the two of
+them the other way round, and a batch with an out-of-memory layout in the middle. About
+50 s on 2 cores.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -45,6 +45,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         code, solo = _launch(tmp_path_factory.mktemp(f"solo_{name}"), {name: sp})
         assert code == 0, solo
         out[f"solo_{name}"] = solo[name]
+    # The two the other way round: c first (as alone), b after it (as in a batch), so that
+    # each layout has two launches of each kind for the throughput check.
+    code, out["swapped"] = _launch(tmp_path_factory.mktemp("swapped"), {"c": THIRD, "b": SECOND})
+    assert code == 0, {k: v.get("error") for k, v in out["swapped"].items()}
     oom = {**FIRST, "run": {**FIRST["run"], "test_hook": "oom_all"}}
     # Far below a best of 1000 TFLOPS per device: stopped as soon as 6 steps say so.
     hopeless = {**FIRST, "run": {**FIRST["run"], "measure_precision": 0.01,
@@ -65,16 +69,26 @@ def test_a_layout_after_others_gives_its_solo_losses_and_throughput(runs: dict,
     assert batched["batch_index"] > 0 and solo["batch_index"] == 0
     assert len(batched["losses"]) == len(solo["losses"]) == 1 + RUN["measure_steps"]
     assert batched["losses"] == pytest.approx(solo["losses"], rel=1e-4, abs=1e-4)
-    # Throughput within noise, judged on each run's fastest step. On the shared 2-core CI
-    # machine the median step of one of these tiny layouts (20-50 ms) moves by more than
-    # 2x from one launch to the next whatever its position (a fresh clone's CI, 2026-12-04:
-    # median 2.56x the solo run's, its steps 29-60 ms against 19-20): load lengthens some
-    # steps, never shortens one, so the fastest step is what the layout costs when the
-    # machine lets it run. A layout that inherited a wedged group or a leaked engine pays
-    # that on every step, its fastest one too, or fails.
-    ratio = min(batched["step_times_s"]) / min(solo["step_times_s"])
-    assert abs(math.log(ratio)) < math.log(2.0), (batched["step_times_s"],
-                                                   solo["step_times_s"])
+    assert runs["swapped"][name]["losses"] == pytest.approx(solo["losses"], rel=1e-4, abs=1e-4)
+    # Not slower after other layouts, judged on the fastest step of two launches of each
+    # kind. On the shared 2-core CI machine a tiny layout's steps (20-50 ms) stretch by more
+    # than 2x under load, at times every step of one launch (a fresh clone's CI,
+    # 2026-12-06: the solo run's fastest step 2.04x the batched one's): load lengthens
+    # steps, never shortens one, so the fastest step over two launches is what the layout
+    # costs when the machine lets it run. One-sided: the defect this guards against (a
+    # layout that inherited a wedged group or a leaked engine) slows the later layout, on
+    # every step and in every launch; a batched run faster than its solo run only says
+    # that the solo launch was the loaded one.
+    def fastest(*results: dict[str, Any]) -> float:
+        return min(min(r["step_times_s"]) for r in results)
+
+    later = [r for r in (batched, runs["swapped"][name], runs["oom_batch"][name])
+             if r["batch_index"] > 0]
+    first = [r for r in (solo, runs["swapped"][name], runs["oom_batch"][name])
+             if r["batch_index"] == 0]
+    assert len(later) == len(first) == 2
+    assert fastest(*later) / fastest(*first) < 2.0, (
+        [r["step_times_s"] for r in later], [r["step_times_s"] for r in first])
 
 
 def test_an_oom_inside_a_batch_leaves_the_others_intact(runs: dict) -> None:
