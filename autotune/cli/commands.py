@@ -11,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune.planning import DEFAULT_TOP
 from autotune.trial.outcome import StopReason
 from autotune.util.argtypes import positive_int
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPT = 0, 1, 2, 130
-PLAN_TOP = 20
-"""Layouts ``plan`` lists without ``--top`` (the flag's help says it)."""
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -255,8 +254,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     calibration, ooms, fits, note = plan_calibration(spec, learn=learn)
     if note:
         print(f"autotune: {note}", file=sys.stderr)
-    result = plan_study(spec, top=args.top or PLAN_TOP, calibration=calibration, ooms=tuple(ooms),
-                        fits=tuple(fits), learn_enabled=learn)
+    result = plan_study(spec, top=args.top or DEFAULT_TOP, calibration=calibration,
+                        ooms=tuple(ooms), fits=tuple(fits), learn_enabled=learn)
     print(render_plan(result, args.format))
     return EXIT_OK if not result.empty_reasons else refuse_empty(spec, result.empty_reasons)
 

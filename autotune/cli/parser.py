@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from autotune.cli import commands as c
+from autotune.planning import DEFAULT_TOP
 from autotune.util.argtypes import positive_int
 
 __all__ = ["build_parser"]
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="rank every layout by the cost model; list exclusions")
     pl.add_argument("study", metavar="STUDY.yaml")
     pl.add_argument("--top", type=positive_int, metavar="K",
-                    help=f"list the K best predicted layouts (default: {c.PLAN_TOP})")
+                    help=f"list the K best predicted layouts (default: {DEFAULT_TOP})")
     pl.add_argument("--storage", metavar="URL",
                     help="database to calibrate from (overrides the study file)")
     pl.add_argument("--format", choices=("table", "csv", "json"), default="table")

@@ -9,3 +9,7 @@ module              owns
 ``plan.py``         ``autotune plan``: the ranked space and why each layout is out
 ==================  ================================================================
 """
+
+DEFAULT_TOP = 20
+"""Layouts ``autotune plan`` lists without ``--top`` (here, not in ``plan.py``: the
+command line's help reads it without loading the cost model)."""

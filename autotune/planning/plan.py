@@ -39,6 +39,7 @@ from autotune.models.calibration import Calibration
 from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
 from autotune.models.memory_uncertainty import FitVerdict
+from autotune.planning import DEFAULT_TOP
 from autotune.planning.band import Band, tflops_bands
 from autotune.planning.candidates import Candidate, partition_space, rank_layouts
 from autotune.planning.empty import by_first_reason, empty_space_reasons
@@ -116,7 +117,7 @@ class PlanResult:
     resolved: :mod:`autotune.models.stacks`)."""
 
 
-def plan_study(spec: StudySpec, top: int = 20, *, calibration: Calibration | None = None,
+def plan_study(spec: StudySpec, top: int = DEFAULT_TOP, *, calibration: Calibration | None = None,
                ooms: tuple[Layout, ...] = (), fits: tuple[Layout, ...] = (),
                learn_enabled: bool = True) -> PlanResult:
     """Rank the study's feasible layouts and count the excluded ones by reason; with a

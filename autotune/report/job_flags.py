@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 
 from autotune.errors import UsageError
 from autotune.layout import Layout
+from autotune.report import DEFAULT_JOB_TIME
 from autotune.util.argtypes import positive_int
 
 if TYPE_CHECKING:  # every command builds the parser: Optuna loads where a study is read
     import optuna
     from optuna.trial import FrozenTrial
 
-__all__ = ["add_job_flags", "emit_job", "refuse_misplaced_flags", "DEFAULT_TIME"]
+__all__ = ["add_job_flags", "emit_job", "refuse_misplaced_flags"]
 
-DEFAULT_TIME = "01:00:00"
 JOB_FLAGS = ("site", "steps", "time", "partition", "account")
 """The flags of ``--emit slurm`` alone (``argparse`` dests)."""
 WRITES_FILES = ("deepspeed", "command", "slurm")
@@ -32,7 +32,7 @@ def add_job_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--steps", type=positive_int, metavar="N", help="optimizer steps of the "
                        "production run (default: workload.production_train_iters)")
     group.add_argument("--time", metavar="T",
-                       help=f"job time limit, SLURM format (default: {DEFAULT_TIME})")
+                       help=f"job time limit, SLURM format (default: {DEFAULT_JOB_TIME})")
     group.add_argument("--partition", metavar="P", help="SLURM partition (default: the "
                        "site's)")
     group.add_argument("--account", metavar="A", help="SLURM account to charge")
@@ -43,7 +43,7 @@ def emit_job(study: optuna.Study, layout: Layout, trial: FrozenTrial,
     """Write the job script from the parsed flags; what to print (its path)."""
     from autotune.report.job_script import JobOptions, write_job
 
-    options = JobOptions(site=args.site, steps=args.steps, time=args.time or DEFAULT_TIME,
+    options = JobOptions(site=args.site, steps=args.steps, time=args.time or DEFAULT_JOB_TIME,
                          partition=args.partition, account=args.account)
     path = write_job(study, layout, options=options, out_dir=Path(args.out or "."),
                      value=trial.value)

@@ -34,6 +34,7 @@ import optuna
 
 from autotune.errors import SpecError, UsageError
 from autotune.layout import Layout
+from autotune.report import DEFAULT_JOB_TIME
 from autotune.sites import SiteProfile, list_sites, load_site
 from autotune.storage import study_fingerprint, study_workload
 from autotune.util.atomic import write_json_atomic
@@ -52,7 +53,7 @@ class JobOptions:
     """A site profile name or file (default: the study's ``launcher.slurm.site``)."""
     steps: int | None = None
     """The production run's optimizer steps (default: ``workload.production_train_iters``)."""
-    time: str = "01:00:00"
+    time: str = DEFAULT_JOB_TIME
     partition: str | None = None
     account: str | None = None
 

@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # the database layer loads only where a database is read: `pl
 
 __all__ = ["MAX_EARLIER_ROWS", "DEFAULT_MEMORY_LOG_SD", "workload_of", "key_of",
            "earlier_rows", "own_rows", "memory_log_sd", "StudyLearning", "plan_calibration",
-           "stored_calibration",
+           "open_to_read", "stored_calibration",
            "build_seconds", "trial_seconds"]
 
 MAX_EARLIER_ROWS = 2_000
@@ -254,21 +254,30 @@ def plan_calibration(spec: StudySpec, *, learn: bool = True,
     OOM layouts and the layouts it measured to run, and a note when the database could
     not be read. A SQLite file that does not exist is not created (nothing to learn
     from)."""
-    from autotune.config.sqlite_file import nothing_to_read
-
-    if nothing_to_read(spec.storage.url):
-        return None, [], [], None
-    from autotune.errors import StorageError
-    from autotune.storage import Storage
-
-    try:
-        storage = Storage(spec.storage)
-    except StorageError as err:
-        return None, [], [], f"not calibrated: {err}"
+    storage, note = open_to_read(spec)
+    if storage is None:
+        return None, [], [], note
     try:
         return (*stored_calibration(storage, spec, learn=learn), None)
     finally:
         storage.close()
+
+
+def open_to_read(spec: StudySpec) -> tuple[Storage | None, str | None]:
+    """The study's database opened to calibrate from (the caller closes it), or ``None``:
+    with no note where there is nothing to read (a SQLite file that does not exist is not
+    created), with ``not calibrated: ...`` where it cannot be opened."""
+    from autotune.config.sqlite_file import nothing_to_read
+
+    if nothing_to_read(spec.storage.url):
+        return None, None
+    from autotune.errors import StorageError
+    from autotune.storage import Storage
+
+    try:
+        return Storage(spec.storage), None
+    except StorageError as err:
+        return None, f"not calibrated: {err}"
 
 
 def stored_calibration(storage: Storage, spec: StudySpec, *, learn: bool = True,

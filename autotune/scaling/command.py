@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.errors import SpecError
 from autotune.scaling.sizes import ScalingRequest, default_sizes, parse_sizes
@@ -24,9 +24,6 @@ from autotune.scaling.table import (
 )
 from autotune.spec import StudySpec
 from autotune.trial.outcome import StopReason
-
-if TYPE_CHECKING:
-    from autotune.planning.plan import PlanResult
 
 __all__ = ["request_of", "run_command", "plan_command", "write_report", "parse_references",
            "campaign_studies", "refuse_misplaced_flags", "status_lines"]
@@ -173,55 +170,45 @@ def campaign_studies(spec: StudySpec, request: ScalingRequest, file: str, *,
     comes from ``autotune scaling ... --table-only``. A size where no layout is feasible
     is left out, a comment above the entries says why (as the scaling run skips it); when
     every size is such, the first one's error. Each size is judged as its run will judge
-    it (:func:`_as_its_run_judges`)."""
+    it, calibrated from the study's database as ``plan --scaling`` judges it
+    (:func:`~autotune.scaling.table.judged_calibration`); a database that cannot be read is
+    a comment, and the sizes are then judged by the model alone."""
     import yaml
 
     from autotune.errors import EmptySpaceError
     from autotune.planning.empty import no_layout_text
+    from autotune.planning.plan import plan_study
+    from autotune.runner.learning import open_to_read
     from autotune.scaling.sizes import size_spec
+    from autotune.scaling.table import judged_calibration
 
-    entries, left_out, notes = [], list[tuple[int, str]](), list[str]()
-    for size in request.sizes:
-        at = size_spec(spec, request, size)
-        plan, note = _as_its_run_judges(at)
-        if note and note not in notes:
-            notes.append(note)
-        if not plan.rows:
-            left_out.append((size, no_layout_text(plan.empty_reasons)))
-            continue
-        overrides: dict[str, Any] = {
-            "cluster": {"nodes": at.cluster.nodes,
-                        "devices_per_node": at.cluster.devices_per_node},
-            "training": {"global_batch": at.training.global_batch}}
-        if n_trials:
-            overrides["search"] = {"n_trials": n_trials}
-        entries.append({"file": file, "name": at.name, "overrides": overrides})
+    entries, left_out = [], list[tuple[int, str]]()
+    storage, note = open_to_read(spec)
+    try:
+        for size in request.sizes:
+            at = size_spec(spec, request, size)
+            judged, ooms, fits = judged_calibration(storage, at, None)
+            plan = plan_study(at, top=1, calibration=judged, ooms=ooms, fits=fits)
+            if not plan.rows:
+                left_out.append((size, no_layout_text(plan.empty_reasons)))
+                continue
+            overrides: dict[str, Any] = {
+                "cluster": {"nodes": at.cluster.nodes,
+                            "devices_per_node": at.cluster.devices_per_node},
+                "training": {"global_batch": at.training.global_batch}}
+            if n_trials:
+                overrides["search"] = {"n_trials": n_trials}
+            entries.append({"file": file, "name": at.name, "overrides": overrides})
+    finally:
+        if storage is not None:
+            storage.close()
     if not entries:
         size, why = left_out[0]
         raise EmptySpaceError(f"{file}: no size has a layout; {request.axis} {size}: {why}")
-    comments = [*(f"# {note}" for note in notes),
+    comments = [*([f"# {note}"] if note else []),
                 *(f"# {request.axis} {size} left out: {why}" for size, why in left_out)]
     return "\n".join([*comments, yaml.safe_dump({"studies": entries}, sort_keys=False)
                       .rstrip("\n")])
-
-
-def _as_its_run_judges(at: StudySpec) -> tuple[PlanResult, str | None]:
-    """``autotune plan`` of one size's study, calibrated as ``autotune run`` of that study
-    calibrates before its first trial: from the study's database (earlier studies' rows of
-    its device, dtype and workload unless ``search.learn_from_database`` is false, and its
-    own rows on a resume). Judged uncalibrated, a size could be left out that its run,
-    with measured peaks below the model's, would measure, or kept where the run refuses
-    (its memory correction from measured OOMs). With the note of a database that could
-    not be read (the size then judged uncalibrated). A database that does not exist is not
-    created."""
-    from autotune.planning.plan import plan_study
-    from autotune.runner.learning import plan_calibration
-
-    learn = at.search.learn_from_database
-    calibration, ooms, fits, note = plan_calibration(at, learn=learn)
-    plan = plan_study(at, top=1, calibration=calibration, ooms=tuple(ooms), fits=tuple(fits),
-                      learn_enabled=learn)
-    return plan, note
 
 
 def plan_command(spec: StudySpec, args: Any) -> str:

@@ -20,7 +20,7 @@ the smallest sizes have neither (no layout fits them: a large model on few nodes
 the smallest size that has one (:func:`efficiency_base`), and the table says so and why
 those sizes have none (:attr:`ScalingRow.note`).
 
-Which layouts a size may use is judged as its run will judge it (:func:`_as_its_run`):
+Which layouts a size may use is judged as its run will judge it (:func:`judged_calibration`):
 under the memory correction a run of that size starts from (every earlier study of the
 device in the database, and the size's own rows), so a size its run refuses shows no
 layout, in the run's words, and one the model alone rules out but measured peaks admit
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # the database layer loads where a database is read (plan_com
     from autotune.storage import Storage
 
 __all__ = ["ScalingRow", "measured_rows", "predicted_rows", "scaling_table", "with_efficiency",
-           "efficiency_base", "scaling_json", "format_scaling",
+           "efficiency_base", "judged_calibration", "scaling_json", "format_scaling",
            "scaling_csv", "CSV_COLUMNS", "Z_95"]
 
 Z_95 = 1.959964
@@ -156,12 +156,13 @@ def _calibration(storage: Storage | None, spec: StudySpec, at: StudySpec,
     return StudyLearning(at, base, key, rows).calibration
 
 
-def _as_its_run(storage: Storage | None, at: StudySpec, below: Calibration | None,
+def judged_calibration(storage: Storage | None, at: StudySpec, below: Calibration | None,
                 ) -> tuple[Calibration | None, tuple[Layout, ...], tuple[Layout, ...]]:
     """The calibration a size is planned under: the memory correction (and the measured
     OOMs and runs) a run of ``at`` starts from, with the throughput correction of the
     smaller sizes ``below`` (or none): the prediction stays an extrapolation from them,
-    while which layouts fit is what the run will say (module docstring)."""
+    while which layouts fit is what the run will say (module docstring; the campaign
+    entries of ``--campaign-studies`` are judged by it too)."""
     if storage is None:
         return below, (), ()
     from autotune.models.calibration import LogCorrection
@@ -185,7 +186,7 @@ def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingReq
         at = size_spec(spec, request, size)
         below = [s for s in done if s < size]
         cal = _calibration(storage, spec, at, request, below)
-        judged, ooms, fits = _as_its_run(storage, at, cal)
+        judged, ooms, fits = judged_calibration(storage, at, cal)
         plan = plan_study(at, top=1, calibration=judged, ooms=ooms, fits=fits)
         devices = request.devices(spec, size)
         row = ScalingRow(size=size, nodes=at.cluster.nodes, devices=devices,
