@@ -118,12 +118,14 @@ class ReplayLauncher(Launcher):
         matching = [g for g in groups
                     if not _mismatch(g, model, cluster.world_size, training.global_batch)]
         if len(matching) != 1:
-            what = "no group" if not matching else f"{len(matching)} groups"
+            what = ("no group of the file matches" if not matching
+                    else f"{len(matching)} groups of the file match")
+            closest = ("" if matching else
+                       _closest(groups, model, cluster.world_size, training.global_batch))
             raise SpecError("launcher.replay.landscape", opts.landscape,
-                            f"{what} of the file match(es) the study's model, world size "
-                            f"{cluster.world_size} and global batch "
-                            f"{training.global_batch}; set launcher.replay.group to one "
-                            f"of: {listing}", source=source)
+                            f"{what} the study's model, world size {cluster.world_size} "
+                            f"and global batch {training.global_batch}{closest}; set "
+                            f"launcher.replay.group to one of: {listing}", source=source)
         return cls(matching[0], opts.drift, build_s=build_s)
 
     def fixed_layouts(self) -> tuple[Layout, ...]:
@@ -244,16 +246,33 @@ def _model_differences(table: ModelConfig, asked: ModelConfig) -> list[str]:
             for dim in _MODEL_DIMS if getattr(table, dim) != getattr(asked, dim)]
 
 
-def _mismatch(group: LandscapeGroup, model: ModelConfig, world_size: int,
-              global_batch: int) -> str:
+def _differences(group: LandscapeGroup, model: ModelConfig, world_size: int,
+                 global_batch: int) -> list[str]:
     """Why ``group`` cannot answer a study's trials of ``model`` on ``world_size`` devices
-    at ``global_batch`` (empty when it can)."""
+    at ``global_batch``, one item a difference (none when it can)."""
     problems = _model_differences(group.model, model)
     if group.cluster.world_size != world_size:
         problems.append(f"{group.cluster.world_size} devices (study: {world_size})")
     if group.global_batch != global_batch:
         problems.append(f"global batch {group.global_batch} (study: {global_batch})")
-    return ", ".join(problems)
+    return problems
+
+
+def _mismatch(group: LandscapeGroup, model: ModelConfig, world_size: int,
+              global_batch: int) -> str:
+    """:func:`_differences` as one phrase (empty when the group can answer the study)."""
+    return ", ".join(_differences(group, model, world_size, global_batch))
+
+
+def _closest(groups: list[LandscapeGroup], model: ModelConfig, world_size: int,
+             global_batch: int) -> str:
+    """``" (closest: group I NAME: its differences)"``: the group the study misses by the
+    fewest differences (the first of ties), so that a user sees which key to change."""
+    problems = [_differences(g, model, world_size, global_batch) for g in groups]
+    if not problems:
+        return ""
+    i = min(range(len(groups)), key=lambda k: len(problems[k]))
+    return f" (closest: group {i} {groups[i].name}: {', '.join(problems[i])})"
 
 
 def _result(m: Measurement, group: LandscapeGroup) -> TrialResult:

@@ -59,6 +59,19 @@ def test_a_study_no_group_matches_is_refused_with_the_groups_listed(tmp_path: Pa
     assert "launcher.replay.landscape" in proc.stderr and "global batch 32" in proc.stderr
     assert "vtrain-4gpu-h1024-a16-l12-s1024-gb8" in proc.stderr  # the groups it could take
     assert not (tmp_path / "study.db").exists()  # refused before the database is opened
+    # The group it misses by the fewest differences, and how, so the key to change is named.
+    assert ("(closest: group 0 vtrain-4gpu-h1024-a16-l12-s1024-gb8: global batch 8 "
+            "(study: 32))") in proc.stderr
+
+
+def test_the_closest_group_names_every_difference(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    study.write_text(study.read_text().replace("hidden: 1024", "hidden: 2048"))
+    proc = run_cli("run", str(study))
+    assert proc.returncode == 2
+    # Both groups differ in the model; the gb-8 one in nothing else, the gb-16 one in batch.
+    assert "(closest: group 0 vtrain-4gpu-h1024-a16-l12-s1024-gb8: model hidden 1024 " \
+           "(study: 2048)" in proc.stderr
 
 
 def test_a_group_index_out_of_range_or_of_another_batch_names_the_field(tmp_path: Path) -> None:
