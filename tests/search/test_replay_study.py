@@ -86,3 +86,14 @@ def test_a_missing_landscape_file_names_the_field(tmp_path: Path) -> None:
     study.write_text(study.read_text().replace("landscape: vtrain.csv", "landscape: nope.csv"))
     proc = run_cli("run", str(study))
     assert proc.returncode == 2 and "launcher.replay.landscape: got 'nope.csv'" in proc.stderr
+
+
+def test_an_fp16_study_is_told_to_replay_the_table_as_bf16(tmp_path: Path) -> None:
+    # vTrain's tables were measured in fp16; the first study file a user writes says so.
+    study = _study(tmp_path)
+    study.write_text(study.read_text().replace("dtype: bf16", "dtype: fp16"))
+    proc = run_cli("run", str(study))
+    assert proc.returncode == 2
+    assert "training.dtype: got 'fp16'; allowed: one of 'bf16', 'fp32'" in proc.stderr
+    assert "replay a table measured in fp16 as bf16" in proc.stderr
+    assert not (tmp_path / "study.db").exists()
