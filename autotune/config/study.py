@@ -92,8 +92,9 @@ class TrainingConfig:
     """Sequences per optimizer step (= dp * micro_batch * grad_accum for every layout)."""
     dtype: str = "bf16"
     """``bf16`` on accelerators; ``fp32`` for CPU studies (bf16 is 3-4x slower there).
-    ``fp16`` is refused (no loss-scaled path is run or modelled): a table measured in fp16
-    replays as ``bf16``."""
+    ``fp16`` is refused (the trainer runs no loss-scaled fp16; the memory model leaves out
+    the fp32 gradient copies of its optimizer step): a table measured in fp16 replays as
+    ``bf16``."""
     stack: str = "auto"
     """The training stack whose allocations the memory model predicts: ``deepspeed``
     (DeepSpeed's engine with torch's AdamW, the built-in trainer), ``deepspeed-fused-adam``
@@ -128,10 +129,11 @@ def _refuse_fp16(dtype: object) -> None:
     reads: its allowed values stay ``check_choice``'s.)"""
     if dtype == "fp16":
         raise SpecError("training.dtype", dtype,
-                        "allowed: one of 'bf16', 'fp32'; fp16 (loss-scaled) is neither run "
-                        "by the trainer nor modelled by the memory model (no fp16 optimizer "
-                        "wrapper): replay a table measured in fp16 as bf16, the same peak, "
-                        "as the shipped vTrain table is read (data/landscapes/README.md)")
+                        "allowed: one of 'bf16', 'fp32'; the trainer runs no loss-scaled "
+                        "fp16, and the memory model leaves out the fp32 gradient copies of "
+                        "fp16's optimizer step: replay a table measured in fp16 as bf16, "
+                        "the same peak, as the shipped vTrain table is read "
+                        "(data/landscapes/README.md)")
 
 
 @dataclass(frozen=True)
