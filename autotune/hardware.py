@@ -35,11 +35,16 @@ from autotune.errors import SpecError
 
 __all__ = ["DeviceSpec", "LinkSpec", "NetworkSpec", "HARDWARE", "get_device",
            "device_spec_for_name", "peak_flops_for_device_name", "GiB", "MiB",
-           "DEFAULT_RUNTIME_BYTES"]
+           "DEFAULT_RUNTIME_BYTES", "MAX_TFLOPS_PER_DEVICE"]
 
 MiB = 1024**2
 GiB = 1024**3
 """Binary byte units: the project's one definition (memory sizes, reports, records)."""
+
+MAX_TFLOPS_PER_DEVICE = 1e5
+"""Most model or hardware TFLOPS per device believed (100 PFLOPS: about 50 times the dense
+bf16 peak of the fastest devices in :data:`HARDWARE`). A ``{"seconds": 1e-300}``
+step of a small model divides to a finite 2e295 TFLOPS, as wrong as an infinite one."""
 
 DEFAULT_RUNTIME_BYTES = 1536 * MiB
 """An accelerator rank's fixed runtime allowance: the CUDA/Level-Zero context (~0.5-1 GiB,

@@ -104,6 +104,16 @@ def test_duplicate_layouts_are_averaged():
     ("a,b,c\n1,2,3\n", "unknown format"),
     (AURORA_HEADER.replace("kv_heads,", "") + "x\n", "missing column(s) 'kv_heads'"),
     (AURORA_HEADER + AURORA_ROWS.replace("oom", "weird"), "column 'status'"),
+    # Positive numbers whose throughput no result may hold (infinite, or beyond any device):
+    # before, 'inf' and 1e-300 ms reached the database writer as an infinite TFLOPS.
+    (VTRAIN_HEADER + "2,8,1,1024,16,24,1024,1,2,1,inf\n",
+     "column 'iteration time (ms)': got 'inf'; allowed: a positive number"),
+    (VTRAIN_HEADER + "2,8,1,1024,16,24,1024,1,2,1,1e-300\n",
+     "column 'iteration time (ms)': got '1e-300'; gives inf model TFLOPS per device; "
+     "allowed: a value that gives at most 100000"),
+    (VTRAIN_HEADER + "2,8,1,1024,16,24,1024,1,2,1,1e-3\n", "gives 9.95e+06 model TFLOPS"),
+    (AURORA_HEADER + AURORA_ROWS.replace(",17.75,", ",1e9,"),
+     "column 'tflops_per_device': got '1e9'; gives"),
 ])
 def test_malformed_files_name_the_line_and_column(text, needle):
     with pytest.raises(SpecError) as err:

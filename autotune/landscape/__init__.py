@@ -265,7 +265,8 @@ def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: s
         g = groups[key]
         layout = row.build("layout", Layout, tp=tp, pp=pp, dp=dp, micro_batch=mb,
                            grad_accum=gb // (dp * mb), zero_stage=0, recompute="full")
-        tflops = tflops_per_device(model_flops_per_step(g["model"], gb), iter_s, gpus)
+        tflops = row.throughput("iteration time (ms)", tflops_per_device(
+            model_flops_per_step(g["model"], gb), iter_s, gpus))
         g["rows"].append(Measurement(layout, "ok", tflops, iter_s))
     return [_finish(g, "bf16", FORMAT_STACKS["vtrain"]) for g in groups.values()]
 
@@ -320,7 +321,7 @@ def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: s
             hw = row.number("tflops_per_device")
             ratio = (model_flops_per_step(g["model"], gb)
                      / hardware_flops_per_step(g["model"], gb, recompute=recompute))
-            tflops = hw * ratio  # type: ignore[operator]
+            tflops = row.throughput("tflops_per_device", hw * ratio)  # type: ignore[operator]
             sps = row.number("samples_per_s", optional=True)
             iter_s = gb / sps if sps else None
         g["rows"].append(Measurement(layout, status, tflops, iter_s))

@@ -3,12 +3,14 @@ whose errors name the column and the line (:func:`autotune.landscape.load_landsc
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
 from autotune.errors import SpecError
+from autotune.hardware import MAX_TFLOPS_PER_DEVICE
 
 __all__ = ["Row", "read_text", "check_columns"]
 
@@ -58,9 +60,21 @@ class Row:
             value = float(raw)
         except ValueError:
             raise self._err(column, "allowed: a positive number") from None
-        if not value > 0:
+        if not (value > 0 and math.isfinite(value)):
+            # 'inf' parses as a float; a step of infinite time is no measurement (and no
+            # stored result may hold it: JSON has no infinity).
             raise self._err(column, "allowed: a positive number")
         return value
+
+    def throughput(self, column: str, tflops: float) -> float:
+        """``tflops``, the model TFLOPS per device a row's ``column`` gives, if a result
+        could hold it: finite and at most :data:`~autotune.hardware.MAX_TFLOPS_PER_DEVICE`,
+        the bound on a measured trial's (a step of 1e-300 ms is a positive number whose
+        throughput no JSON writer takes)."""
+        if not (math.isfinite(tflops) and tflops <= MAX_TFLOPS_PER_DEVICE):
+            raise self._err(column, f"gives {tflops:.3g} model TFLOPS per device; allowed: "
+                                    f"a value that gives at most {MAX_TFLOPS_PER_DEVICE:g}")
+        return tflops
 
     def flag(self, column: str) -> bool:
         raw = self.values[column].lower()

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import SpecError
+from autotune.hardware import MAX_TFLOPS_PER_DEVICE
 
 __all__ = ["check_result_numbers", "POSITIVE", "NON_NEGATIVE", "COUNTS", "TEXTS",
            "MAX_TFLOPS_PER_DEVICE"]
@@ -35,10 +36,6 @@ NON_NEGATIVE: tuple[str, ...] = ("step_time_iqr_s", "peak_memory_bytes",
                                  "measure_precision", "measure_confidence")
 """Fields that are a finite number >= 0 when present (a spread of identical steps is 0; the
 trainer reports no memory as 0 on some devices)."""
-MAX_TFLOPS_PER_DEVICE = 1e5
-"""Most model or hardware TFLOPS per device believed (100 PFLOPS: about 50 times the dense
-bf16 peak of the fastest devices in :mod:`autotune.hardware`). A ``{"seconds": 1e-300}``
-step of a small model divides to a finite 2e295 TFLOPS, as wrong as an infinite one."""
 COUNTS: tuple[str, ...] = ("world_size", "n_params_per_rank", "batch_index", "batch_size")
 """Fields that are an integer >= 0 when present."""
 TEXTS: tuple[str, ...] = ("error", "device", "device_name", "early_stop_reason")
