@@ -227,6 +227,7 @@ def quiet_optuna() -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from autotune.config.sqlite_file import nothing_to_read
+    from autotune.launchers import replayed_table
     from autotune.planning.empty import refuse_empty
     from autotune.planning.plan import plan_study, render_plan
     from autotune.runner.learning import plan_calibration
@@ -250,12 +251,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
                              "shows the best layout at each size")
         print(plan_command(spec, args))
         return EXIT_OK
+    # A replayed study's space is its table's rows, as `run` measures them.
+    table = replayed_table(spec.launcher, spec.model, spec.cluster, spec.training,
+                           source=spec.source)
     learn = spec.search.learn_from_database and not args.no_learn
     calibration, ooms, fits, note = plan_calibration(spec, learn=learn)
     if note:
         print(f"autotune: {note}", file=sys.stderr)
     result = plan_study(spec, top=args.top or DEFAULT_TOP, calibration=calibration,
-                        ooms=tuple(ooms), fits=tuple(fits), learn_enabled=learn)
+                        ooms=tuple(ooms), fits=tuple(fits), learn_enabled=learn, table=table)
     print(render_plan(result, args.format))
     return EXIT_OK if not result.empty_reasons else refuse_empty(spec, result.empty_reasons)
 

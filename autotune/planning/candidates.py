@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from autotune.config.cluster import ClusterConfig
+from autotune.config.launcher import ReplayOptions
 from autotune.config.model import ModelConfig
 from autotune.config.study import SearchConfig, TrainingConfig
 from autotune.feasibility import Constraints, Reason
@@ -37,7 +38,8 @@ from autotune.models.memory_uncertainty import FitVerdict
 from autotune.models.profile import LayerProfile
 from autotune.planning.space import enumerate_layouts
 
-__all__ = ["Candidate", "rank_candidates", "rank_layouts", "partition_space"]
+__all__ = ["Candidate", "rank_candidates", "rank_layouts", "partition_space", "partition_layouts",
+           "table_constraints"]
 
 
 @dataclass(frozen=True)
@@ -67,15 +69,36 @@ def partition_space(model: ModelConfig, cluster: ClusterConfig, training: Traini
     """Every layout of the space (``search``'s axes on ``cluster``'s world size at
     ``training``'s global batch), split into feasible ones and excluded ones with the
     reasons ``constraints`` gives."""
+    return partition_layouts(enumerate_layouts(search, cluster.world_size,
+                                               training.global_batch,
+                                               devices_per_node=cluster.devices_per_node),
+                             model, constraints)
+
+
+def partition_layouts(layouts: Iterable[Layout], model: ModelConfig, constraints: Constraints,
+                      ) -> tuple[list[Layout], list[tuple[Layout, list[Reason]]]]:
+    """``layouts`` split into feasible ones and excluded ones with the reasons
+    ``constraints`` gives: the space's (:func:`partition_space`) or a replayed table's
+    rows (:func:`table_constraints`)."""
     feasible, excluded = [], []
-    for layout in enumerate_layouts(search, cluster.world_size, training.global_batch,
-                                    devices_per_node=cluster.devices_per_node):
+    for layout in layouts:
         reasons = constraints.check(layout, model)
         if reasons:
             excluded.append((layout, reasons))
         else:
             feasible.append(layout)
     return feasible, excluded
+
+
+def table_constraints(constraints: Constraints, replay: ReplayOptions | None) -> Constraints:
+    """The check a replayed table's rows get, in ``run`` and ``plan`` alike: the rows say
+    themselves what ran and what ran out of memory, so only the structural rules apply
+    (the study's placement and memory model would hide rows that were measured), unless
+    the study asks to be checked as a real study of its cluster
+    (``launcher.replay.study_check``, the default: what the benchmarks replay)."""
+    if replay is not None and replay.study_check:
+        return constraints
+    return constraints.structural_only()
 
 
 def rank_candidates(model: ModelConfig, cluster: ClusterConfig, training: TrainingConfig,

@@ -123,7 +123,7 @@ def empty_message(spec: StudySpec, constraints: Constraints, replayed: bool = Fa
     study's own space (a replayed table is the space instead, so only ``plan`` can say)."""
     where = spec.source or spec.name
     hint = f"; run `autotune plan {spec.source or 'STUDY'}` to see the excluded layouts"
-    if replayed:
+    if replayed:  # plan ranks the table's rows too (autotune.planning.plan)
         return f"{where}: no feasible layout in the replayed table{hint}"
     _, excluded = partition_space(spec.model, spec.cluster, spec.training, spec.search,
                                   constraints)
@@ -140,7 +140,10 @@ def refuse_empty(spec: StudySpec, reasons: Sequence[str]) -> int:
 def refuse_structurally_empty(spec: StudySpec) -> None:
     """``run``'s check before it opens a database: a space whose axes form no layout at all
     is refused with its reasons (whether layouts are feasible needs the calibration, which
-    needs the database: :func:`empty_message` says that later)."""
+    needs the database: :func:`empty_message` says that later). A replayed study's space
+    is its table, not its axes: nothing to refuse here."""
+    if spec.launcher.kind == "replay":
+        return
     if not enumerate_layouts(spec.search, spec.world_size, spec.training.global_batch):
         reasons = empty_space_reasons(spec.search, spec.world_size, spec.training.global_batch)
         raise UsageError(f"{spec.source or spec.name}: {no_layout_text(reasons)}")

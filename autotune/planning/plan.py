@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import SpecError
-from autotune.feasibility import REASON_CODES, Constraints
+from autotune.feasibility import REASON_CODES, Constraints, Reason
 from autotune.hardware import GiB
 from autotune.layout import Layout
 from autotune.models.calibration import Calibration
@@ -41,8 +41,14 @@ from autotune.models.memory import MemoryEstimate, estimate_memory
 from autotune.models.memory_uncertainty import FitVerdict
 from autotune.planning import DEFAULT_TOP
 from autotune.planning.band import Band, tflops_bands
-from autotune.planning.candidates import Candidate, partition_space, rank_layouts
-from autotune.planning.empty import by_first_reason, empty_space_reasons
+from autotune.planning.candidates import (
+    Candidate,
+    partition_layouts,
+    partition_space,
+    rank_layouts,
+    table_constraints,
+)
+from autotune.planning.empty import by_first_reason, empty_space_reasons, excluded_summary
 from autotune.spec import StudySpec
 from autotune.workloads.deepspeed_version import deepspeed_for_study
 
@@ -119,15 +125,20 @@ class PlanResult:
 
 def plan_study(spec: StudySpec, top: int = DEFAULT_TOP, *, calibration: Calibration | None = None,
                ooms: tuple[Layout, ...] = (), fits: tuple[Layout, ...] = (),
-               learn_enabled: bool = True) -> PlanResult:
+               learn_enabled: bool = True,
+               table: tuple[Layout, ...] | None = None) -> PlanResult:
     """Rank the study's feasible layouts and count the excluded ones by reason; with a
     ``calibration``, under its corrections and conditioned on the measured ``ooms`` and
-    on the layouts measured to run, ``fits``."""
+    on the layouts measured to run, ``fits``. ``table``: a replayed table's rows
+    (:meth:`~autotune.launchers.base.Launcher.fixed_layouts`), the space instead of the
+    search axes', checked as ``run`` checks them (:func:`table_constraints`)."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise SpecError("--top", top, "allowed: an integer >= 1")
     constraints = Constraints.from_configs(
         spec.cluster, spec.training, spec.search, spec.trial, profile=spec.profile,
         deepspeed=deepspeed_for_study(spec.search, spec.workload, spec.launcher))
+    if table is not None:
+        constraints = table_constraints(constraints, spec.launcher.replay)
     factor = 1.0
     if calibration is not None:
         constraints = constraints.with_memory_correction(
@@ -135,8 +146,9 @@ def plan_study(spec: StudySpec, top: int = DEFAULT_TOP, *, calibration: Calibrat
             by_stage=calibration.memory_stage_corrections())
         factor = calibration.throughput_factor
     model, cluster, profile = spec.model, spec.cluster, spec.profile
-    feasible, excluded = partition_space(model, cluster, spec.training, spec.search,
-                                         constraints)
+    feasible, excluded = (partition_layouts(table, model, constraints) if table is not None
+                          else partition_space(model, cluster, spec.training, spec.search,
+                                               constraints))
     ranked = rank_layouts(model, cluster, feasible, dtype=spec.training.dtype,
                           profile=profile, constraints=constraints, ooms=ooms, fits=fits,
                           stack=spec.training.stack)
@@ -171,9 +183,19 @@ def plan_study(spec: StudySpec, top: int = DEFAULT_TOP, *, calibration: Calibrat
         memory_verdicts=tuple((v.value, verdicts[v.value]) for v in FitVerdict),
         memory_min_p_fit=constraints.memory.min_p_fit if constraints.memory else None,
         calibration=line, calibration_record=record,
-        empty_reasons=() if feasible else tuple(empty_space_reasons(
-            spec.search, spec.world_size, spec.training.global_batch, excluded)),
+        empty_reasons=() if feasible else _empty_reasons(spec, excluded, table is not None),
         stack=spec.training.stack)
+
+
+def _empty_reasons(spec: StudySpec, excluded: list[tuple[Layout, list[Reason]]],
+                   replayed: bool) -> tuple[str, ...]:
+    """Why nothing is feasible: for a replayed table, what excluded its rows (its search
+    axes are not its space, so what they would form says nothing)."""
+    if replayed:
+        return (f"all {len(excluded)} rows of the replayed table are excluded",
+                *excluded_summary(excluded))
+    return tuple(empty_space_reasons(spec.search, spec.world_size, spec.training.global_batch,
+                                     excluded))
 
 
 def _row(spec: StudySpec, constraints: Constraints, rank: int, cand: Candidate,

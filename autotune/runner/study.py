@@ -63,6 +63,7 @@ import optuna
 from autotune.errors import EmptySpaceError, UsageError
 from autotune.feasibility import Constraints
 from autotune.launchers.base import Launcher
+from autotune.planning.candidates import table_constraints
 from autotune.planning.empty import empty_message
 from autotune.runner import stop_early
 from autotune.runner.confirm import confirm_best
@@ -123,13 +124,8 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
         spec.cluster, spec.training, spec.search, spec.trial, profile=spec.profile,
         deepspeed=deepspeed_for_study(spec.search, spec.workload, spec.launcher))
     table = launchers[0].fixed_layouts()
-    replay = spec.launcher.replay
-    if table is not None and not (replay is not None and replay.study_check):
-        # A replayed table is the space: its rows say what ran and what ran out of memory,
-        # so only the structural rules apply (the study's axes, placement and memory
-        # model would hide rows that were measured), unless the study asks to be checked
-        # as a real study of its cluster (launcher.replay.study_check: the benchmarks').
-        constraints = constraints.structural_only()
+    if table is not None:  # a replayed table is the space, checked as plan checks it
+        constraints = table_constraints(constraints, spec.launcher.replay)
     key = key_of(spec, workload_of(launchers[0].kind, spec.workload.kind))
     learn = spec.search.learn_from_database
     learning = StudyLearning(spec, constraints, key,

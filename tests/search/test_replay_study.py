@@ -97,3 +97,48 @@ def test_an_fp16_study_is_told_to_replay_the_table_as_bf16(tmp_path: Path) -> No
     assert "training.dtype: got 'fp16'; allowed: one of 'bf16', 'fp32'" in proc.stderr
     assert "replay a table measured in fp16 as bf16" in proc.stderr
     assert not (tmp_path / "study.db").exists()
+
+
+def test_plan_ranks_the_rows_a_replayed_run_measures(tmp_path: Path) -> None:
+    # Before, `plan` ranked the search axes' space (ZeRO-1, no recompute: none of the table's
+    # rows), while `run` measured the table and its refusal told the user to run `plan`.
+    study = _study(tmp_path, n_trials=1)
+    proc = run_cli("plan", str(study), "--format", "json", cwd=tmp_path.parent)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["n_layouts"] == 8 and plan["n_feasible"] == 8  # the gb-8 group's rows
+    table = {(g, mb, tp, dp, pp) for g, gb, mb, tp, dp, pp, _ in ROWS if gb == 8}
+    keys = {(4, r["layout"]["micro_batch"], r["layout"]["tp"], r["layout"]["dp"],
+             r["layout"]["pp"]) for r in plan["feasible"]}
+    assert keys == table
+    assert all(r["layout"]["recompute"] == "full" for r in plan["feasible"])
+    # The run's first trial is the plan's first row (nothing measured yet: the same prior).
+    assert run_cli("run", str(study), cwd=tmp_path.parent).returncode == 0
+    best = json.loads(run_cli("best", str(study), "--emit", "json").stdout)
+    assert best["layout"] == plan["feasible"][0]["layout"]
+
+
+def test_search_axes_that_form_no_layout_do_not_refuse_a_replay(tmp_path: Path) -> None:
+    # The table is the space: axes that form nothing on 4 devices are not its business.
+    study = _study(tmp_path, n_trials=2)
+    study.write_text(study.read_text().replace("tp:\n  - 1", "tp:\n  - 3"))
+    assert "- 3" in study.read_text()
+    proc = run_cli("run", str(study), cwd=tmp_path.parent)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_scaling_size_the_table_lacks_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    study = _study(tmp_path)  # the table holds 4-GPU groups only
+    for argv in (("plan", str(study), "--scaling", "strong", "--devices", "2,4"),
+                 ("scaling", str(study), "--mode", "strong", "--devices", "4,2")):
+        proc = run_cli(*argv, cwd=tmp_path.parent)
+        assert proc.returncode == 2, proc.stderr
+        assert "no group of the file matches the study's model, world size 2" in proc.stderr
+        assert not list(tmp_path.rglob("*.db"))  # nothing run, no database written
+    proc = run_cli("plan", str(study), "--scaling", "strong", "--devices", "4",
+                   "--format", "json", cwd=tmp_path.parent)
+    assert proc.returncode == 0, proc.stderr
+    best = json.loads(proc.stdout)["rows"][0]["best_layout"]
+    table = {f"tp{tp}-pp{pp}-dp{dp}-mb{mb}-ga{8 // (dp * mb)}-z0-full"
+             for _, gb, mb, tp, dp, pp, _ in ROWS if gb == 8}
+    assert best in table  # one of the table's rows (full recompute), not of the axes' space
