@@ -227,7 +227,6 @@ def quiet_optuna() -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from autotune.config.sqlite_file import nothing_to_read
-    from autotune.launchers import replayed_table
     from autotune.planning.empty import refuse_empty
     from autotune.planning.plan import plan_study, render_plan
     from autotune.runner.learning import plan_calibration
@@ -251,9 +250,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                              "shows the best layout at each size")
         print(plan_command(spec, args))
         return EXIT_OK
-    # A replayed study's space is its table's rows, as `run` measures them.
-    table = replayed_table(spec.launcher, spec.model, spec.cluster, spec.training,
-                           source=spec.source)
+    table = None
+    if spec.launcher.kind == "replay":  # its space is its table's rows, as `run` measures
+        from autotune.launchers import replayed_table  # only then: launchers import ~0.3 s
+
+        table = replayed_table(spec.launcher, spec.model, spec.cluster, spec.training,
+                               source=spec.source)
     learn = spec.search.learn_from_database and not args.no_learn
     calibration, ooms, fits, note = plan_calibration(spec, learn=learn)
     if note:
