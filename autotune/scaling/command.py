@@ -95,6 +95,7 @@ def write_report(rows: Sequence[ScalingRow], request: ScalingRequest, spec: Stud
 
 def run_command(args: Any, log: Callable[[str], None]) -> int:
     """``autotune scaling``: tune every size, then print (and write) the table."""
+    from autotune.config.sqlite_file import nothing_to_read
     from autotune.config.study import StorageConfig
     from autotune.scaling.run import ScalingRun, run_scaling
     from autotune.spec import load_study
@@ -111,11 +112,14 @@ def run_command(args: Any, log: Callable[[str], None]) -> int:
         spec, request, n_trials=args.n_trials, storage_url=args.storage, log=log,
         quiet=args.quiet)
     config = StorageConfig(url=args.storage) if args.storage else spec.storage
-    storage = open_storage(config)
+    # --table-only reads: a SQLite file that does not exist holds no measurement, and is
+    # not created (before, an empty one was left behind); the table is then the model's.
+    storage = None if args.table_only and nothing_to_read(config.url) else open_storage(config)
     try:
         rows = scaling_table(storage, spec, request, predict=not args.no_predict)
     finally:
-        storage.close()
+        if storage is not None:
+            storage.close()
     print(format_scaling(rows, request))
     if args.csv:
         from autotune.util.atomic import write_text_atomic

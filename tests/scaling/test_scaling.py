@@ -309,3 +309,18 @@ def test_a_size_where_nothing_fits_is_skipped_and_the_run_goes_on(
                             storage_url=None, log=lines.append, quiet=True)
     assert main(["scaling", str(path), "--mode", "weak", "--nodes", "1"]) == 2
     assert "no feasible layout" in capsys.readouterr().err
+
+
+def test_table_only_does_not_create_a_database_it_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--table-only`` reads: before, a SQLite file that did not exist was created (empty)
+    beside the study; now the table is the model's and no file is left behind."""
+    monkeypatch.chdir(tmp_path)
+    study = str(REPO / "studies" / "lrz_gpt175b.yaml")
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    assert main(["scaling", study, "--mode", "weak", "--nodes", "16,32", "--table-only",
+                 "--storage", url]) == 0
+    out = capsys.readouterr().out
+    assert "predicted" in out and "measured" not in out
+    assert not list(tmp_path.iterdir())
