@@ -134,12 +134,17 @@ class StudyProgress:
 
 
 def study_progress(url: str, study: str) -> StudyProgress:
-    """Counts and the best trial of one study, from the shared database."""
+    """Counts and the best trial of one study, from the shared database (none yet where
+    its SQLite file does not exist: ``campaign status`` and ``check`` read, and create no
+    database; the workers' runs do)."""
     import optuna
 
+    from autotune.config.sqlite_file import nothing_to_read
     from autotune.report.results import study_status
     from autotune.storage import Storage, claim_counts, repair_stale
 
+    if nothing_to_read(url):
+        return StudyProgress()
     storage = Storage(StorageConfig(url=url))
     try:
         # Fail dead runners' trials first (their claims then wait for a retry), then count:

@@ -185,6 +185,16 @@ def test_submit_chains_records_and_never_duplicates(tmp_path: Path) -> None:
     assert "s1" in jobs.format_status([st])
 
 
+@pytest.mark.filterwarnings("ignore:storage is SQLite")
+def test_status_and_check_read_and_create_no_database(tmp_path: Path) -> None:
+    # Before, `campaign status` (and a job's `check`) left an empty c.db behind.
+    camp = load(make(tmp_path))
+    st = jobs.status(camp, slurm=FakeSlurm())[0]
+    assert st.progress is not None and st.progress.claimed == 0 and not st.progress.exists
+    assert not jobs.budget_met(camp.storage_url, "s1", 3)
+    assert not (tmp_path / "c.db").exists()
+
+
 def test_a_study_is_done_at_its_budget_or_at_a_search_stop_that_still_holds() -> None:
     prog = jobs.StudyProgress(claimed=3)
     assert prog.done(3, None) and not prog.done(4, None)
