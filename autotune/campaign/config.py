@@ -40,6 +40,7 @@ from autotune.errors import SpecError
 from autotune.sites import (
     NAME_RE,
     SRUN_ARG_RE,
+    TIME_RE,
     SiteProfile,
     check_name,
     check_text,
@@ -53,8 +54,6 @@ from autotune.storage.urls import backend_of, mask_url
 __all__ = ["CampaignSpec", "CampaignStudy", "CampaignSlurm", "load_campaign",
            "SQLITE_WARNING", "TIME_RE"]
 
-TIME_RE = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
-"""SLURM ``--time``: ``MM``, ``HH:MM:SS``, ``D-HH:MM:SS``, ..."""
 _URL_RE = re.compile(r"^[A-Za-z0-9+]+://[A-Za-z0-9_.~%@:/?=&,{}$+-]*$")
 SQLITE_WARNING = ("storage is SQLite: workers on several nodes write to one file; SQLite over "
                   "a shared filesystem loses trials under concurrent writers (16 workers lose "

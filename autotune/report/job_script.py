@@ -35,14 +35,11 @@ import optuna
 from autotune.errors import SpecError, UsageError
 from autotune.layout import Layout
 from autotune.report import DEFAULT_JOB_TIME
-from autotune.sites import SiteProfile, list_sites, load_site
+from autotune.sites import TIME_RE, SiteProfile, list_sites, load_site
 from autotune.storage import study_fingerprint, study_workload
 from autotune.util.atomic import write_json_atomic
 
 __all__ = ["JobOptions", "site_of", "render_job", "write_job", "TIME_RE"]
-
-TIME_RE = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
-"""SLURM ``--time``: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``."""
 
 
 @dataclass(frozen=True)

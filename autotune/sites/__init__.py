@@ -27,7 +27,7 @@ from autotune.spec import read_yaml
 
 __all__ = ["SiteProfile", "SiteSlurm", "load_site", "list_sites", "check_name", "check_text",
            "name_list", "env_map", "SRUN_ARG_RE",
-           "NAME_RE", "ENV_NAME_RE", "MODULE_RE", "SCHEDULERS"]
+           "NAME_RE", "ENV_NAME_RE", "MODULE_RE", "SCHEDULERS", "TIME_RE"]
 
 SITES_DIR = Path(__file__).parent
 SCHEDULERS = ("slurm", "pbs")
@@ -38,6 +38,10 @@ MODULE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+/@-]{0,127}$")
 GRES_RE = re.compile(r"^[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*(,[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+)*)*$")
 SRUN_ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:/=+@-]+)?$")
 """Extra ``srun``/``sbatch`` options: long options only, with a plain value."""
+TIME_RE = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+"""SLURM ``--time``: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM:SS`` (SLURM's
+``time_str2secs`` adds the fields up, so ``99:99`` is 99 minutes 99 seconds): the campaign's
+``slurm.time`` and ``best --emit slurm --time`` alike."""
 
 
 def check_name(field_name: str, value: Any, pattern: re.Pattern[str] = NAME_RE) -> str:
