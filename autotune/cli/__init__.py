@@ -7,6 +7,7 @@ interrupted by Ctrl-C (the running trial is killed and left to be retried).
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +24,11 @@ from autotune.cli.parser import build_parser
 from autotune.errors import AutotuneError, UsageError
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERRUPT"]
+
+_PATH_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM,
+                          errno.EROFS, errno.ENAMETOOLONG, errno.EEXIST})
+"""A path the user named that cannot be used as one (a usage error, exit 2); any other
+failure of a file (a full disk, an I/O error) exits 1."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,6 +57,13 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_INTERRUPT
     except BrokenPipeError:  # a stream not wrapped by survive_closed_pipes (a library's)
         return EXIT_OK
+    except OSError as err:
+        if err.filename is None:  # not a file the command was told to read or write
+            raise
+        # An output folder that cannot be made, a file that cannot be written (--out /proc/x,
+        # a read-only or full filesystem): the path and the system's reason, not a traceback.
+        print(f"autotune: error: {err.filename}: {err.strerror}", file=sys.stderr)
+        return EXIT_USAGE if err.errno in _PATH_ERRNOS else EXIT_FAIL
     except Exception as err:
         # The storage wraps every database call (autotune.storage.guarded); one that
         # escaped it is still a database failure, never a traceback.

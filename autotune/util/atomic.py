@@ -33,6 +33,12 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, target)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.filename in (str(tmp), tmp):
+            # Name the file the caller asked for, not the temporary one beside it.
+            raise OSError(err.errno, err.strerror, str(target)) from err
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -12,9 +12,9 @@ import yaml
 
 from autotune.cli import main
 from autotune.config.sqlite_file import next_to, nothing_to_read, require_existing
-from autotune.errors import UsageError
+from autotune.errors import SpecError, UsageError
 from autotune.spec import load_study
-from tests.helpers import write_study
+from tests.helpers import run_cli, write_study
 
 
 @pytest.mark.parametrize("argv", [["status"], ["best", "cpu-demo"], ["report", "cpu-demo"],
@@ -105,3 +105,18 @@ def test_optuna_is_quiet_wherever_it_loads(tmp_path: Path,
     optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="other")
     assert main(["plan", str(study), "--top", "2"]) == 0
     assert optuna.logging.get_verbosity() == optuna.logging.WARNING
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite:///:memory:"])
+def test_a_sqlite_url_without_a_file_is_refused_naming_it(url: str, tmp_path: Path) -> None:
+    # SQLAlchemy opens an in-memory database for these: before, `run` failed with "database
+    # error: no such table: version_info" (exit 1), and nothing could have been kept.
+    from autotune.config.storage import StorageConfig
+    from autotune.storage import Storage
+
+    with pytest.raises(SpecError, match=r"storage\.url: got 'sqlite:.*'; a SQLite URL without "
+                                        r"a file; allowed: sqlite:///FILE"):
+        Storage(StorageConfig(url=url))
+    study = write_study(tmp_path / "s.yaml")
+    proc = run_cli("run", str(study), "--storage", url)
+    assert proc.returncode == 2 and "a SQLite URL without a file" in proc.stderr

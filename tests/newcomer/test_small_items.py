@@ -150,3 +150,36 @@ def test_plan_refuses_top_with_scaling(capsys: pytest.CaptureFixture[str]) -> No
     assert "--top K lists the best layouts of one size" in capsys.readouterr().err
     assert main(["plan", study, "--top", "3", "--format", "csv"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == 4  # header and 3 layouts
+
+
+def test_an_output_path_that_cannot_be_written_is_an_error_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: a FileNotFoundError/NotADirectoryError traceback, exit 1 (report --out,
+    # profile --out, scaling --csv, best --out all write through the atomic writer).
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    study = str(REPO / "studies" / "lrz_gpt175b.yaml")
+    csv_path = blocker / "s.csv"
+    assert main(["scaling", study, "--mode", "weak", "--nodes", "16", "--table-only",
+                 "--storage", f"sqlite:///{tmp_path / 'none.db'}",
+                 "--csv", str(csv_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"autotune: error: {csv_path.parent}" in err or f"autotune: error: {csv_path}" in err
+    assert "Traceback" not in err
+
+
+def test_the_atomic_writer_names_the_target_not_its_temporary_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from autotune.util.atomic import write_text_atomic
+
+    def fail(src: object, dst: object) -> None:  # the rename fails, naming its source
+        raise PermissionError(13, "Permission denied", str(src))
+
+    monkeypatch.setattr(os, "replace", fail)
+    target = tmp_path / "gone" / "x.json"
+    with pytest.raises(PermissionError) as err:
+        write_text_atomic(target, "{}\n")
+    assert err.value.filename == str(target)  # not .x.<pid>.<hex>.tmp.json
+    assert not list(target.parent.iterdir())  # the temporary file is removed
