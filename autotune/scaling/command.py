@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import SpecError
+from autotune.errors import SpecError, UsageError
 from autotune.scaling.sizes import ScalingRequest, default_sizes, parse_sizes
 from autotune.scaling.table import (
     ScalingRow,
@@ -148,7 +148,6 @@ def refuse_misplaced_flags(args: Any) -> None:
     campaign ran); ``--table-only`` runs nothing (``--n-trials``); ``--format`` is the
     report's (``--report``). Silently ignored, a user would wait for a CSV or a report
     that was never written."""
-    from autotune.errors import UsageError
 
     def given(*names: str) -> list[str]:
         return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None)]
@@ -223,6 +222,14 @@ def plan_command(spec: StudySpec, args: Any) -> str:
     from autotune.scaling.table import scaling_csv
 
     request = request_of(spec, args.scaling, args.nodes, args.devices)
+    references = parse_references(args.reference)  # before any work: nothing to waste
+    if references and args.format in ("csv", "json"):  # before: silently left out
+        raise UsageError(f"plan: --reference is a column of the table; --format "
+                         f"{args.format} has none (compare in the table, or drop it)")
+    stray = [t for t in args.reference or () if int(t.partition("=")[0]) not in request.sizes]
+    if stray:  # before: silently not shown (parse_references has checked the form)
+        raise SpecError("--reference", ", ".join(stray),
+                        f"allowed: a size of the table ({', '.join(map(str, request.sizes))})")
     storage = None
     if not args.no_learn and not nothing_to_read(spec.storage.url):
         from autotune.storage import open_storage  # a plan creates no database
@@ -239,7 +246,7 @@ def plan_command(spec: StudySpec, args: Any) -> str:
         from autotune.scaling.table import scaling_json
 
         return scaling_json(rows, request)
-    return format_scaling(rows, request, references=parse_references(args.reference))
+    return format_scaling(rows, request, references=references)
 
 
 def status_lines(storage: Any, studies: Sequence[Any]) -> list[str]:

@@ -183,3 +183,15 @@ def test_the_atomic_writer_names_the_target_not_its_temporary_file(
         write_text_atomic(target, "{}\n")
     assert err.value.filename == str(target)  # not .x.<pid>.<hex>.tmp.json
     assert not list(target.parent.iterdir())  # the temporary file is removed
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--reference", "3=50"], "--reference: got '3=50'; allowed: a size of the table (1, 2)"),
+    (["--reference", "2=50", "--format", "json"], "--format json has none"),
+])
+def test_plan_scaling_refuses_a_reference_it_would_not_show(
+        flags: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: exit 0, the reference silently left out of the output.
+    study = str(REPO / "studies" / "cpu_demo.yaml")
+    assert main(["plan", study, "--scaling", "weak", "--devices", "1,2", *flags]) == 2
+    assert needle in capsys.readouterr().err
