@@ -252,7 +252,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_OK
     table = None
     if spec.launcher.kind == "replay":  # its space is its table's rows, as `run` measures
-        from autotune.launchers import replayed_table  # only then: launchers import ~0.3 s
+        from autotune.launchers import replayed_table  # only then: no launcher for other plans
 
         table = replayed_table(spec.launcher, spec.model, spec.cluster, spec.training,
                                source=spec.source)

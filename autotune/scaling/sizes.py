@@ -124,7 +124,7 @@ def size_table(at: StudySpec) -> tuple[Layout, ...] | None:
     :class:`~autotune.errors.SpecError` naming the closest one."""
     if at.launcher.kind != "replay":
         return None
-    from autotune.launchers import replayed_table  # only then: launchers import ~0.3 s
+    from autotune.launchers import replayed_table  # only then: no launcher for other plans
 
     return replayed_table(at.launcher, at.model, at.cluster, at.training, source=at.source)
 
