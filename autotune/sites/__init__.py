@@ -40,8 +40,9 @@ SRUN_ARG_RE = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:/=+@-]+)?$")
 """Extra ``srun``/``sbatch`` options: long options only, with a plain value."""
 TIME_RE = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 """SLURM ``--time``: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM:SS`` (SLURM's
-``time_str2secs`` adds the fields up, so ``99:99`` is 99 minutes 99 seconds): the campaign's
-``slurm.time`` and ``best --emit slurm --time`` alike."""
+``time_str2secs`` adds the fields up, so ``99:99`` is 99 minutes 99 seconds: SchedMD/slurm
+``src/common/parse_time.c`` @01cec7fa): the campaign's ``slurm.time`` and ``best --emit
+slurm --time`` alike."""
 
 
 def check_name(field_name: str, value: Any, pattern: re.Pattern[str] = NAME_RE) -> str:
