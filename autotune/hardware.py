@@ -305,12 +305,13 @@ HARDWARE: dict[str, DeviceSpec] = {
 }
 
 
-def get_device(name: str) -> DeviceSpec:
-    """The table entry for ``name``; the error lists the known names."""
+def get_device(name: str, field: str = "cluster.device") -> DeviceSpec:
+    """The table entry for ``name``; the error names ``field`` (where the name was read)
+    and lists the known names."""
     try:
         return HARDWARE[name]
-    except KeyError:
-        raise SpecError("cluster.device", name,
+    except (KeyError, TypeError):  # TypeError: a YAML list or mapping is unhashable
+        raise SpecError(field, name,
                         f"allowed: one of {', '.join(sorted(HARDWARE))}") from None
 
 

@@ -132,7 +132,7 @@ class SiteProfile:
             if "name" not in data:
                 raise SpecError("site.name", None, "required")
             device = data.get("device", "cpu")
-            get_device(device)  # raises a SpecError listing the known devices
+            get_device(device, "site.device")  # a SpecError listing the known devices
             return cls(
                 name=check_name("site.name", data["name"]),
                 description=check_text("site.description", data.get("description", "")),

@@ -237,3 +237,14 @@ def test_a_relative_profile_is_read_beside_the_study_and_pinned_for_the_workers(
     doc = study_document(campaign, campaign.studies[0])
     pinned = Path(doc["cluster"]["profile"])
     assert pinned.is_absolute() and pinned == (studies / "profiles" / "tiny.json").resolve()
+
+
+@pytest.mark.parametrize(("device", "shown"), [("tpu", "'tpu'"), ([1], "[1]")])
+def test_a_site_file_device_error_names_the_site_key(device: object, shown: str) -> None:
+    # Before: "cluster.device" for a key the site file calls "device", and a YAML list
+    # reached the device table's dict lookup as a TypeError traceback.
+    from autotune.sites import SiteProfile
+
+    with pytest.raises(SpecError) as err:
+        SiteProfile.from_dict({"name": "x", "device": device}, source="site.yaml")
+    assert f"site.device: got {shown}; allowed: one of a100-40gb" in str(err.value)
