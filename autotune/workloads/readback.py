@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,16 +37,6 @@ from autotune.models.flops import (
     tflops_per_device,
 )
 from autotune.trial import TrialResult
-from autotune.workloads.log_formats import (
-    ARGONNE_ITERATION,
-    ARGONNE_LOSS,
-    ARGONNE_TFLOPS,
-    DEEPSPEED_PIPE,
-    DEEPSPEEDAI_ITERATION,
-    DEEPSPEEDAI_LOSS,
-    DEEPSPEEDAI_TFLOPS,
-    MEGATRON_MEMORY,
-)
 from autotune.workloads.log_text import strip_ansi
 
 __all__ = ["StepRecord", "Readback", "ADAPTERS", "read_metrics_file", "parse_log_line",
@@ -54,6 +45,50 @@ __all__ = ["StepRecord", "Readback", "ADAPTERS", "read_metrics_file", "parse_log
 
 MAX_LOG_BYTES = 64 << 20
 """Most bytes of one log or metrics file read back (a trial prints a few KiB a step)."""
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_FLOAT_OR_NAN = rf"(?:{_NUM}|nan|inf)"
+
+# -- Megatron-DeepSpeed, deepspeedai fork -------------------------------------------------
+# deepspeedai/Megatron-DeepSpeed megatron/training.py, training_log() (commit
+# f1feb8877d760b4ceaa0551debbf1cb4026fc9be), printed by print_rank_last (the last rank):
+#   ' iteration {:8d}/{:8d} |' ... ' elapsed time per iteration (ms): {:.1f} |' ...
+#   ' {}: {:.6E} |'.format(key, avg)  (key 'lm loss') ... ' TFLOPs: {:.2f} |'
+DEEPSPEEDAI_ITERATION = re.compile(
+    r"\biteration\s+(?P<step>\d+)/\s*(?P<total>\d+)\s*\|.*?"
+    rf"elapsed time per iteration \(ms\):\s*(?P<ms>{_NUM})")
+DEEPSPEEDAI_LOSS = re.compile(rf"\|\s*lm loss:\s*(?P<loss>{_FLOAT_OR_NAN})")
+DEEPSPEEDAI_TFLOPS = re.compile(rf"\|\s*TFLOPs:\s*(?P<tflops>{_NUM})")
+# -- Megatron-DeepSpeed, argonne-lcf fork --------------------------------------------------
+# argonne-lcf/Megatron-DeepSpeed megatron/training_log.py, training_log() (commit
+# b8413d98abdb30c87e607b21a663e4bfcb6c8da2; the same in megatron/training.py at
+# eb8e570dbc949914a6fee5437dc6ea31f11eee95), logged by rank 0 (log.info):
+#   f" iteration={iteration:8d}/{args.train_iters:8d} |" ...
+#   " elapsed_time_per_iteration_ms=" f"{elapsed_time_per_iteration * 1000.0:.1f} |" ...
+#   " {}={:.6f} |".format(key, avg) ... " [LM]TFLOPs={:.2f} |" " [DS]TFLOPs={:.2f} |"
+# Older versions printed "[LM]-TFLOPs=" / "[DS]-TFLOPs=" (logs quoted in
+# saforem2/Megatron-DeepSpeed ALCF/README.md, commit 027032123c2c630da2e755e4381427ab170bdba3).
+ARGONNE_ITERATION = re.compile(
+    r"\biteration=\s*(?P<step>\d+)/\s*(?P<total>\d+)\s*\|.*?"
+    rf"elapsed_time_per_iteration_ms=(?P<ms>{_NUM})")
+ARGONNE_LOSS = re.compile(rf"\|\s*lm loss=(?P<loss>{_FLOAT_OR_NAN})")
+ARGONNE_TFLOPS = re.compile(rf"(?:\[(?P<kind>LM|DS)\]-?)?TFLOPs=(?P<tflops>{_NUM})")
+# -- Megatron's memory report (both forks) ---------------------------------------------------
+# deepspeedai/Megatron-DeepSpeed megatron/utils.py, report_memory() (commit
+# 207b2d5aad1eea98464c37e0b991be6f8937226f), after the first iteration, data-parallel rank 0:
+#   "[Rank {}] {}".format(rank, name + ' memory (MB)' + ' | allocated: {}' +
+#   ' | max allocated: {}' + ' | reserved: {}' + ' | max reserved: {}')
+MEGATRON_MEMORY = re.compile(
+    rf"\[Rank (?P<rank>\d+)\] .*?memory \(MB\) \| allocated: (?P<alloc>{_NUM}) \| "
+    rf"max allocated: (?P<max_alloc>{_NUM})")
+# -- DeepSpeed PipelineEngine -----------------------------------------------------------------
+# deepspeedai/DeepSpeed deepspeed/runtime/pipe/engine.py, PipelineEngine.train_batch (commit
+# e787c16394e5d50a4b869386e4e4017d6b06f8eb), global rank 0, every steps_per_print steps:
+#   f'steps: {self.global_steps} loss: {self.agg_train_loss:0.4f} ' ...
+#   f'iter time (s): {iter_time:0.3f} samples/sec: {tput:0.3f}'
+DEEPSPEED_PIPE = re.compile(
+    rf"\bsteps: (?P<step>\d+) loss: (?P<loss>{_FLOAT_OR_NAN}) .*?"
+    rf"iter time \(s\): (?P<seconds>{_NUM}) samples/sec:")
+
 ADAPTERS: dict[str, str] = {
     "megatron-deepspeedai": "deepspeedai/Megatron-DeepSpeed training_log (last rank)",
     "megatron-argonne": "argonne-lcf/Megatron-DeepSpeed training_log (rank 0)",
@@ -86,14 +121,6 @@ def _float(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
-
-
-def _step_seconds(text: str, unit_s: float) -> float | None:
-    """A logged step time in seconds; ``None`` for one that measured nothing: zero, or a
-    figure such as ``1e400`` that parses to infinity (the line is then skipped, as a
-    metrics-file line with ``"seconds": Infinity`` is)."""
-    value = _float(text)
-    return value * unit_s if value is not None and value > 0 else None
 
 
 def _json_number(value: Any) -> float | None:
@@ -174,22 +201,18 @@ def _parse_log_line(line: str) -> StepRecord | tuple[str, float] | None:
     if "iteration" in line:
         m = DEEPSPEEDAI_ITERATION.search(line)
         if m:
-            if (seconds := _step_seconds(m["ms"], 1e-3)) is None:
-                return None
             loss = DEEPSPEEDAI_LOSS.search(line)
-            tflops = _float(t["tflops"]) if (t := DEEPSPEEDAI_TFLOPS.search(line)) else None
-            return StepRecord(int(m["step"]), seconds, "megatron-deepspeedai",
+            tflops = DEEPSPEEDAI_TFLOPS.search(line)
+            return StepRecord(int(m["step"]), float(m["ms"]) / 1000.0, "megatron-deepspeedai",
                               loss=_float(loss["loss"]) if loss else None,
-                              program_tflops={"TFLOPs": tflops} if tflops is not None else {})
+                              program_tflops={"TFLOPs": float(tflops["tflops"])}
+                              if tflops else {})
         m = ARGONNE_ITERATION.search(line)
         if m:
-            if (seconds := _step_seconds(m["ms"], 1e-3)) is None:
-                return None
             loss = ARGONNE_LOSS.search(line)
-            figures = {f"[{t['kind']}]TFLOPs" if t["kind"] else "TFLOPs": value
-                       for t in ARGONNE_TFLOPS.finditer(line)
-                       if (value := _float(t["tflops"])) is not None}
-            return StepRecord(int(m["step"]), seconds, "megatron-argonne",
+            figures = {f"[{t['kind']}]TFLOPs" if t["kind"] else "TFLOPs": float(t["tflops"])
+                       for t in ARGONNE_TFLOPS.finditer(line)}
+            return StepRecord(int(m["step"]), float(m["ms"]) / 1000.0, "megatron-argonne",
                               loss=_float(loss["loss"]) if loss else None,
                               program_tflops=figures)
     if "memory (MB)" in line:
@@ -200,8 +223,8 @@ def _parse_log_line(line: str) -> StepRecord | tuple[str, float] | None:
             return "max_allocated_bytes", mib * 1024.0 * 1024.0
     if "iter time (s)" in line:
         m = DEEPSPEED_PIPE.search(line)
-        if m and (seconds := _step_seconds(m["seconds"], 1.0)) is not None:
-            return StepRecord(int(m["step"]), seconds, "deepspeed-pipe",
+        if m and float(m["seconds"]) > 0:
+            return StepRecord(int(m["step"]), float(m["seconds"]), "deepspeed-pipe",
                               loss=_float(m["loss"]))
     return None
 

@@ -95,22 +95,6 @@ def test_pipeline_engine_and_memory_lines() -> None:
     assert parse_log_line("validation loss at iteration 10 | lm loss value: 5.1") is None
 
 
-def test_a_logged_step_of_no_or_infinite_time_is_skipped() -> None:
-    # "1e400" parses to inf: before, a step of infinite time (and a program TFLOPS of inf)
-    # went on to the score, as "seconds": Infinity in the metrics file never did.
-    ms_line = standin.deepspeedai_line(3, 10, 0.0254, 10.7, 16, 64, 38.61, 2).split("\n")[0]
-    for bad in ("1e400", "0.0"):
-        assert parse_log_line(ms_line.replace("25.4", bad)) is None
-    big = parse_log_line(ms_line.replace("38.61", "1e400"))
-    assert isinstance(big, StepRecord) and big.program_tflops == {}  # the step stays
-    argonne = standin.argonne_line(7, 10, 0.1089, 11.13, 768, 4096, 49.66, 73.32, 24)
-    assert parse_log_line(argonne.replace("108.9", "1e400")) is None
-    figures = parse_log_line(argonne.replace("49.66", "1e400"))
-    assert isinstance(figures, StepRecord) and figures.program_tflops == {"[DS]TFLOPs": 73.32}
-    assert parse_log_line(standin.pipe_line(4, 5.25, 0.321, 16).replace("0.321", "1e400")) \
-        is None
-
-
 def test_metrics_file_garbage_is_skipped_and_counted(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join([
