@@ -43,6 +43,7 @@ def _optuna_error(message: str) -> optuna.exceptions.StorageInternalError:
     "FATAL:  the database system is starting up",
     "FATAL:  sorry, too many clients already",
     "consuming input failed: server closed the connection unexpectedly",
+    "connection socket closed",  # psycopg's waiting.py: the socket gone under a wait
     "FATAL:  terminating connection due to administrator command",
     "FATAL:  terminating connection due to idle-in-transaction timeout",
     "database is locked",
