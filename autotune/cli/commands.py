@@ -250,18 +250,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                              "shows the best layout at each size")
         print(plan_command(spec, args))
         return EXIT_OK
-    table = None
-    if spec.launcher.kind == "replay":  # its space is its table's rows, as `run` measures
-        from autotune.launchers import replayed_table  # only then: no launcher for other plans
-
-        table = replayed_table(spec.launcher, spec.model, spec.cluster, spec.training,
-                               source=spec.source)
     learn = spec.search.learn_from_database and not args.no_learn
     calibration, ooms, fits, note = plan_calibration(spec, learn=learn)
     if note:
         print(f"autotune: {note}", file=sys.stderr)
     result = plan_study(spec, top=args.top or DEFAULT_TOP, calibration=calibration,
-                        ooms=tuple(ooms), fits=tuple(fits), learn_enabled=learn, table=table)
+                        ooms=tuple(ooms), fits=tuple(fits), learn_enabled=learn)
     print(render_plan(result, args.format))
     return EXIT_OK if not result.empty_reasons else refuse_empty(spec, result.empty_reasons)
 

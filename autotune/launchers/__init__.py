@@ -12,9 +12,8 @@ if TYPE_CHECKING:
     from autotune.config.model import ModelConfig
     from autotune.config.study import TrainingConfig
     from autotune.config.workload import WorkloadConfig
-    from autotune.layout import Layout
 
-__all__ = ["Launcher", "make_launcher", "make_launchers", "replayed_table"]
+__all__ = ["Launcher", "make_launcher", "make_launchers"]
 
 
 def make_launcher(launcher: LauncherConfig, model: ModelConfig, cluster: ClusterConfig,
@@ -68,14 +67,3 @@ def make_launchers(launcher: LauncherConfig, model: ModelConfig, cluster: Cluste
             return launchers
     return [make_launcher(launcher, model, cluster, training, source=source,
                           workload=workload)]
-
-
-def replayed_table(launcher: LauncherConfig, model: ModelConfig, cluster: ClusterConfig,
-                   training: TrainingConfig, *, source: str | None = None
-                   ) -> tuple[Layout, ...] | None:
-    """The rows a replayed study searches (its table's group: what ``run`` measures, so
-    what ``plan`` ranks), or ``None`` for any other launcher (none is built: a SLURM
-    launcher would probe the scheduler)."""
-    if launcher.kind != "replay":
-        return None
-    return make_launcher(launcher, model, cluster, training, source=source).fixed_layouts()

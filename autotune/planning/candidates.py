@@ -37,9 +37,10 @@ from autotune.models.memory import estimate_memory
 from autotune.models.memory_uncertainty import FitVerdict
 from autotune.models.profile import LayerProfile
 from autotune.planning.space import enumerate_layouts
+from autotune.spec import StudySpec
 
 __all__ = ["Candidate", "rank_candidates", "rank_layouts", "partition_space", "partition_layouts",
-           "table_constraints"]
+           "replayed_rows", "table_constraints"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,19 @@ def partition_layouts(layouts: Iterable[Layout], model: ModelConfig, constraints
         else:
             feasible.append(layout)
     return feasible, excluded
+
+
+def replayed_rows(spec: StudySpec) -> tuple[Layout, ...] | None:
+    """The rows a replayed study searches (its table's group for the study's model, world
+    size and batch: what ``run`` measures, so what ``plan`` ranks), or ``None`` for any
+    other launcher, which is not built (a SLURM launcher would probe the scheduler). A
+    table with no such group is a :class:`~autotune.errors.SpecError` naming the closest."""
+    if spec.launcher.kind != "replay":
+        return None
+    from autotune.launchers import make_launcher  # only here: no launcher for other plans
+
+    return make_launcher(spec.launcher, spec.model, spec.cluster, spec.training,
+                         source=spec.source).fixed_layouts()
 
 
 def table_constraints(constraints: Constraints, replay: ReplayOptions | None) -> Constraints:

@@ -46,6 +46,7 @@ from autotune.planning.candidates import (
     partition_layouts,
     partition_space,
     rank_layouts,
+    replayed_rows,
     table_constraints,
 )
 from autotune.planning.empty import by_first_reason, empty_space_reasons, excluded_summary
@@ -125,18 +126,18 @@ class PlanResult:
 
 def plan_study(spec: StudySpec, top: int = DEFAULT_TOP, *, calibration: Calibration | None = None,
                ooms: tuple[Layout, ...] = (), fits: tuple[Layout, ...] = (),
-               learn_enabled: bool = True,
-               table: tuple[Layout, ...] | None = None) -> PlanResult:
+               learn_enabled: bool = True) -> PlanResult:
     """Rank the study's feasible layouts and count the excluded ones by reason; with a
     ``calibration``, under its corrections and conditioned on the measured ``ooms`` and
-    on the layouts measured to run, ``fits``. ``table``: a replayed table's rows
-    (:meth:`~autotune.launchers.base.Launcher.fixed_layouts`), the space instead of the
-    search axes', checked as ``run`` checks them (:func:`table_constraints`)."""
+    on the layouts measured to run, ``fits``. A replayed study's space is its table's rows
+    (:func:`replayed_rows`) instead of the search axes', checked as ``run`` checks them
+    (:func:`table_constraints`)."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise SpecError("--top", top, "allowed: an integer >= 1")
     constraints = Constraints.from_configs(
         spec.cluster, spec.training, spec.search, spec.trial, profile=spec.profile,
         deepspeed=deepspeed_for_study(spec.search, spec.workload, spec.launcher))
+    table = replayed_rows(spec)
     if table is not None:
         constraints = table_constraints(constraints, spec.launcher.replay)
     factor = 1.0

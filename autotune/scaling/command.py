@@ -182,7 +182,7 @@ def campaign_studies(spec: StudySpec, request: ScalingRequest, file: str, *,
     from autotune.planning.empty import no_layout_text
     from autotune.planning.plan import plan_study
     from autotune.runner.learning import open_to_read
-    from autotune.scaling.sizes import size_spec, size_table
+    from autotune.scaling.sizes import size_spec
     from autotune.scaling.table import judged_calibration
 
     entries, left_out = [], list[tuple[int, str]]()
@@ -191,8 +191,7 @@ def campaign_studies(spec: StudySpec, request: ScalingRequest, file: str, *,
         for size in request.sizes:
             at = size_spec(spec, request, size)
             judged, ooms, fits = judged_calibration(storage, at, None)
-            plan = plan_study(at, top=1, calibration=judged, ooms=ooms, fits=fits,
-                              table=size_table(at))
+            plan = plan_study(at, top=1, calibration=judged, ooms=ooms, fits=fits)
             if not plan.rows:
                 left_out.append((size, no_layout_text(plan.empty_reasons)))
                 continue

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.errors import EmptySpaceError
+from autotune.planning.candidates import replayed_rows
 from autotune.runner.lifecycle import StopSignals
-from autotune.scaling.sizes import ScalingRequest, size_spec, size_table
+from autotune.scaling.sizes import ScalingRequest, size_spec
 from autotune.spec import StudySpec
 from autotune.storage import StudyAttr
 from autotune.trial.outcome import StopReason
@@ -71,7 +72,7 @@ def run_scaling(spec: StudySpec, request: ScalingRequest, *, n_trials: int | Non
     """Tune every size of ``request`` in order (module docstring)."""
     specs = [size_spec(spec, request, size) for size in request.sizes]  # all checked first
     for at in specs:  # a replayed table holds every size, before the first size runs
-        size_table(at)
+        replayed_rows(at)
     outcome = ScalingRun()
     # A SIGTERM between two sizes' studies (after one study's own StopSignals was removed,
     # before the next one's) stops the run before its next size, as one inside a study

@@ -30,7 +30,6 @@ from dataclasses import dataclass, replace
 
 from autotune.config.cluster import MAX_DEVICES_PER_NODE, MAX_NODES
 from autotune.errors import SpecError
-from autotune.layout import Layout
 from autotune.spec import StudySpec
 
 __all__ = ["MODES", "AXES", "ScalingRequest", "parse_sizes", "size_spec", "size_study_name",
@@ -115,18 +114,6 @@ def size_spec(spec: StudySpec, request: ScalingRequest, size: int) -> StudySpec:
     return replace(spec, name=size_study_name(spec, request, size), cluster=cluster,
                    training=replace(spec.training,
                                     global_batch=request.global_batch(spec, size)))
-
-
-def size_table(at: StudySpec) -> tuple[Layout, ...] | None:
-    """A replayed study's space at one size (:func:`size_spec`): the rows of its table's
-    group for that size's model, devices and batch, which the size's run measures and
-    its plan ranks; ``None`` for any other launcher. A table with no such group is a
-    :class:`~autotune.errors.SpecError` naming the closest one."""
-    if at.launcher.kind != "replay":
-        return None
-    from autotune.launchers import replayed_table  # only then: no launcher for other plans
-
-    return replayed_table(at.launcher, at.model, at.cluster, at.training, source=at.source)
 
 
 def default_sizes(spec: StudySpec, axis: str) -> tuple[int, ...]:

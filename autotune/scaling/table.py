@@ -40,7 +40,7 @@ from autotune.energy import energy_text
 from autotune.layout import Layout
 from autotune.models.flops import model_flops_per_step
 from autotune.planning.band import ratio_band
-from autotune.scaling.sizes import ScalingRequest, scaling_efficiency, size_spec, size_table
+from autotune.scaling.sizes import ScalingRequest, scaling_efficiency, size_spec
 from autotune.spec import StudySpec
 from autotune.util.text import format_table
 
@@ -157,7 +157,7 @@ def _calibration(storage: Storage | None, spec: StudySpec, at: StudySpec,
 
 
 def judged_calibration(storage: Storage | None, at: StudySpec, below: Calibration | None,
-                ) -> tuple[Calibration | None, tuple[Layout, ...], tuple[Layout, ...]]:
+                       ) -> tuple[Calibration | None, tuple[Layout, ...], tuple[Layout, ...]]:
     """The calibration a size is planned under: the memory correction (and the measured
     OOMs and runs) a run of ``at`` starts from, with the throughput correction of the
     smaller sizes ``below`` (or none): the prediction stays an extrapolation from them,
@@ -187,8 +187,7 @@ def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingReq
         below = [s for s in done if s < size]
         cal = _calibration(storage, spec, at, request, below)
         judged, ooms, fits = judged_calibration(storage, at, cal)
-        plan = plan_study(at, top=1, calibration=judged, ooms=ooms, fits=fits,
-                          table=size_table(at))
+        plan = plan_study(at, top=1, calibration=judged, ooms=ooms, fits=fits)
         devices = request.devices(spec, size)
         row = ScalingRow(size=size, nodes=at.cluster.nodes, devices=devices,
                          global_batch=at.training.global_batch, mode=request.mode,
