@@ -24,12 +24,12 @@ from autotune.config.study import SearchConfig
 from autotune.errors import UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.layout import Layout
-from autotune.planning.candidates import partition_space
+from autotune.planning.candidates import partition_layouts, partition_space
 from autotune.planning.space import _divisors, axis_choices, enumerate_layouts
 from autotune.spec import StudySpec
 
 __all__ = ["structural_reasons", "empty_space_reasons", "excluded_summary", "no_layout_text",
-           "empty_message", "refuse_empty", "refuse_structurally_empty"]
+           "table_empty_reasons", "empty_message", "refuse_empty", "refuse_structurally_empty"]
 
 
 def _values(values: Sequence[int]) -> str:
@@ -118,13 +118,24 @@ def no_layout_text(reasons: Sequence[str]) -> str:
     return f"no feasible layout in the search space: {'; '.join(reasons)}"
 
 
-def empty_message(spec: StudySpec, constraints: Constraints, replayed: bool = False) -> str:
+def table_empty_reasons(excluded: Sequence[tuple[Layout, Sequence[Reason]]]) -> list[str]:
+    """Why no row of a replayed table is feasible: what excluded its rows (the table is
+    the study's space, so what its search axes would form says nothing). ``plan`` and
+    ``run`` both say it."""
+    return [f"all {len(excluded)} rows of the replayed table are excluded",
+            *excluded_summary(excluded)]
+
+
+def empty_message(spec: StudySpec, constraints: Constraints,
+                  table: Sequence[Layout] | None = None) -> str:
     """The error ``run`` gives for a study with no feasible layout: the reasons for the
-    study's own space (a replayed table is the space instead, so only ``plan`` can say)."""
+    study's own space, or for a replayed study the reasons for its ``table``'s rows, in
+    the words ``plan`` uses for them."""
     where = spec.source or spec.name
     hint = f"; run `autotune plan {spec.source or 'STUDY'}` to see the excluded layouts"
-    if replayed:  # plan ranks the table's rows too (autotune.planning.plan)
-        return f"{where}: no feasible layout in the replayed table{hint}"
+    if table is not None:
+        _, excluded = partition_layouts(table, spec.model, constraints)
+        return f"{where}: {no_layout_text(table_empty_reasons(excluded))}{hint}"
     _, excluded = partition_space(spec.model, spec.cluster, spec.training, spec.search,
                                   constraints)
     reasons = empty_space_reasons(spec.search, spec.world_size, spec.training.global_batch,

@@ -49,7 +49,7 @@ from autotune.planning.candidates import (
     replayed_rows,
     table_constraints,
 )
-from autotune.planning.empty import by_first_reason, empty_space_reasons, excluded_summary
+from autotune.planning.empty import by_first_reason, empty_space_reasons, table_empty_reasons
 from autotune.spec import StudySpec
 from autotune.workloads.deepspeed_version import deepspeed_for_study
 
@@ -193,8 +193,7 @@ def _empty_reasons(spec: StudySpec, excluded: list[tuple[Layout, list[Reason]]],
     """Why nothing is feasible: for a replayed table, what excluded its rows (its search
     axes are not its space, so what they would form says nothing)."""
     if replayed:
-        return (f"all {len(excluded)} rows of the replayed table are excluded",
-                *excluded_summary(excluded))
+        return tuple(table_empty_reasons(excluded))
     return tuple(empty_space_reasons(spec.search, spec.world_size, spec.training.global_batch,
                                      excluded))
 

@@ -135,7 +135,7 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     if not candidates:
         # the reasons under the calibration that emptied it (the uncalibrated check may
         # keep layouts the database's measured OOMs rule out)
-        raise EmptySpaceError(empty_message(spec, learning.constraints, table is not None))
+        raise EmptySpaceError(empty_message(spec, learning.constraints, table))
     # once, before worker threads could race to create it
     study = storage.retrying("opening the study", lambda: open_study(spec, storage))
     refusal = stop_early.resume_refusal(study, spec, storage, retry_failed=retry_failed)

@@ -127,6 +127,22 @@ def test_search_axes_that_form_no_layout_do_not_refuse_a_replay(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
 
 
+def test_run_and_plan_give_one_reason_for_a_table_with_no_feasible_row(tmp_path: Path) -> None:
+    # Checked as a real study on a 0.5 GiB device, no row of the table fits. `run` said only
+    # "no feasible layout in the replayed table" and sent the user to `plan`; now both say
+    # what excluded the rows, in the same words.
+    study = _study(tmp_path, n_trials=2, study_check=True)
+    study.write_text(study.read_text().replace("device: a100-80gb",
+                                               "device: a100-80gb\n  memory_gb: 0.5"))
+    ran = run_cli("run", str(study), cwd=tmp_path.parent)
+    planned = run_cli("plan", str(study), cwd=tmp_path.parent)
+    assert ran.returncode == 2 and planned.returncode == 2, (ran.stderr, planned.stderr)
+    reason = ("no feasible layout in the search space: all 8 rows of the replayed table "
+              "are excluded; 8 excluded by memory, e.g. ")
+    assert reason in ran.stderr and reason in planned.stderr
+    assert "autotune plan" in ran.stderr  # where the whole list is
+
+
 def test_a_scaling_size_the_table_lacks_is_refused_before_anything_runs(tmp_path: Path) -> None:
     study = _study(tmp_path)  # the table holds 4-GPU groups only
     for argv in (("plan", str(study), "--scaling", "strong", "--devices", "2,4"),
