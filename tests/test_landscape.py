@@ -16,6 +16,7 @@ from autotune.landscape import (
     SHIPPED_LANDSCAPES,
     load_landscape,
     shipped_landscape,
+    table_stack,
 )
 from autotune.layout import Layout
 from autotune.models.flops import hardware_flops_per_step, model_flops_per_step
@@ -153,3 +154,28 @@ def test_the_shipped_tables_are_in_the_checkout_with_their_licences():
     assert all(name in readme for name in SHIPPED_LANDSCAPES)
     with pytest.raises(SpecError, match=r"allowed: one of vtrain_a100_single_node\.csv"):
         shipped_landscape("nope.csv")
+
+
+def test_a_byte_order_mark_is_read_and_a_binary_file_is_named(tmp_path: Path) -> None:
+    # A table saved by a spreadsheet starts with a BOM: before, its first column was
+    # '\ufeff# GPUs' and the file was refused for missing '# GPUs'; the stack, read from
+    # the header alone, was unknown.
+    text = VTRAIN_HEADER + "4,16,2,1024,16,24,1024,2,2,1,250\n"
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    [g] = load_landscape(bom)
+    assert g.best().layout.tp == 2
+    plain = _plain(tmp_path, text)
+    assert table_stack(plain) is not None and table_stack(bom) == table_stack(plain)
+    [s] = _load("\ufeff" + text)
+    assert s.measurements == g.measurements
+    binary = tmp_path / "table.csv"
+    binary.write_bytes(b"\x7fELF\x02\x01\xd0\xff")
+    with pytest.raises(SpecError, match=r"not UTF-8 text \(byte 6\)"):
+        load_landscape(binary)
+
+
+def _plain(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "plain.csv"
+    path.write_text(text)
+    return path

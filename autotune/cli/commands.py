@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import UsageError
+from autotune.errors import SpecError, UsageError
 from autotune.planning import DEFAULT_TOP
 from autotune.trial.outcome import StopReason
 from autotune.util.argtypes import positive_int
@@ -272,7 +272,6 @@ def _layer_counts(text: str) -> tuple[int, ...]:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from autotune.errors import SpecError
     from autotune.profiling.command import profile_landscape, profile_study
 
     if (args.study is None) == (args.from_landscape is None):
@@ -301,6 +300,36 @@ def _table_options(args: argparse.Namespace) -> dict[str, Any]:
     others keep its defaults)."""
     return {k: getattr(args, k) for k in ("hardware", "devices_per_node", "vocab_size",
                                           "attention") if getattr(args, k) is not None}
+
+
+def cmd_landscapes(args: argparse.Namespace) -> int:
+    import json
+
+    from autotune.landscape import SHIPPED_LANDSCAPES, load_landscape, shipped_landscape
+    from autotune.landscape.listing import SUMMARY_COLUMNS, group_summaries
+    from autotune.util.text import format_table
+
+    path = args.table
+    if not Path(path).exists() and path in SHIPPED_LANDSCAPES:
+        path = shipped_landscape(path)
+    try:
+        groups = load_landscape(path, **_table_options(args))
+    except SpecError as err:
+        if err.field != "--landscape":
+            raise
+        raise SpecError("CSV", err.value, err.allowed) from None
+    rows = group_summaries(groups)
+    if args.format == "json":
+        print(json.dumps(rows, indent=1))
+        return EXIT_OK
+    shown = ("index", "name", "device", "devices", "global_batch", "rows", "ok", "oom",
+             "best_layout", "best_model_tflops_per_device")
+    assert set(shown) <= set(SUMMARY_COLUMNS)
+    print(f"{path}: {len(groups)} group(s); a replayed study takes the one with its model, "
+          "world size and global batch, or launcher.replay.group: INDEX")
+    print(format_table([c.replace("best_model_tflops_per_device", "best TFLOPS/dev")
+                        for c in shown], [[r[c] for c in shown] for r in rows]))
+    return EXIT_OK
 
 
 def cmd_scaling(args: argparse.Namespace) -> int:

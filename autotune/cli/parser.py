@@ -111,18 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only the shapes of the K best predicted layouts")
     pf.add_argument("--from-landscape", metavar="CSV",
                     help="fit from a measured table (vTrain or Aurora format) instead")
-    pf.add_argument("--hardware", metavar="NAME",
-                    help="with --from-landscape: device of a table that does not name it")
-    pf.add_argument("--devices-per-node", type=positive_int, metavar="N",
-                    help="with --from-landscape: node size of a table that does not give it")
-    pf.add_argument("--vocab-size", type=positive_int, metavar="V",
-                    help="with --from-landscape: vocabulary of the runs (default: the "
-                    "format's, 51200 for vTrain, 32000 for Aurora)")
-    pf.add_argument("--attention", choices=("flash", "explicit"),
-                    help="with --from-landscape: attention of the runs (default: the "
-                    "format's, explicit for vTrain, flash for Aurora)")
+    _table_arguments(pf, "with --from-landscape: ")
     pf.add_argument("--quiet", action="store_true", help="no progress lines")
     pf.set_defaults(func=c.cmd_profile)
+
+    ls = sub.add_parser("landscapes", help="the groups of a measured table (vTrain or "
+                        "Aurora CSV) a replayed study can match")
+    ls.add_argument("table", metavar="CSV", help="the table's path, or the name of a "
+                    "shipped one (data/landscapes/: vtrain_a100_single_node.csv, "
+                    "aurora_pvc_70b.csv)")
+    _table_arguments(ls, "")
+    ls.add_argument("--format", choices=("table", "json"), default="table")
+    ls.set_defaults(func=c.cmd_landscapes)
 
     rp = sub.add_parser("report", help="a study's report: tables, plots, CSV/Parquet exports")
     rp.add_argument("study", nargs="?", metavar="STUDY", help="study file or name")
@@ -152,3 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_campaign_parser(sub).set_defaults(func=c.cmd_campaign)
     return p
+
+
+def _table_arguments(parser: argparse.ArgumentParser, when: str) -> None:
+    """What a table's file does not say about its runs (``load_landscape``'s options)."""
+    parser.add_argument("--hardware", metavar="NAME",
+                        help=f"{when}device of a table that does not name it")
+    parser.add_argument("--devices-per-node", type=positive_int, metavar="N",
+                        help=f"{when}node size of a table that does not give it")
+    parser.add_argument("--vocab-size", type=positive_int, metavar="V",
+                        help=f"{when}vocabulary of the runs (default: the format's, 51200 "
+                        "for vTrain, 32000 for Aurora)")
+    parser.add_argument("--attention", choices=("flash", "explicit"),
+                        help=f"{when}attention of the runs (default: the format's, "
+                        "explicit for vTrain, flash for Aurora)")

@@ -361,7 +361,7 @@ def table_stack(path: str | os.PathLike[str], base_dir: str | os.PathLike[str] |
     from its header alone; ``None`` where the file cannot be read or has neither format's
     header (loading it then says why)."""
     try:
-        with open(find_table(path, base_dir), newline="") as f:
+        with open(find_table(path, base_dir), newline="", encoding="utf-8-sig") as f:
             header = [h.strip() for h in next(csv.reader(f), [])]
     except (OSError, UnicodeDecodeError):
         return None

@@ -16,12 +16,17 @@ __all__ = ["Row", "read_text", "check_columns"]
 
 
 def read_text(path: str | os.PathLike[str] | IO[str]) -> tuple[str, str]:
+    # utf-8-sig: a table saved by a spreadsheet starts with a byte-order mark, which would
+    # otherwise become part of the first column's name ('\ufeff# GPUs')
     if hasattr(path, "read"):
-        return getattr(path, "name", "<stream>"), path.read()
+        return getattr(path, "name", "<stream>"), path.read().removeprefix("\ufeff")
     try:
-        return str(path), Path(path).read_text()
+        return str(path), Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise SpecError("--landscape", str(path), "no such file") from None
+    except UnicodeDecodeError as err:  # a binary file named by mistake: not a traceback
+        raise SpecError("--landscape", str(path), f"not UTF-8 text (byte {err.start}); "
+                        "allowed: a CSV in the vTrain or Aurora format") from None
 
 
 class Row:

@@ -98,12 +98,19 @@ class ReplayLauncher(Launcher):
                             "allowed: the path of a readable landscape CSV (vTrain or Aurora "
                             "format)", source=source)
         build_s = opts.build_s
-        groups = load_landscape(path, hardware=cluster.device,
-                                devices_per_node=cluster.devices_per_node,
-                                vocab_size=model.vocab_size, attention=model.attention)
+        try:
+            groups = load_landscape(path, hardware=cluster.device,
+                                    devices_per_node=cluster.devices_per_node,
+                                    vocab_size=model.vocab_size, attention=model.attention)
+        except SpecError as err:  # the file itself (not UTF-8): the study's key names it
+            if err.field != "--landscape":
+                raise
+            raise SpecError("launcher.replay.landscape", opts.landscape, err.allowed,
+                            source=source) from None
         listing = "; ".join(f"{i}: {g.name} ({len(g.measurements)} layouts)"
                             for i, g in enumerate(groups[:12]))
-        listing += "; ..." if len(groups) > 12 else ""
+        listing += (f"; ... {len(groups) - 12} more: `autotune landscapes {opts.landscape}` "
+                    "lists them all") if len(groups) > 12 else ""
         if opts.group is not None:
             if opts.group >= len(groups):
                 raise SpecError("launcher.replay.group", opts.group,

@@ -158,3 +158,31 @@ def test_a_scaling_size_the_table_lacks_is_refused_before_anything_runs(tmp_path
     table = {f"tp{tp}-pp{pp}-dp{dp}-mb{mb}-ga{8 // (dp * mb)}-z0-full"
              for _, gb, mb, tp, dp, pp, _ in ROWS if gb == 8}
     assert best in table  # one of the table's rows (full recompute), not of the axes' space
+
+
+def test_landscapes_lists_the_groups_a_study_can_match(tmp_path: Path) -> None:
+    table = _landscape(tmp_path / "vtrain.csv")
+    proc = run_cli("landscapes", str(table))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "2 group(s)" in lines[0] and lines[1].split()[:5] == [
+        "index", "name", "device", "devices", "global_batch"]
+    assert lines[3].split()[:5] == ["0", "vtrain-4gpu-h1024-a16-l12-s1024-gb8", "a100-80gb",
+                                    "4", "8"]
+    assert "tp4-pp1-dp1-mb2-ga4-z0-full" in lines[3]  # its fastest row, 80 ms
+    groups = json.loads(run_cli("landscapes", str(table), "--format", "json").stdout)
+    assert [(g["index"], g["global_batch"], g["rows"], g["ok"]) for g in groups] == [
+        (0, 8, 8, 8), (1, 16, 1, 1)]
+    assert groups[0]["hidden"] == 1024 and groups[0]["stack"] == "megatron-deepspeed-either"
+    shipped = run_cli("landscapes", "aurora_pvc_70b.csv")  # a shipped table by its name
+    assert shipped.returncode == 0 and "38 group(s)" in shipped.stdout
+    missing = run_cli("landscapes", str(tmp_path / "nope.csv"))
+    assert missing.returncode == 2 and "CSV: got" in missing.stderr
+
+
+def test_a_binary_landscape_names_the_study_key(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    (tmp_path / "vtrain.csv").write_bytes(b"\x7fELF\x02\x01\xd0\xff")
+    proc = run_cli("run", str(study), cwd=tmp_path.parent)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "launcher.replay.landscape: got 'vtrain.csv'; not UTF-8 text" in proc.stderr
