@@ -278,8 +278,9 @@ def test_from_landscape_writes_and_merges(tmp_path: Path,
     assert len(prof) > 10 and {e.shape.device for e in prof.entries} == {"a100-80gb"}
     assert json.loads(out.read_text())["kind"] == "autotune-layer-profile"
     assert "layer shape(s)" in capsys.readouterr().out
-    # Merging keeps what the file had: a second write of the same table changes nothing.
-    assert _cli("--from-landscape", str(VTRAIN), "--out", str(out)) == 0
+    # Merging keeps what the file had: a second write of the same table changes nothing
+    # (named this time as a shipped table, by its name alone, as `autotune landscapes` takes).
+    assert _cli("--from-landscape", VTRAIN.name, "--out", str(out)) == 0
     assert load_profile(out) == LayerProfile(prof.entries, source=load_profile(out).source)
 
 

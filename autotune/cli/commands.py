@@ -291,8 +291,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.top or args.layers:
         raise SpecError("--top / --layers", args.top or args.layers,
                         "allowed only when measuring a study (they choose the runs)")
-    profile_landscape(args.from_landscape, Path(args.out), **_table_options(args))
+    profile_landscape(str(_table_path(args.from_landscape)), Path(args.out),
+                      **_table_options(args))
     return EXIT_OK
+
+
+def _table_path(text: str) -> str | Path:
+    """A table the user named: its path, or the name of a shipped one (data/landscapes/)
+    where no such file is here."""
+    from autotune.landscape import SHIPPED_LANDSCAPES, shipped_landscape
+
+    return shipped_landscape(text) if text in SHIPPED_LANDSCAPES and not Path(
+        text).exists() else text
 
 
 def _table_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -305,13 +315,11 @@ def _table_options(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_landscapes(args: argparse.Namespace) -> int:
     import json
 
-    from autotune.landscape import SHIPPED_LANDSCAPES, load_landscape, shipped_landscape
+    from autotune.landscape import load_landscape
     from autotune.landscape.listing import SUMMARY_COLUMNS, group_summaries
     from autotune.util.text import format_table
 
-    path = args.table
-    if not Path(path).exists() and path in SHIPPED_LANDSCAPES:
-        path = shipped_landscape(path)
+    path = _table_path(args.table)
     try:
         groups = load_landscape(path, **_table_options(args))
     except SpecError as err:

@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--top", type=positive_int, metavar="K",
                     help="only the shapes of the K best predicted layouts")
     pf.add_argument("--from-landscape", metavar="CSV",
-                    help="fit from a measured table (vTrain or Aurora format) instead")
+                    help="fit from a measured table (vTrain or Aurora format; a path or a "
+                    "shipped table's name) instead")
     _table_arguments(pf, "with --from-landscape: ")
     pf.add_argument("--quiet", action="store_true", help="no progress lines")
     pf.set_defaults(func=c.cmd_profile)
