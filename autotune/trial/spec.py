@@ -140,6 +140,10 @@ class TrialSpec:
             raw = json.loads(Path(path).read_text())
         except FileNotFoundError:
             raise SpecError("--spec", str(path), "no such file") from None
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise SpecError("spec", str(path), f"not valid JSON ({err})") from None
+        except RecursionError:  # as read_result: a file nested past the parser's stack
+            raise SpecError("spec", str(path), "not valid JSON (nested too deeply)") from None
+        except OSError as err:  # a directory, a file it may not read: the result says so
+            raise SpecError("--spec", str(path), f"cannot read it ({err.strerror})") from None
         return cls.from_dict(raw, source=str(path))

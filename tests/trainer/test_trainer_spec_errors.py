@@ -45,10 +45,22 @@ def test_invalid_values_name_the_field(tmp_path: Path, section: str, key: str, v
     assert code == 2 and field in r["error"]
 
 
-def test_unreadable_spec(tmp_path: Path) -> None:
-    (tmp_path / "x.json").write_text("{not json")
+@pytest.mark.parametrize("content, error", [
+    ("{not json", "not valid JSON"),
+    # Before, each of these three was a traceback and no result at all.
+    (b"\x7fELF\x02\x01\xd0\xff", "not valid JSON ('utf-8' codec can't decode"),
+    ("[" * 100_000, "not valid JSON (nested too deeply)"),
+    (None, "cannot read it (Is a directory)"),  # --spec names a folder
+])
+def test_unreadable_spec(tmp_path: Path, content: str | bytes | None, error: str) -> None:
+    path = tmp_path / "x.json"
+    if content is None:
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
     from trainer.__main__ import main
 
-    assert main(["--spec", str(tmp_path / "x.json"), "--result",
-                 str(tmp_path / "x.out.json")]) == 2
-    assert "not valid JSON" in json.loads((tmp_path / "x.out.json").read_text())["error"]
+    assert main(["--spec", str(path), "--result", str(tmp_path / "x.out.json")]) == 2
+    assert error in json.loads((tmp_path / "x.out.json").read_text())["error"]
