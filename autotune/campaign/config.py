@@ -189,7 +189,11 @@ def _expand_study(i: int, entry: Any, base_dir: Path) -> list[tuple[str, dict[st
     base = read_yaml(path, field=f"{where}.file")
     if not isinstance(base, dict):
         raise SpecError(f"{where}.file", str(path), "expected a study mapping")
-    doc = _merge(base, entry.get("overrides") or {})
+    overrides = entry.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise SpecError(f"{where}.overrides", overrides,
+                        "allowed: a mapping of study-file sections, e.g. {search: {seed: 1}}")
+    doc = _merge(base, overrides)
     if "name" in entry:
         doc["name"] = check_name(f"{where}.name", entry["name"])
     doc.setdefault("name", re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem))

@@ -136,6 +136,14 @@ def test_matrix_expands_to_one_study_per_point(tmp_path: Path) -> None:
         load(make(tmp_path, studies=[{"file": "study.yaml"}, {"file": "study.yaml"}]))
 
 
+@pytest.mark.parametrize("overrides", ["abc", 1, [1], True])
+def test_overrides_that_are_not_a_mapping_name_the_entry(tmp_path: Path,
+                                                         overrides: object) -> None:
+    # Before: AttributeError: 'str' object has no attribute 'items', a traceback.
+    with pytest.raises(SpecError, match=r"studies\[0\]\.overrides: got .*allowed: a mapping"):
+        load(make(tmp_path, studies=[{"file": "study.yaml", "overrides": overrides}]))
+
+
 def test_shipped_campaigns_and_sites_load(tmp_path: Path) -> None:
     for name in list_sites():
         load_site(name)
