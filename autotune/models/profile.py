@@ -48,8 +48,9 @@ from autotune.config._fields import check_choice, check_float, check_int, check_
 from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ATTENTION_KINDS, MLP_KINDS, ModelConfig
 from autotune.errors import SpecError, short_repr
-from autotune.hardware import HARDWARE
+from autotune.hardware import HARDWARE, MAX_TFLOPS_PER_DEVICE
 from autotune.layout import RECOMPUTE_CHOICES, Layout, Recompute
+from autotune.models.flops import layer_forward_flops
 from autotune.util.atomic import write_json_atomic
 
 __all__ = ["LayerShape", "LayerMemory", "ProfileEntry", "LayerProfile", "PROFILE_KIND",
@@ -62,6 +63,8 @@ TP_LINKS = ("none", "intra_card", "intra_node", "inter_node")
 PROFILE_VERSION = 2
 """Version 2: entries may carry ``memory``. Version 1 files (no memory) are still read."""
 READABLE_VERSIONS = (1, 2)
+MAX_LAYER_TIME_S = 86400.0
+"""Most seconds one layer and micro-batch is believed to take (``1e308`` made steps inf)."""
 PEAK_KINDS = ("allocated", "rss")
 """What a measured peak is: the caching allocator's peak allocated bytes (GPU/XPU) or the
 process's peak resident set (CPU; :func:`trainer.distributed.peak_memory`)."""
@@ -191,10 +194,11 @@ class ProfileEntry:
 
     def __post_init__(self) -> None:
         t = self.layer_time_s
-        if isinstance(t, bool) or not (isinstance(t, (int, float)) and t > 0
-                                       and math.isfinite(t)):
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0 < t
+                                       <= MAX_LAYER_TIME_S):
             raise SpecError("layer_time_s", self.layer_time_s,
-                            f"allowed: a positive number of seconds ({self.shape.label()})")
+                            f"allowed: a positive number of seconds, at most "
+                            f"{MAX_LAYER_TIME_S:g} ({self.shape.label()})")
 
 
 @dataclass(frozen=True)
@@ -365,6 +369,7 @@ def load_cluster_profile(cluster: ClusterConfig, model: ModelConfig,
         raise SpecError("cluster.profile", str(path),
                         f"in the file, {err.field}: got {short_repr(err.value)}; "
                         f"{err.allowed}") from None
+    _check_throughput(profile, model, device=cluster.device, dtype=dtype)
     if not profile.covers(model, device=cluster.device, dtype=dtype):
         raise SpecError("cluster.profile", profile.label,
                         f"allowed: a profile with entries for this model's layer "
@@ -373,3 +378,22 @@ def load_cluster_profile(cluster: ClusterConfig, model: ModelConfig,
                         f"{dtype}; this one has {len(profile)} entries "
                         "for other layers (autotune profile STUDY measures them)")
     return profile
+
+
+def _check_throughput(profile: LayerProfile, model: ModelConfig, *, device: str,
+                      dtype: str) -> None:
+    """Refuse an entry for ``model``'s layer faster than trial results and table rows may
+    be (:data:`~autotune.hardware.MAX_TFLOPS_PER_DEVICE`): the plan would rank by it."""
+    probe = LayerShape.of(model, Layout(1, 1, 1, 1, 1), device=device, dtype=dtype,
+                          tp_link="none")
+    for e in profile.entries:
+        if not _same_layer(e.shape, probe):
+            continue
+        flops = 3.0 * layer_forward_flops(model, e.shape.micro_batch) / e.shape.tp
+        tflops = flops / e.layer_time_s / 1e12
+        if tflops > MAX_TFLOPS_PER_DEVICE:
+            raise SpecError("cluster.profile", profile.label,
+                            f"in the file, layer_time_s: got {e.layer_time_s:g} "
+                            f"({e.shape.label()}); gives {tflops:.3g} model TFLOPS per "
+                            f"device; allowed: a time that gives at most "
+                            f"{MAX_TFLOPS_PER_DEVICE:g}")

@@ -109,6 +109,29 @@ def test_cluster_section_errors_name_cluster_profile(tmp_path: Path) -> None:
     assert load_cluster_profile(ClusterConfig(**CPU), TINY, "fp32") is None
 
 
+def test_a_layer_time_no_device_could_give_is_refused(tmp_path: Path) -> None:
+    # 1e-300 s made the plan rank by a layer of infinite TFLOPS; 1e308 s made every step
+    # time infinite (and the JSON plan print Infinity and NaN). Both loaded before.
+    for seconds, needle in ((1e-300, "gives 1.28e+294 model TFLOPS per device; allowed: a "
+                                     "time that gives at most 100000"),
+                            (1e-13, "model TFLOPS per device; allowed: a time"),
+                            (1e308, "entries[0].layer_time_s: got 1e+308; allowed: a "
+                                    "positive number of seconds, at most 86400")):
+        data = LayerProfile((ProfileEntry(MEASURED, 1e-4),)).to_dict()
+        data["entries"][0]["layer_time_s"] = seconds
+        (tmp_path / "p.json").write_text(json.dumps(data))
+        cluster = ClusterConfig.from_dict({**CPU, "profile": "p.json"}, base_dir=tmp_path)
+        with pytest.raises(SpecError) as err:
+            load_cluster_profile(cluster, TINY, "fp32")
+        assert err.value.field == "cluster.profile" and needle in str(err.value), err.value
+    # The bound is the results' and the tables' (autotune.hardware.MAX_TFLOPS_PER_DEVICE):
+    # a fast but believable layer (TINY's 1e-7 s is about 13 TFLOPS) still loads.
+    fast = tmp_path / "fast.json"
+    LayerProfile((ProfileEntry(MEASURED, 1e-7),)).save(fast)
+    assert load_cluster_profile(ClusterConfig.from_dict({**CPU, "profile": str(fast)}),
+                                TINY, "fp32") is not None
+
+
 def test_the_config_layer_imports_no_model() -> None:
     """``cluster.profile`` is a path in the config; the models layer reads the file. No
     module of ``autotune/config/`` imports ``autotune.models``, not even lazily."""
