@@ -105,8 +105,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                          "in other workers (autotune status shows them)")
         return EXIT_OK
     if summary.best is None and summary.stopped_by != StopReason.SIGTERM:
-        print("no trial completed: see the reasons above and the trial logs under "
-              f"{spec.launcher.run_dir}/{spec.name}/", file=sys.stderr)
+        if summary.stopped_by == StopReason.TIMEOUT and not summary.trials:
+            # nothing was launched: there are no reasons above and no logs to point at
+            print("no trial completed: the wall-time budget (--timeout or search.timeout_s) "
+                  "ran out before the first trial; give more time", file=sys.stderr)
+        else:
+            print("no trial completed: see the reasons above and the trial logs under "
+                  f"{spec.launcher.run_dir}/{spec.name}/", file=sys.stderr)
         return EXIT_FAIL
     return EXIT_OK
 

@@ -186,3 +186,12 @@ def test_a_binary_landscape_names_the_study_key(tmp_path: Path) -> None:
     proc = run_cli("run", str(study), cwd=tmp_path.parent)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "launcher.replay.landscape: got 'vtrain.csv'; not UTF-8 text" in proc.stderr
+
+
+def test_a_wall_time_budget_spent_before_the_first_trial_says_so(tmp_path: Path) -> None:
+    # Before: "no trial completed: see the reasons above and the trial logs under runs/...",
+    # with no reason above and no log there.
+    proc = run_cli("run", str(_study(tmp_path)), "--timeout", "1e-9", cwd=tmp_path.parent)
+    assert proc.returncode == 1
+    assert "ran out before the first trial; give more time" in proc.stderr
+    assert "trial logs" not in proc.stderr
