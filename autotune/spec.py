@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from autotune.config._fields import check_keys
+from autotune.config._fields import check_keys, optional_section
 from autotune.config.cluster import ClusterConfig
 from autotune.config.launcher import LauncherConfig
 from autotune.config.model import ModelConfig
@@ -281,11 +281,11 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             model=ModelConfig.from_dict(data["model"]),
             cluster=ClusterConfig.from_dict(data["cluster"], base_dir=base_dir),
             training=TrainingConfig.from_dict(data["training"]),
-            search=SearchConfig.from_dict(data.get("search") or {}),
-            trial=TrialConfig.from_dict(data.get("trial") or {}),
-            storage=_storage(data.get("storage") or {}, base_dir),
-            launcher=LauncherConfig.from_dict(data.get("launcher") or {}),
-            workload=WorkloadConfig.from_dict(data.get("workload") or {}),
+            search=SearchConfig.from_dict(optional_section(data, "search")),
+            trial=TrialConfig.from_dict(optional_section(data, "trial")),
+            storage=_storage(optional_section(data, "storage"), base_dir),
+            launcher=LauncherConfig.from_dict(optional_section(data, "launcher")),
+            workload=WorkloadConfig.from_dict(optional_section(data, "workload")),
             source=source,
         )
         check_megatron_flags(spec.workload, spec.model)

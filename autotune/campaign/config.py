@@ -34,7 +34,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from autotune.config._fields import check_int, check_keys
+from autotune.config._fields import check_int, check_keys, optional_section
 from autotune.config.cluster import profile_path
 from autotune.errors import SpecError
 from autotune.sites import (
@@ -81,7 +81,7 @@ class CampaignSlurm:
 
     @classmethod
     def from_dict(cls, data: Any) -> CampaignSlurm:
-        data = check_keys("slurm", data or {}, cls.__dataclass_fields__)
+        data = check_keys("slurm", {} if data is None else data, cls.__dataclass_fields__)
         out: dict[str, Any] = {}
         for key in ("account", "partition", "qos"):
             if data.get(key) is not None:
@@ -189,7 +189,7 @@ def _expand_study(i: int, entry: Any, base_dir: Path) -> list[tuple[str, dict[st
     base = read_yaml(path, field=f"{where}.file")
     if not isinstance(base, dict):
         raise SpecError(f"{where}.file", str(path), "expected a study mapping")
-    overrides = entry.get("overrides") or {}
+    overrides = optional_section(entry, "overrides")
     if not isinstance(overrides, dict):
         raise SpecError(f"{where}.overrides", overrides,
                         "allowed: a mapping of study-file sections, e.g. {search: {seed: 1}}")
@@ -197,7 +197,7 @@ def _expand_study(i: int, entry: Any, base_dir: Path) -> list[tuple[str, dict[st
     if "name" in entry:
         doc["name"] = check_name(f"{where}.name", entry["name"])
     doc.setdefault("name", re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem))
-    matrix = entry.get("matrix") or {}
+    matrix = optional_section(entry, "matrix")
     if not isinstance(matrix, dict) or not all(isinstance(v, list) and v
                                                for v in matrix.values()):
         raise SpecError(f"{where}.matrix", matrix, "allowed: a mapping of dotted keys to lists")
@@ -241,7 +241,7 @@ def _parse(data: Any, src: Path) -> CampaignSpec:
     data = check_keys("campaign", data, ("name", "storage", "site", "slurm", "studies", "env",
                                          "venv", "launcher"))
     name = check_name("name", data.get("name", src.stem))
-    storage = check_keys("storage", data.get("storage") or {}, ("url", "password_file"))
+    storage = check_keys("storage", optional_section(data, "storage"), ("url", "password_file"))
     if "url" not in storage:
         raise SpecError("storage.url", None, "required: the shared database URL")
     url = _check_url(storage["url"])

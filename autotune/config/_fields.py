@@ -82,3 +82,12 @@ def check_keys(section: str, data: Any, allowed: Iterable[str]) -> Mapping[str, 
             raise SpecError(f"{section}.{key}", data[key],
                             f"unknown key; allowed keys: {', '.join(known)}")
     return data
+
+
+def optional_section(data: Mapping[str, Any], section: str) -> Any:
+    """An optional section of ``data``: an empty one (``search:`` with nothing under it,
+    YAML's null) is ``{}``, its defaults; anything else is returned for its config to
+    check, so ``search: 0`` or ``launcher: false`` is an error naming the section, not
+    silently the defaults (``data.get(section) or {}`` took every falsy value for empty)."""
+    value = data.get(section)
+    return {} if value is None else value

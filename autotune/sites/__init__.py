@@ -95,7 +95,7 @@ class SiteSlurm:
 
     @classmethod
     def from_dict(cls, data: Any) -> SiteSlurm:
-        data = check_keys("site.slurm", data or {}, cls.__dataclass_fields__)
+        data = check_keys("site.slurm", {} if data is None else data, cls.__dataclass_fields__)
         out: dict[str, Any] = {}
         if data.get("partition") is not None:
             out["partition"] = check_name("site.slurm.partition", data["partition"])

@@ -136,12 +136,22 @@ def test_matrix_expands_to_one_study_per_point(tmp_path: Path) -> None:
         load(make(tmp_path, studies=[{"file": "study.yaml"}, {"file": "study.yaml"}]))
 
 
-@pytest.mark.parametrize("overrides", ["abc", 1, [1], True])
+@pytest.mark.parametrize("overrides", ["abc", 1, [1], True, 0, False, ""])
 def test_overrides_that_are_not_a_mapping_name_the_entry(tmp_path: Path,
                                                          overrides: object) -> None:
     # Before: AttributeError: 'str' object has no attribute 'items', a traceback.
     with pytest.raises(SpecError, match=r"studies\[0\]\.overrides: got .*allowed: a mapping"):
         load(make(tmp_path, studies=[{"file": "study.yaml", "overrides": overrides}]))
+
+
+@pytest.mark.parametrize(("key", "field"), [("slurm", "slurm"), ("storage", "storage")])
+def test_a_falsy_campaign_section_is_an_error_not_its_defaults(tmp_path: Path, key: str,
+                                                               field: str) -> None:
+    with pytest.raises(SpecError) as err:
+        load(make(tmp_path, **{key: 0}))
+    assert err.value.field == field and "expected a mapping" in str(err.value)
+    with pytest.raises(SpecError, match=r"studies\[0\]\.matrix"):
+        load(make(tmp_path, studies=[{"file": "study.yaml", "matrix": 0}]))
 
 
 def test_shipped_campaigns_and_sites_load(tmp_path: Path) -> None:

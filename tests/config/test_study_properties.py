@@ -95,6 +95,21 @@ def test_error_names_the_field(doc: dict, field: str) -> None:
     assert info.value.field == field
 
 
+@pytest.mark.parametrize("section", ["search", "trial", "storage", "launcher", "workload"])
+@pytest.mark.parametrize("value", [0, False, "", []])
+def test_a_falsy_optional_section_is_an_error_not_its_defaults(section: str,
+                                                               value: object) -> None:
+    # Before, `search: 0` or `launcher: false` was read as the section left empty: a
+    # replay study with `launcher: 0` ran the built-in trainer locally.
+    doc = {"model": {"preset": "tiny"}, "cluster": {}, "training": {"global_batch": 8},
+           section: value}
+    with pytest.raises(SpecError) as info:
+        parse_study(doc)
+    assert info.value.field == section and "expected a mapping" in str(info.value)
+    doc[section] = None  # `search:` with nothing under it: the defaults
+    assert parse_study(doc).name == "study"
+
+
 def test_load_study_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
