@@ -160,7 +160,7 @@ def _rule(call: ast.Call, scope: dict[str, Any], rules: Rules) -> None:
         if kwargs.get("allow_auto", True):
             text += ", or `auto`"
     elif fn == "SpecError" and len(call.args) == 3:
-        message = _fixed_text(call.args[2])
+        message = _fixed_text(call.args[2], scope)
         if message is None:
             return
         for path, _ in _paths(call.args[0], scope):
@@ -238,9 +238,10 @@ def _bounds(minimum: Any, maximum: Any, *, strict: bool = False) -> str:
     return text if maximum is None else f"{text} and <= {_number(maximum)}"
 
 
-def _fixed_text(node: ast.expr) -> str | None:
+def _fixed_text(node: ast.expr, scope: dict[str, Any]) -> str | None:
     """A message that does not depend on the value: a literal, or an f-string whose only
-    fields are ``X={self.X}`` (read as ``X``)."""
+    fields are ``X={self.X}`` (read as ``X``) and module constants (``{MAX_N_TRIALS}``,
+    read as their value)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if not isinstance(node, ast.JoinedStr):
@@ -253,6 +254,9 @@ def _fixed_text(node: ast.expr) -> str | None:
               and isinstance(part.value.value, ast.Name) and part.value.value.id == "self"
               and out.endswith(part.value.attr + "=")):
             out = out[:-1]
+        elif (isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name)
+              and part.format_spec is None and part.value.id in scope):
+            out += _number(scope[part.value.id])
         else:
             return None
     return out

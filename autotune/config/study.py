@@ -235,9 +235,12 @@ class SearchConfig:
         check_int("search.confirm_max_rounds", self.confirm_max_rounds, minimum=2,
                   maximum=MAX_CONFIRM_ROUNDS)
         check_float("search.confirm_budget", self.confirm_budget, maximum=MAX_CONFIRM_BUDGET)
-        if self.stop_on_repeated_error != 0:
-            check_int("search.stop_on_repeated_error", self.stop_on_repeated_error,
-                      minimum=2, maximum=MAX_N_TRIALS)
+        stop = self.stop_on_repeated_error
+        if isinstance(stop, bool) or not isinstance(stop, int) or not (
+                stop == 0 or 2 <= stop <= MAX_N_TRIALS):
+            raise SpecError("search.stop_on_repeated_error", stop,
+                            f"allowed: 0 or false (never stop), or an integer 2..{MAX_N_TRIALS} "
+                            "(1 would stop at the first failure)")
         for i, z in enumerate(self.zero_stage):
             check_choice(f"search.zero_stage[{i}]", z, ZERO_STAGES)
         for i, r in enumerate(self.recompute):
@@ -266,8 +269,9 @@ class SearchConfig:
     @classmethod
     def from_dict(cls, data: Any) -> SearchConfig:
         data = dict(check_keys("search", data, cls.__dataclass_fields__))
-        if data.get("confirm") is False:
-            data["confirm"] = 0  # "confirm: false" reads as off, like 0
+        for off in ("confirm", "stop_on_repeated_error"):
+            if data.get(off) is False:
+                data[off] = 0  # "confirm: false" reads as off, like 0
         for axis, top in (("tp", MAX_DEGREE), ("pp", MAX_DEGREE),
                           ("micro_batch", MAX_GLOBAL_BATCH)):
             if axis in data:

@@ -110,6 +110,18 @@ def test_a_falsy_optional_section_is_an_error_not_its_defaults(section: str,
     assert parse_study(doc).name == "study"
 
 
+def test_stop_on_repeated_error_allows_0_false_or_2_up_and_says_so() -> None:
+    from autotune.config.study import SearchConfig
+
+    assert SearchConfig.from_dict({"stop_on_repeated_error": False}).stop_on_repeated_error == 0
+    assert SearchConfig.from_dict({"stop_on_repeated_error": 0}).stop_on_repeated_error == 0
+    for bad in (1, -1, "2", 2.0, True):
+        with pytest.raises(SpecError) as info:
+            SearchConfig.from_dict({"stop_on_repeated_error": bad})
+        # Before, the message (and the reference) said ">= 2" only, though 0 was allowed.
+        assert "allowed: 0 or false (never stop), or an integer 2..1000000" in str(info.value)
+
+
 def test_load_study_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
