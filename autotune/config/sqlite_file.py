@@ -57,6 +57,9 @@ def require_existing(url: str, command: str) -> None:
     """A :class:`UsageError` naming the absolute path when ``url`` is a SQLite file that
     does not exist (``command``: who refuses, for the message)."""
     path = sqlite_path(url)
+    if path is not None and path.is_dir():
+        raise UsageError(f"{command}: {path.resolve()} (from {url}) is a folder, not a "
+                         "database file; give the file, e.g. sqlite:///FOLDER/autotune.db")
     if path is not None and not path.is_file():
         raise UsageError(f"{command}: no database at {path.resolve()} (from {url}); give "
                          "the study file, or the --storage URL the study was run with")

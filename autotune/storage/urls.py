@@ -141,6 +141,9 @@ def resolve_url(url: str) -> str:
             raise SpecError("storage.url", url, "a SQLite URL without a file; "
                             "allowed: sqlite:///FILE (relative) or sqlite:////ABS/PATH, "
                             "e.g. sqlite:///autotune.db")
+        if Path(parse_url(url).database or "").expanduser().is_dir():
+            raise SpecError("storage.url", url, "names a folder; allowed: a SQLite file in "
+                            "it, e.g. sqlite:///FOLDER/autotune.db")
         return url
     parsed = parse_url(url)
     if parsed.username and parsed.password is None:

@@ -120,3 +120,18 @@ def test_a_sqlite_url_without_a_file_is_refused_naming_it(url: str, tmp_path: Pa
     study = write_study(tmp_path / "s.yaml")
     proc = run_cli("run", str(study), "--storage", url)
     assert proc.returncode == 2 and "a SQLite URL without a file" in proc.stderr
+
+
+def test_a_sqlite_url_naming_a_folder_is_refused_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: `run` exit 1 "cannot open the database ...: unable to open database file";
+    # `status` said "no database at FOLDER", though the folder is there.
+    from autotune.config.storage import StorageConfig
+    from autotune.storage import Storage
+
+    url = f"sqlite:///{tmp_path}/"
+    with pytest.raises(SpecError, match=r"names a folder; allowed: a SQLite file in it"):
+        Storage(StorageConfig(url=url))
+    assert main(["status", "--storage", url]) == 2
+    assert f"{tmp_path} (from {url}) is a folder, not a database file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
