@@ -27,7 +27,8 @@ SUMMARY_COLUMNS: tuple[str, ...] = (
     "index", "name", "device", "devices", "devices_per_node", "global_batch", "n_layer",
     "hidden", "n_head", "seq_len", "vocab_size", "dtype", "attention", "stack", "rows", "ok",
     "oom", "best_layout", "best_model_tflops_per_device")
-"""The keys of one group's summary, in the order ``autotune landscapes`` prints them."""
+"""The keys of one group's summary, in order: what ``autotune landscapes --format json``
+prints (its table shows the ones that tell groups apart)."""
 
 
 def group_summaries(groups: Sequence[LandscapeGroup]) -> list[dict[str, Any]]:

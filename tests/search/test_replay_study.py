@@ -174,6 +174,9 @@ def test_landscapes_lists_the_groups_a_study_can_match(tmp_path: Path) -> None:
     assert [(g["index"], g["global_batch"], g["rows"], g["ok"]) for g in groups] == [
         (0, 8, 8, 8), (1, 16, 1, 1)]
     assert groups[0]["hidden"] == 1024 and groups[0]["stack"] == "megatron-deepspeed-either"
+    from autotune.landscape.listing import SUMMARY_COLUMNS
+
+    assert tuple(groups[0]) == SUMMARY_COLUMNS
     shipped = run_cli("landscapes", "aurora_pvc_70b.csv")  # a shipped table by its name
     assert shipped.returncode == 0 and "38 group(s)" in shipped.stdout
     missing = run_cli("landscapes", str(tmp_path / "nope.csv"))
