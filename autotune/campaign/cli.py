@@ -15,6 +15,7 @@ import warnings
 from typing import Any
 
 from autotune.errors import AutotuneError, UsageError
+from autotune.util.argtypes import positive_int
 
 __all__ = ["add_parser", "main", "EXIT_BUDGET_OPEN"]
 
@@ -42,7 +43,7 @@ def _fill(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("check", help="exit 0 if a study's budget is met, 3 if not (for jobs)")
     p.add_argument("study", metavar="STUDY", help="study YAML file (its name is used)")
     p.add_argument("--storage", required=True, help="database URL (${VAR} expanded)")
-    p.add_argument("--n-trials", type=int, required=True)
+    p.add_argument("--n-trials", type=positive_int, required=True)
 
 
 def run(args: argparse.Namespace) -> int:

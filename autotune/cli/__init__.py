@@ -7,6 +7,7 @@ interrupted by Ctrl-C (the running trial is killed and left to be retried).
 
 from __future__ import annotations
 
+import argparse
 import errno
 import sys
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ def _main(argv: Sequence[str] | None) -> int:
         quiet_optuna()
     handler: Handler = args.func
     try:
+        _refuse_empty(args)
         return handler(args)
     except UsageError as err:
         print(f"autotune: error: {err}", file=sys.stderr)
@@ -73,6 +75,21 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         print(f"autotune: error: database error: {one_line(err)}", file=sys.stderr)
         return EXIT_FAIL
+
+
+_POSITIONALS = {"study": "STUDY", "table": "CSV", "file": "CAMPAIGN"}
+"""The positional arguments' names in the usage lines (their ``metavar``)."""
+
+
+def _refuse_empty(args: argparse.Namespace) -> None:
+    """An empty value (``--storage "$URL"`` with ``URL`` unset) is an error naming the
+    option: the commands read an empty string as the option left out, so ``--storage ""``
+    used the study file's database and ``--out ""`` the default folder, silently."""
+    for dest, value in vars(args).items():
+        if isinstance(value, str) and not value.strip():
+            name = _POSITIONALS.get(dest, "--" + dest.replace("_", "-"))
+            raise UsageError(f"{name}: got {value!r}; allowed: a non-empty value (an unset "
+                             "shell variable?)")
 
 
 if __name__ == "__main__":

@@ -195,3 +195,35 @@ def test_plan_scaling_refuses_a_reference_it_would_not_show(
     study = str(REPO / "studies" / "cpu_demo.yaml")
     assert main(["plan", study, "--scaling", "weak", "--devices", "1,2", *flags]) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["run", "STUDYFILE", "--storage", ""], "--storage"),
+    (["status", ""], "STUDY"),
+    (["report", "cpu-demo", "--out", " "], "--out"),
+    (["plan", "STUDYFILE", "--storage", ""], "--storage"),
+    (["landscapes", ""], "CSV"),
+])
+def test_an_empty_value_is_refused_naming_the_option(
+        argv: list[str], name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # `--storage "$URL"` with URL unset: before, the empty string read as the option left
+    # out, so `run` used the study file's database (and `--out ""` the default folder).
+    from tests.helpers import write_study
+
+    study = write_study(tmp_path / "s.yaml")
+    monkeypatch.chdir(tmp_path)
+    argv = [str(study) if a == "STUDYFILE" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"autotune: error: {name}: got " in err and "allowed: a non-empty value" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # no database, no runs
+
+
+def test_campaign_check_refuses_a_budget_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+    # Before: type=int took -1, and a budget of -1 trials is always met.
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["campaign", "check", "s.yaml", "--storage", "sqlite:///x.db",
+                                   "--n-trials", "-1"])
+    assert exit_.value.code == 2
+    assert "argument --n-trials: got -1; allowed: an integer >= 1" in capsys.readouterr().err
