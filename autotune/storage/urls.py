@@ -155,6 +155,9 @@ def resolve_url(url: str) -> str:
             except OSError as err:
                 raise SpecError("AUTOTUNE_DB_PASSWORD_FILE", pw_file,
                                 f"cannot be read ({err.strerror})") from None
+            except UnicodeDecodeError:  # a binary file named by mistake: not a traceback
+                raise SpecError("AUTOTUNE_DB_PASSWORD_FILE", pw_file,
+                                "not UTF-8 text; allowed: a file holding the password") from None
         if password is not None:
             parsed = parsed.set(password=password)
     if backend == "postgresql" and parsed.drivername == "postgresql":

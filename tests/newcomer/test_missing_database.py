@@ -135,3 +135,23 @@ def test_a_sqlite_url_naming_a_folder_is_refused_naming_it(
     assert main(["status", "--storage", url]) == 2
     assert f"{tmp_path} (from {url}) is a folder, not a database file" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_password_file_that_cannot_be_read_names_the_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune.storage.urls import resolve_url
+
+    binary = tmp_path / "pw.bin"
+    binary.write_bytes(b"\x7fELF\x02\x01\xd0\xff")
+    url = "postgresql+psycopg://tuner@db.example.org:5432/tuning"
+    for path, reason in ((binary, "not UTF-8 text"),  # before: a UnicodeDecodeError traceback
+                         (tmp_path, "cannot be read (Is a directory)"),
+                         (tmp_path / "gone", "cannot be read (No such file or directory)")):
+        monkeypatch.setenv("AUTOTUNE_DB_PASSWORD_FILE", str(path))
+        with pytest.raises(SpecError) as err:
+            resolve_url(url)
+        assert err.value.field == "AUTOTUNE_DB_PASSWORD_FILE" and reason in str(err.value)
+    good = tmp_path / "pw"
+    good.write_text("s3cret\n")
+    monkeypatch.setenv("AUTOTUNE_DB_PASSWORD_FILE", str(good))
+    assert ":s3cret@" in resolve_url(url)
