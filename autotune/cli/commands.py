@@ -325,12 +325,7 @@ def cmd_landscapes(args: argparse.Namespace) -> int:
     from autotune.util.text import format_table
 
     path = _table_path(args.table)
-    try:
-        groups = load_landscape(path, **_table_options(args))
-    except SpecError as err:
-        if err.field != "--landscape":
-            raise
-        raise SpecError("CSV", err.value, err.allowed) from None
+    groups = load_landscape(path, field="CSV", **_table_options(args))
     rows = group_summaries(groups)
     if args.format == "json":
         print(json.dumps(rows, indent=1))

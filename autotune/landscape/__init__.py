@@ -197,6 +197,7 @@ def load_landscape(
     devices_per_node: int | None = None,
     vocab_size: int | None = None,
     attention: str | None = None,
+    field: str = "--landscape",
 ) -> list[LandscapeGroup]:
     """Read a vTrain-format or Aurora-format CSV into landscape groups (file order).
 
@@ -205,11 +206,12 @@ def load_landscape(
     the Aurora default. ``vocab_size`` and ``attention`` (``"flash"`` or ``"explicit"``)
     apply to both formats (neither file has a column for them); by default each format's
     runs' own: :data:`DEFAULT_VTRAIN_VOCAB` and explicit attention for vTrain,
-    :data:`DEFAULT_AURORA_VOCAB` and flash attention for Aurora.
+    :data:`DEFAULT_AURORA_VOCAB` and flash attention for Aurora. ``field``: the option the
+    file was named by, for the error of a file that cannot be read as text.
     """
     if attention is not None:
         check_choice("attention", attention, ATTENTION_KINDS)
-    source, text = read_text(path)
+    source, text = read_text(path, field)
     reader = csv.reader(io.StringIO(text))
     try:
         header = [h.strip() for h in next(reader)]

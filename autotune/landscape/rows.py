@@ -15,7 +15,8 @@ from autotune.hardware import MAX_TFLOPS_PER_DEVICE
 __all__ = ["Row", "read_text", "check_columns"]
 
 
-def read_text(path: str | os.PathLike[str] | IO[str]) -> tuple[str, str]:
+def read_text(path: str | os.PathLike[str] | IO[str], field: str = "--landscape",
+              ) -> tuple[str, str]:
     # utf-8-sig: a table saved by a spreadsheet starts with a byte-order mark, which would
     # otherwise become part of the first column's name ('\ufeff# GPUs')
     if hasattr(path, "read"):
@@ -23,9 +24,9 @@ def read_text(path: str | os.PathLike[str] | IO[str]) -> tuple[str, str]:
     try:
         return str(path), Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
-        raise SpecError("--landscape", str(path), "no such file") from None
+        raise SpecError(field, str(path), "no such file") from None
     except UnicodeDecodeError as err:  # a binary file named by mistake: not a traceback
-        raise SpecError("--landscape", str(path), f"not UTF-8 text (byte {err.start}); "
+        raise SpecError(field, str(path), f"not UTF-8 text (byte {err.start}); "
                         "allowed: a CSV in the vTrain or Aurora format") from None
 
 

@@ -248,11 +248,16 @@ class LayerProfile:
                 return e.memory
         return None
 
-    def covers(self, model: ModelConfig, *, device: str, dtype: str) -> bool:
-        """Whether any entry is for this model's layer on this device and dtype."""
+    def layer_entries(self, model: ModelConfig, *, device: str, dtype: str
+                      ) -> list[ProfileEntry]:
+        """The entries for this model's layer on this device and dtype (any layout)."""
         probe = LayerShape.of(model, Layout(1, 1, 1, 1, 1), device=device, dtype=dtype,
                               tp_link="none")
-        return any(_same_layer(e.shape, probe) for e in self.entries)
+        return [e for e in self.entries if _same_layer(e.shape, probe)]
+
+    def covers(self, model: ModelConfig, *, device: str, dtype: str) -> bool:
+        """Whether any entry is for this model's layer on this device and dtype."""
+        return bool(self.layer_entries(model, device=device, dtype=dtype))
 
     def merged(self, other: LayerProfile) -> LayerProfile:
         """This profile with ``other``'s entries added; ``other`` wins on a shared shape."""
@@ -369,8 +374,17 @@ def load_cluster_profile(cluster: ClusterConfig, model: ModelConfig,
         raise SpecError("cluster.profile", str(path),
                         f"in the file, {err.field}: got {short_repr(err.value)}; "
                         f"{err.allowed}") from None
-    _check_throughput(profile, model, device=cluster.device, dtype=dtype)
-    if not profile.covers(model, device=cluster.device, dtype=dtype):
+    entries = profile.layer_entries(model, device=cluster.device, dtype=dtype)
+    for e in entries:  # faster than results and table rows may be: the plan would rank by it
+        tflops = 3.0 * layer_forward_flops(model, e.shape.micro_batch) / e.shape.tp \
+            / e.layer_time_s / 1e12
+        if tflops > MAX_TFLOPS_PER_DEVICE:
+            raise SpecError("cluster.profile", profile.label,
+                            f"in the file, layer_time_s: got {e.layer_time_s:g} "
+                            f"({e.shape.label()}); gives {tflops:.3g} model TFLOPS per "
+                            f"device; allowed: a time that gives at most "
+                            f"{MAX_TFLOPS_PER_DEVICE:g}")
+    if not entries:
         raise SpecError("cluster.profile", profile.label,
                         f"allowed: a profile with entries for this model's layer "
                         f"(hidden {model.hidden}, {model.n_head} heads, "
@@ -379,21 +393,3 @@ def load_cluster_profile(cluster: ClusterConfig, model: ModelConfig,
                         "for other layers (autotune profile STUDY measures them)")
     return profile
 
-
-def _check_throughput(profile: LayerProfile, model: ModelConfig, *, device: str,
-                      dtype: str) -> None:
-    """Refuse an entry for ``model``'s layer faster than trial results and table rows may
-    be (:data:`~autotune.hardware.MAX_TFLOPS_PER_DEVICE`): the plan would rank by it."""
-    probe = LayerShape.of(model, Layout(1, 1, 1, 1, 1), device=device, dtype=dtype,
-                          tp_link="none")
-    for e in profile.entries:
-        if not _same_layer(e.shape, probe):
-            continue
-        flops = 3.0 * layer_forward_flops(model, e.shape.micro_batch) / e.shape.tp
-        tflops = flops / e.layer_time_s / 1e12
-        if tflops > MAX_TFLOPS_PER_DEVICE:
-            raise SpecError("cluster.profile", profile.label,
-                            f"in the file, layer_time_s: got {e.layer_time_s:g} "
-                            f"({e.shape.label()}); gives {tflops:.3g} model TFLOPS per "
-                            f"device; allowed: a time that gives at most "
-                            f"{MAX_TFLOPS_PER_DEVICE:g}")

@@ -79,12 +79,7 @@ def profile_landscape(csv: str, out: Path, **table: Any) -> LayerProfile:
     """Fit the layer shapes of a measured table (``table``: :func:`autotune.landscape.
     load_landscape`'s options) into ``out``; return what the file holds now."""
     previous = writable_profile(out)
-    try:
-        groups = load_landscape(csv, **table)
-    except SpecError as err:
-        if err.field != "--landscape":
-            raise
-        raise SpecError("--from-landscape", err.value, err.allowed) from None
+    groups = load_landscape(csv, field="--from-landscape", **table)
     profile = fit_layer_profile(landscape_samples(groups), source=f"landscape {csv}")
     if not len(profile):
         raise AutotuneError(f"{csv}: no series of layouts measured at two or more layer "

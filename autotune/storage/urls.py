@@ -135,13 +135,14 @@ def resolve_url(url: str) -> str:
     url = ENV_VAR_RE.sub(_expand, url)
     backend = backend_of(url)
     if backend == "sqlite":
-        if parse_url(url).database in (None, "", ":memory:"):
+        database = parse_url(url).database
+        if database in (None, "", ":memory:"):
             # SQLAlchemy opens an in-memory database for these: a study stored there is
             # gone when the command ends (and before: "no such table: version_info").
             raise SpecError("storage.url", url, "a SQLite URL without a file; "
                             "allowed: sqlite:///FILE (relative) or sqlite:////ABS/PATH, "
                             "e.g. sqlite:///autotune.db")
-        if Path(parse_url(url).database or "").expanduser().is_dir():
+        if Path(database or "").expanduser().is_dir():
             raise SpecError("storage.url", url, "names a folder; allowed: a SQLite file in "
                             "it, e.g. sqlite:///FOLDER/autotune.db")
         return url
