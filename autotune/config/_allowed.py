@@ -1,7 +1,7 @@
 """What a config dataclass's validators allow, read from their source with :mod:`ast`.
 
-:func:`rules_of` walks the ``__post_init__`` and ``from_dict`` of a section's dataclass
-and reads every ``check_int``, ``check_float``, ``check_choice``, ``check_list``,
+:func:`rules_of` walks the ``__post_init__`` and ``from_dict`` of a section's dataclass,
+and the helpers of the config package they call (:func:`_walk`), and reads every ``check_int``, ``check_float``, ``check_choice``, ``check_list``,
 ``check_text`` and ``_int_list`` call (with its bounds) and every ``SpecError`` whose
 message does not depend on the value, as text for ``docs/study-files.md``
 (:mod:`autotune.cli.docgen`). A bound is evaluated in the validator's module, with the
@@ -34,10 +34,33 @@ class Rules:
     required: dict[str, str] = field(default_factory=dict)
     """Key path -> the loader's words (``required when launcher.kind is 'replay'``)."""
 
+    int_ranges: dict[tuple[str, bool], tuple[str, tuple[Any, Any]]] = field(
+        default_factory=dict)
+    """(path, item) -> the text and (minimum, maximum) of its integer rule so far."""
+
     def add(self, path: str, text: str) -> None:
         texts = self.allowed.setdefault(path, [])
         if text not in texts:
             texts.append(text)
+
+    def add_int(self, path: str, item: bool, minimum: Any, maximum: Any) -> None:
+        """An integer range; two checks of one key (a reader's and a cross-field rule's)
+        both hold, so they show as one range, the tighter bound of each side."""
+        key = (path, item)
+        if key in self.int_ranges:
+            old, (lo, hi) = self.int_ranges.pop(key)
+            self.allowed[path].remove(old)
+            minimum = _tighter(lo, minimum, max)
+            maximum = _tighter(hi, maximum, min)
+        text = f"{'each item ' if item else ''}an integer {_bounds(minimum, maximum)}"
+        self.int_ranges[key] = (text, (minimum, maximum))
+        self.add(path, text)
+
+
+def _tighter(a: Any, b: Any, pick: Any) -> Any:
+    """``pick(a, b)`` of two bounds, where both are numbers; the one that is, else ``a``."""
+    numbers = [v for v in (a, b) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return pick(numbers) if len(numbers) == 2 else (numbers[0] if numbers else a)
 
 
 _VALIDATORS = {"check_int", "check_float", "check_choice", "check_list", "check_text",
@@ -54,16 +77,51 @@ def rules_of(cls: type) -> Rules:
     (loops over literal tuples expanded, one pass per item; an f-string key such as
     ``f"search.zero_stage[{i}]"`` names each item)."""
     rules = Rules()
-    namespace = vars(sys.modules[cls.__module__])
     for name in ("__post_init__", "from_dict"):
         fn = cls.__dict__.get(name)
-        if fn is None:
-            continue
-        fn = getattr(fn, "__func__", fn)
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-        for node, env in _calls(tree, {}, namespace):
-            _rule(node, {**namespace, **env}, rules)
+        if fn is not None:
+            _walk(getattr(fn, "__func__", fn), {}, rules, ())
     return rules
+
+
+_ADVICE_PREFIX = "_refuse_"
+"""A helper named so refuses one value with advice (``_refuse_fp16``: what to write
+instead); its message is not the key's allowed set, and :func:`_walk` does not read it."""
+_HELPER_DEPTH = 2
+"""How deep :func:`_walk` follows the config package's own helpers (``__post_init__`` ->
+``check_strategy_axes``; ``from_dict`` -> ``parse_strategy_axes`` -> ``_ints``)."""
+
+
+def _walk(fn: Any, env: dict[str, Any], rules: Rules, stack: tuple[Any, ...]) -> None:
+    """Read the rules of ``fn``'s validator calls, and of the helpers it calls that are
+    defined in :mod:`autotune.config` (a validator may sit in a helper module of a
+    section, e.g. :mod:`autotune.config._strategy_axes`), each with the parameters its
+    call binds to values (``max_degree=MAX_DEGREE``, a field name) in ``env``. ``stack``:
+    the helpers walked into so far (no recursion)."""
+    namespace = vars(sys.modules[fn.__module__])
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    for node, loop_env in _calls(tree, env, namespace):
+        scope = {**namespace, **loop_env}
+        _rule(node, scope, rules)
+        helper = scope.get(node.func.id) if isinstance(node.func, ast.Name) else None
+        if (len(stack) < _HELPER_DEPTH and inspect.isfunction(helper)
+                and helper is not fn and helper not in stack
+                and helper.__name__ not in _VALIDATORS
+                and not helper.__name__.startswith(_ADVICE_PREFIX)
+                and helper.__module__.startswith("autotune.config")):
+            _walk(helper, _arguments(helper, node, scope), rules, (*stack, fn))
+
+
+def _arguments(fn: Any, call: ast.Call, scope: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of ``fn`` that ``call`` binds to a value readable in ``scope`` (a
+    literal, a constant, a bound parameter); the others stay unbound (read as source)."""
+    args = [_value(a, scope) for a in call.args if not isinstance(a, ast.Starred)]
+    kwargs = {k.arg: _value(k.value, scope) for k in call.keywords if k.arg}
+    try:
+        bound = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        return {}
+    return {k: v for k, v in bound.items() if not isinstance(v, _Source)}
 
 
 def _calls(node: ast.AST, env: dict[str, Any], namespace: dict[str, Any]
@@ -113,6 +171,8 @@ def _paths(node: ast.expr, scope: dict[str, Any]) -> list[tuple[str, bool]]:
     the path: after ``[`` it is an item, after ``.`` every key of the section."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [(node.value, False)]
+    if isinstance(node, ast.Name) and isinstance(scope.get(node.id), str):
+        return [(scope[node.id], False)]  # a helper's parameter bound to a field name
     if not isinstance(node, ast.JoinedStr) or not node.values:
         return []
     text = ""
@@ -140,7 +200,9 @@ def _rule(call: ast.Call, scope: dict[str, Any], rules: Rules) -> None:
     kwargs = {k.arg: _value(k.value, scope) for k in call.keywords if k.arg}
     text = None
     if fn == "check_int":
-        text = f"an integer {_bounds(kwargs.get('minimum', 1), kwargs.get('maximum'))}"
+        for path, item in _paths(call.args[0], scope):
+            rules.add_int(path, item, kwargs.get("minimum", 1), kwargs.get("maximum"))
+        return
     elif fn == "check_float":
         text = "a number " + _bounds(kwargs.get("minimum", 0.0), kwargs.get("maximum"),
                                      strict=kwargs.get("strict") is True)

@@ -67,11 +67,10 @@ def _int_list(field_name: str, value: Any, *, minimum: int = 1, maximum: int | N
 
 def check_min_improvement(value: Any, strategy: str) -> float:
     """``search.min_improvement`` (not null): a fraction in [0, 1), for ``default`` only."""
-    allowed = "allowed: null (off) or a fraction >= 0 and < 1 (0.01 = 1%)"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError("search.min_improvement", value, allowed)
-    if not 0.0 <= value < 1.0:
-        raise SpecError("search.min_improvement", value, allowed)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0.0 <= value < 1.0:
+        raise SpecError("search.min_improvement", value,
+                        "allowed: a fraction >= 0 and < 1 (0.01 = 1%), or null (off)")
     if strategy != "default":
         raise SpecError("search.min_improvement", value,
                         f"allowed: null with strategy {strategy!r} (only 'default' estimates "

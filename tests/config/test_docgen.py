@@ -8,12 +8,18 @@ from dataclasses import dataclass
 import pytest
 
 from autotune.cli import docgen
-from autotune.config._allowed import rules_of
+from autotune.config._allowed import Rules, rules_of
 from autotune.config._fields import check_float, check_int
 from autotune.config.cluster import MAX_NODES, ClusterConfig
 from autotune.config.launcher import LauncherConfig
 from autotune.config.model import ModelConfig
-from autotune.config.study import SearchConfig, StorageConfig, TrainingConfig, TrialConfig
+from autotune.config.study import (
+    MAX_DEGREE,
+    SearchConfig,
+    StorageConfig,
+    TrainingConfig,
+    TrialConfig,
+)
 from autotune.spec import SECTIONS
 
 CONFIGS = {"model": ModelConfig, "cluster": ClusterConfig, "training": TrainingConfig,
@@ -66,6 +72,33 @@ def test_the_bounds_are_shown() -> None:
     assert "< 0.5" in keys["trial.memory_min_p_fit"].allowed
     assert keys["cluster.profile"].default == "`null`"
     assert keys["cluster.profile"].allowed.startswith("the path of a layer-profile JSON file")
+
+
+def test_the_rules_of_a_sections_helpers_are_read() -> None:
+    """A section's validators may sit in helpers of the config package (the ZeRO-3 variant
+    and Ulysses axes in ``config._strategy_axes``): their rules are read, with the bounds
+    their callers bind (``max_degree=MAX_DEGREE``), and two checks of one key show as one
+    range. Before, these keys read "a list of integers"."""
+    keys = {k.path: k for k in docgen.study_keys()}
+    assert keys["search.zero_variant"].allowed.startswith("each item one of `none`, `mics`, "
+                                                          "`hpz`")
+    # parse_strategy_axes -> _ints (>= 1, <= MAX_DEGREE) and check_strategy_axes (>= 2)
+    assert f"each item an integer >= 2 and <= {MAX_DEGREE}" in keys[
+        "search.zero_shard_size"].allowed
+    assert f"each item an integer >= 1 and <= {MAX_DEGREE}" in keys["search.ulysses"].allowed
+    assert "include 1, or sequence_parallel false" in keys["search.ulysses"].allowed
+    assert keys["search.min_improvement"].allowed.startswith("a fraction >= 0 and < 1")
+    # A helper that refuses one value with advice (_refuse_fp16) is no allowed set.
+    assert keys["training.dtype"].allowed == "one of `bf16`, `fp32`"
+
+
+def test_two_integer_checks_of_one_key_show_their_tighter_bounds() -> None:
+    rules = Rules()
+    rules.add_int("s.k", True, 1, 100)
+    rules.add_int("s.k", True, 2, None)
+    rules.add_int("s.k", False, 1, None)
+    assert rules.allowed["s.k"] == ["each item an integer >= 2 and <= 100",
+                                    "an integer >= 1"]
 
 
 LIMITS = {"a": 10, "b": 20}
