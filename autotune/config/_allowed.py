@@ -1,9 +1,10 @@
 """What a config dataclass's validators allow, read from their source with :mod:`ast`.
 
 :func:`rules_of` walks the ``__post_init__`` and ``from_dict`` of a section's dataclass,
-and the helpers of the config package they call (:func:`_walk`), and reads every ``check_int``, ``check_float``, ``check_choice``, ``check_list``,
-``check_text`` and ``_int_list`` call (with its bounds) and every ``SpecError`` whose
-message does not depend on the value, as text for ``docs/study-files.md``
+and the helpers of the config package they call (:func:`_walk`), and reads every
+``check_int``, ``check_float``, ``check_choice``, ``check_list``, ``check_text`` and
+``_int_list`` call (with its bounds) and every ``SpecError`` whose message does not
+depend on the value, as text for ``docs/study-files.md``
 (:mod:`autotune.cli.docgen`). A bound is evaluated in the validator's module, with the
 variables of the literal ``for`` loops around the call bound (``for name, top in (("tp",
 MAX_DEGREE), ...)``); what reads a local instead (``self.x``, a comprehension's variable)
