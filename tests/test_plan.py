@@ -215,3 +215,17 @@ def test_plan_says_what_the_slowest_device_costs() -> None:
     cpu = plan_study(load_study(REPO / "studies" / "cpu_demo.yaml"), top=2)
     assert all(r.step.straggler_factor == 1.0 for r in cpu.rows)
     assert "slowest device" not in render_plan(cpu, "table")
+
+
+def test_plan_says_why_the_band_is_wide_on_a_device_no_validation_covers() -> None:
+    """The Max 1550's band (6-419 TFLOPS on the 175B study) spans the widest scale the
+    residual model takes (autotune/models/prediction_spread.py): the header says why; a
+    study on a validated device (an A100) has no such line."""
+    result = plan_study(load_study(REPO / "studies" / "lrz_gpt175b.yaml"), top=2)
+    text = render_plan(result, "table")
+    assert ("90% band: no published validation of a step-time model covers max1550-tile"
+            in text)
+    spec = load_study(REPO / "studies" / "lrz_gpt175b.yaml")
+    a100 = replace(spec, cluster=replace(spec.cluster, device="a100-80gb"))
+    assert "90% band: no published validation" not in render_plan(plan_study(a100, top=2),
+                                                                  "table")
