@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from autotune.layout import Layout
 from autotune.models.calibration import Residual
-from autotune.models.prediction_spread import SCALE_SD, scale_sd
+from autotune.models.prediction_spread import SCALE_SD, VALIDATED_DEVICES, scale_sd
 from autotune.search._base import Observation
 from autotune.search._residual import (
     AXIS_SD,
@@ -28,7 +28,7 @@ from autotune.search._residual import (
     ResidualStrategy,
 )
 
-__all__ = ["BAND_Z", "Band", "ratio_band", "tflops_bands"]
+__all__ = ["BAND_Z", "Band", "ratio_band", "tflops_bands", "unvalidated_band_note"]
 
 BAND_Z = 1.6448536269514722
 """The standard normal's 95th percentile: a central 90% interval."""
@@ -77,3 +77,22 @@ def ratio_band(base: tuple[Layout, float], other: tuple[Layout, float]) -> Band:
                if getattr(lay_a, a) != getattr(lay_b, a))
     ratio, spread = pred_b / pred_a, math.exp(BAND_Z * math.sqrt(var))
     return ratio / spread, ratio * spread
+
+
+def unvalidated_band_note(device: str) -> str | None:
+    """Why a band on ``device`` is wide, for a header line, where no published validation
+    of a step-time model covers it (``None`` where one does): its overall scale is the
+    widest the residual model takes (:func:`~autotune.models.prediction_spread.scale_sd`),
+    whose own 90% range is a factor ``exp(1.645 sd)`` either way; the scale is shared by
+    every layout, so the ranking does not depend on it.
+
+    >>> unvalidated_band_note("a100-80gb") is None, unvalidated_band_note("cpu")[:39]
+    (True, '90% band: no published validation of a ')
+    """
+    if device in VALIDATED_DEVICES:
+        return None
+    scale = math.exp(BAND_Z * scale_sd(device))
+    return (f"90% band: no published validation of a step-time model covers {device}, so "
+            f"the band lets the cost model's overall level be off by a factor of {scale:.0f} "
+            "either way (docs/models.md, \"A device no validation covers\"); the ranking "
+            "does not depend on it, and the study's first trials narrow it")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,9 +39,8 @@ from autotune.models.calibration import Calibration
 from autotune.models.cost import StepEstimate, estimate_step
 from autotune.models.memory import MemoryEstimate, estimate_memory
 from autotune.models.memory_uncertainty import FitVerdict
-from autotune.models.prediction_spread import VALIDATED_DEVICES, scale_sd
 from autotune.planning import DEFAULT_TOP
-from autotune.planning.band import BAND_Z, Band, tflops_bands
+from autotune.planning.band import Band, tflops_bands, unvalidated_band_note
 from autotune.planning.candidates import (
     Candidate,
     partition_layouts,
@@ -328,15 +326,11 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
         head += (f"\nslowest device: kernels {100 * (slowest - 1):.1f}% longer than on the "
                  f"median device (the slowest of {result.world_size}; docs/models.md, "
                  "\"The slowest device\")")
-    if result.rows and result.device not in VALIDATED_DEVICES and result.calibration is None:
-        # Why the band spans a factor of ~100 here and ~3 on an A100 (prediction_spread):
-        # the overall scale's own 90% range, before earlier studies or trials narrow it.
-        scale = math.exp(BAND_Z * scale_sd(result.device))
-        head += (f"\n90% band: no published validation of a step-time model covers "
-                 f"{result.device}, so the band lets the cost model's overall level be off by "
-                 f"a factor of {scale:.0f} either way (docs/models.md, \"A device no "
-                 "validation covers\"); the ranking does not depend on it, and the study's "
-                 "first trials narrow it")
+    note = unvalidated_band_note(result.device) if result.rows else None
+    if note is not None and result.calibration is None:
+        # Why the band spans a factor of ~100 here and ~3 on an A100 (prediction_spread);
+        # earlier studies' calibration narrows it, and then its line says so.
+        head += "\n" + note
     cols = ["rank", "layout", "TFLOPS/dev", "90% band", "step_s", "mem_GiB", "+-GiB",
             "memory", "bubble_s", "comm_s"]
     picks = [0, 1, 9, -2, 10, 11, 17, -1, 12, 13]

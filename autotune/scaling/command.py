@@ -245,7 +245,13 @@ def plan_command(spec: StudySpec, args: Any) -> str:
         from autotune.scaling.table import scaling_json
 
         return scaling_json(rows, request)
-    return format_scaling(rows, request, references=references)
+    text = format_scaling(rows, request, references=references)
+    from autotune.planning.band import unvalidated_band_note
+
+    note = unvalidated_band_note(spec.cluster.device)
+    if note is not None and not any(r.calibrated_on for r in rows):
+        text += "\n" + note  # the TFLOPS column's bands, as plan's header says
+    return text
 
 
 def status_lines(storage: Any, studies: Sequence[Any]) -> list[str]:
