@@ -43,7 +43,7 @@ from autotune.config.workload import WorkloadConfig
 from autotune.errors import SpecError
 from autotune.landscape import table_stack
 from autotune.models.profile import LayerProfile, load_cluster_profile
-from autotune.models.stacks import resolve_stack
+from autotune.models.stacks import known_grad_accum_dtype, resolve_stack
 from autotune.planning.space import check_space_size
 from autotune.trial import RunConfig
 
@@ -290,11 +290,14 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
         )
         check_megatron_flags(spec.workload, spec.model)
         # training.stack: auto is the workload's, or a replayed table's (the memory model
-        # never sees "auto").
+        # never sees "auto"); DeepSpeed's recipe, where autotune writes its config.
+        replay = spec.launcher.kind == "replay"
         spec = replace(spec, training=replace(spec.training, stack=resolve_stack(
-            spec.training.stack, spec.workload.kind, replay=spec.launcher.kind == "replay",
+            spec.training.stack, spec.workload.kind, replay=replay,
             table_stack=table_stack(spec.launcher.replay.landscape, base_dir)
-            if spec.launcher.replay is not None else None)))
+            if spec.launcher.replay is not None else None),
+            grad_accum_dtype=known_grad_accum_dtype(spec.workload.kind, spec.training.dtype,
+                                                    spec.workload.ds_config, replay=replay)))
         if read_profile:
             # Read once, here: a bad file fails the load, before any database or launcher.
             spec = replace(spec, profile=load_cluster_profile(spec.cluster, spec.model,

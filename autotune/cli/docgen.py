@@ -55,7 +55,7 @@ EXTRA_KEYS: dict[str, tuple[str, str, str]] = {
                      "Without it, `n_layer`, `hidden`, `n_head` and `seq_len` are required."),
 }
 """Keys without a dataclass field of their own: (default, allowed, meaning)."""
-NOT_IN_FILE = {"cluster.profile_path"}
+NOT_IN_FILE = {"cluster.profile_path", "training.grad_accum_dtype"}
 """Dataclass fields the loader fills itself (no study-file key of that name)."""
 FILE_KEYS: dict[str, tuple[str, str]] = {
     "cluster.profile": ("profile_path",

@@ -107,6 +107,10 @@ class TrainingConfig:
     deepspeed; ``megatron-deepspeed``: deepspeed-fused-adam; ``command``: deepspeed), or
     with ``launcher.kind: replay`` the table's (vTrain's format: megatron-deepspeed-either;
     the Aurora format's: deepspeed-fused-adam)."""
+    grad_accum_dtype: str | None = None
+    """Filled by the loader: DeepSpeed's gradient accumulation dtype where autotune writes
+    the trials' DeepSpeed config (:func:`autotune.models.stacks.known_grad_accum_dtype`),
+    which picks the engine's optimizer wrapper; ``None``: not known."""
 
     def __post_init__(self) -> None:
         check_int("training.global_batch", self.global_batch, maximum=MAX_GLOBAL_BATCH)

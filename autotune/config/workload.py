@@ -131,8 +131,8 @@ class WorkloadConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables of the program."""
     ds_config: dict[str, Any] = field(default_factory=dict)
-    """DeepSpeed config keys added to each trial's ``ds_config.json`` (never the ones the
-    layout sets: :data:`OWNED_DS_CONFIG_KEYS`)."""
+    """``command`` and ``megatron-deepspeed``: DeepSpeed config keys added to each trial's
+    ``ds_config.json`` (never the ones the layout sets: :data:`OWNED_DS_CONFIG_KEYS`)."""
     no_progress_s: float = 300.0
     """A trial that reports no new step for this long is killed with all its processes
     (ranks on other nodes would otherwise hang for the collectives' timeout)."""
@@ -161,7 +161,9 @@ class WorkloadConfig:
         elif self.kind == "megatron-deepspeed":
             self._check_megatron()
         else:
-            for name in ("argv", "script", "args", "python"):
+            # ds_config too: the built-in trainer writes its own DeepSpeed config from the
+            # layout (autotune.dsconfig) and would silently ignore the extras.
+            for name in ("argv", "script", "args", "python", "ds_config"):
                 if getattr(self, name):
                     raise SpecError(f"workload.{name}", getattr(self, name),
                                     "allowed only with workload.kind 'command' or "

@@ -112,6 +112,9 @@ class MemoryBudget:
     stack: str = "deepspeed"
     """The training stack that allocates (``training.stack``, resolved:
     :mod:`autotune.models.stacks`)."""
+    grad_accum_dtype: str | None = None
+    """DeepSpeed's gradient accumulation dtype where known (``training.grad_accum_dtype``):
+    its optimizer wrapper's gradients (:func:`autotune.models.stacks.deepspeed_grad_bytes`)."""
     stage_corrections: tuple[tuple[int, float, float], ...] = ()
     """``(zero stage, correction, correction_sigma)``: a stage's own correction, which
     replaces the two above for its layouts (:mod:`autotune.models.calibration`)."""
@@ -138,7 +141,8 @@ class MemoryBudget:
         return cls(capacity_bytes=cluster.device_spec().memory_bytes,
                    margin=trial.memory_margin, dtype=training.dtype, device=cluster.device,
                    min_p_fit=trial.memory_min_p_fit, profile=profile,
-                   stack=resolve_stack(training.stack, "builtin"))
+                   stack=resolve_stack(training.stack, "builtin"),
+                   grad_accum_dtype=training.grad_accum_dtype)
 
     def verdict(self, model: ModelConfig, layout: Layout) -> MemoryVerdict:
         """The memory check of a structurally valid ``layout``: the prediction, its error
@@ -160,7 +164,8 @@ class MemoryBudget:
         each = []
         for stack in memory_stacks(self.stack):
             one = estimate_memory(model, layout, dtype=self.dtype, device=self.device,
-                                  profile=self.profile, stack=stack)
+                                  profile=self.profile, stack=stack,
+                                  grad_accum_dtype=self.grad_accum_dtype)
             each.append((one, estimate_uncertainty(model, layout, one, dtype=self.dtype,
                                                    device=self.device, stack=stack)))
         p = sum(fit_probability(e.peak_bytes, self.usable_bytes, u.relative_sigma,

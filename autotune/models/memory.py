@@ -134,26 +134,27 @@ def params_per_rank(model: ModelConfig, layout: Layout, stage: str, *,
     return n
 
 
-def model_state_bytes(n_params: int, layout: Layout, dtype: str) -> tuple[int, int, int]:
+def model_state_bytes(n_params: int, layout: Layout, dtype: str,
+                      grad_accum_dtype: str | None = None) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) bytes of ``n_params`` under ZeRO.
 
     Rajbhandari et al. 2020 (ZeRO, section 3.1): mixed-precision Adam keeps 2 bytes of
     16-bit weights, 2 of 16-bit gradients and K = 12 of fp32 master weights, momentum
-    and variance per parameter (bf16 below ZeRO-2: 2 + 4 bytes of gradients, see the
-    code). fp32 training keeps 4 + 4 and 8 (momentum, variance; the
+    and variance per parameter (bf16 below ZeRO-2: by DeepSpeed's optimizer wrapper,
+    which ``grad_accum_dtype`` picks, :func:`autotune.models.stacks.deepspeed_grad_bytes`;
+    ``None``, not known: 2 + 4). fp32 training keeps 4 + 4 and 8 (momentum, variance; the
     weights are their own master copy). Stage 1 shards the optimizer states over ``dp``,
     stage 2 the gradients too, stage 3 the weights too.
     """
     # ZeRO partitions over dp * ulysses, MiCS over its partition group (zero_variants).
     dp, z = zero_partition_size(layout), layout.zero_stage
-    w_b, g_b, o_b = (4, 4, 8) if dtype == "fp32" else (2, 2, 12)
+    w_b, o_b = (4, 8) if dtype == "fp32" else (2, 12)
+    g_b: float = 4 if dtype == "fp32" else 2
     if dtype == "bf16" and z <= 1:
-        # DeepSpeed's BF16_Optimizer (used for bf16 below ZeRO-2) accumulates gradients in
-        # an fp32 buffer of every parameter of the rank, next to the bf16 ``.grad``
-        # (deepspeed/runtime/bf16_optimizer.py, ``fp32_groups_gradients_flat``): 2 + 4.
-        # Which wrapper DeepSpeed picks depends on the recipe (``data_types``): see
-        # :func:`autotune.models.memory_uncertainty.grad_accumulation_sigma_bytes`.
-        g_b = 6
+        # The wrapper's gradients; not known which, BF16_Optimizer's fp32 accumulation
+        # buffer beside the bf16 ``.grad`` (deepspeed/runtime/bf16_optimizer.py), 2 + 4:
+        # the other recipes are in grad_accumulation_sigma_bytes (memory_uncertainty).
+        g_b = stacks.deepspeed_grad_bytes(layout, dtype, grad_accum_dtype)
     weights = n_params * w_b / (dp if z >= 3 else 1) + hpz_secondary_bytes(n_params, layout, dtype)
     grads = n_params * g_b / (dp if z >= 2 else 1)
     optim = n_params * o_b / (dp if z >= 1 or _bf16_pipeline_optimizer(layout, dtype) else 1)
@@ -306,6 +307,9 @@ class MemoryEstimate:
     profiled: bool = False
     """The stored activations per layer are a layer profile's measured ones
     (:func:`measured_layer_activation`), not the analytic count."""
+    grad_accum_dtype: str | None = None
+    """DeepSpeed's gradient accumulation dtype the estimate took (``None``: not known; its
+    error bar then carries the other recipes)."""
     activations_sigma_bytes: int | None = None
     """sd of the measured part of ``activations_bytes``: the profile's error bar times the
     layer-micro-batches stored (``None``: analytic, or the profile gave no error bar)."""
@@ -317,10 +321,11 @@ class MemoryEstimate:
 
 def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
                     device: str | None, measured: MeasuredActivation | None,
-                    stack: str = "deepspeed") -> MemoryEstimate:
+                    stack: str = "deepspeed",
+                    grad_accum_dtype: str | None = None) -> MemoryEstimate:
     n = params_per_rank(model, layout, stage, tied=stacks.ties_embeddings(stack))
     w, g, o = (stacks.megatron_state_bytes(n, layout, dtype, stack) if stacks.is_megatron(stack)
-               else model_state_bytes(n, layout, dtype))
+               else model_state_bytes(n, layout, dtype, grad_accum_dtype))
     per_layer = measured.activation_bytes if measured is not None else None
     act = activation_bytes(model, layout, dtype, stage, measured_layer_bytes=per_layer)
     act = int(ulysses_share(act, layout))  # each Ulysses rank holds s/u of every sequence
@@ -334,7 +339,13 @@ def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
     # The stack's own buffers (autotune.models.stacks): DeepSpeed's buckets, torch AdamW's
     # temporary; Megatron's DDP reduces its fp32 grad buffer (counted in ``g``) in place.
     buf = buffer_bytes(model, layout, dtype, n) if stacks.has_deepspeed_buckets(stack) else 0
-    if stacks.has_torch_adam_temp(stack):
+    step = 0 if stacks.is_megatron(stack) else \
+        stacks.deepspeed_step_excess_bytes(layout, dtype, grad_accum_dtype) * n
+    if step:
+        # FP16_Optimizer's step (AdamW's temporary included) runs after the backward has
+        # released the activations: the peak is the larger phase.
+        buf += max(0, step - (act + logit + buf))
+    elif stacks.has_torch_adam_temp(stack):
         buf += optimizer_temp_bytes(n, layout)
     rt = runtime_bytes(device)
     dynamic = w + g + o + act + logit + buf
@@ -348,14 +359,18 @@ def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
         # One measurement for every layer and micro-batch: their errors add linearly.
         sigma = int(stored_layers(model, layout, stage) * measured.sigma_bytes)
     return MemoryEstimate(stage, n, w, g, o, act, logit, buf, rt, total, (total,),
-                          profiled=measured is not None, activations_sigma_bytes=sigma)
+                          profiled=measured is not None, grad_accum_dtype=grad_accum_dtype,
+                          activations_sigma_bytes=sigma)
 
 
 def estimate_memory(model: ModelConfig, layout: Layout, *, dtype: str = "bf16",
                     device: str | None = None,
                     profile: LayerProfile | None = None,
-                    stack: str = "deepspeed") -> MemoryEstimate:
-    """Predicted peak memory per device of ``layout`` training ``model``.
+                    stack: str = "deepspeed",
+                    grad_accum_dtype: str | None = None) -> MemoryEstimate:
+    """Predicted peak memory per device of ``layout`` training ``model``; under
+    DeepSpeed's engine with ``grad_accum_dtype`` as its gradient accumulation dtype where
+    known (:func:`autotune.models.stacks.known_grad_accum_dtype`).
 
     ``device`` picks the runtime allowance (``"cpu"`` or an accelerator name);
     ``model.attention`` says whether the attention scores are stored (see
@@ -369,9 +384,12 @@ def estimate_memory(model: ModelConfig, layout: Layout, *, dtype: str = "bf16",
     if measured is not None and not measured.usable:
         measured = None
     if layout.pp == 1:
-        return _stage_estimate(model, layout, dtype, "only", device, measured, stack)
-    first = _stage_estimate(model, layout, dtype, "first", device, measured, stack)
-    last = _stage_estimate(model, layout, dtype, "last", device, measured, stack)
+        return _stage_estimate(model, layout, dtype, "only", device, measured, stack,
+                               grad_accum_dtype)
+    first = _stage_estimate(model, layout, dtype, "first", device, measured, stack,
+                            grad_accum_dtype)
+    last = _stage_estimate(model, layout, dtype, "last", device, measured, stack,
+                           grad_accum_dtype)
     worst = first if first.peak_bytes >= last.peak_bytes else last
     return MemoryEstimate(**{**worst.__dict__,
                              "stage_peak_bytes": (first.peak_bytes, last.peak_bytes)})

@@ -207,8 +207,11 @@ def grad_accumulation_sigma_bytes(n_params: int, layout: Layout, dtype: str) -> 
       ``2 + 2``;
     * ZeRO-0 without: ``FP16_Optimizer`` on bf16 (``DDP_BFLOAT16``): the ``.grad``, 2.
 
-    The recipe is not in the study file, so the difference ``B`` is a two-state term:
-    sd ``B/2`` (module docstring). Zero for fp32, fp16 and ZeRO-2/3 (one path each).
+    Where autotune writes the trials' DeepSpeed config the recipe is known
+    (:func:`autotune.models.stacks.known_grad_accum_dtype`) and the point model takes it;
+    elsewhere (a ``command`` program, a replayed table) the difference ``B`` is a
+    two-state term: sd ``B/2`` (module docstring). Zero for fp32, fp16 and ZeRO-2/3 (one
+    path each).
     """
     if dtype != "bf16" or layout.zero_stage >= 2:
         return 0
@@ -354,7 +357,9 @@ def estimate_uncertainty(model: ModelConfig, layout: Layout, est: MemoryEstimate
     dynamic = est.peak_bytes - est.runtime_bytes
     megatron = stacks.is_megatron(stack)
     terms = (
-        ("grad_accumulation", 0 if megatron else grad_accumulation_sigma_bytes(n, layout, dtype)),
+        # Known where autotune writes the DeepSpeed config (est.grad_accum_dtype): no term.
+        ("grad_accumulation", 0 if megatron or est.grad_accum_dtype is not None
+         else grad_accumulation_sigma_bytes(n, layout, dtype)),
         ("flat_partition", 0 if megatron else flat_partition_sigma_bytes(n, layout)),
         ("activations", activation_sigma_bytes(
             model, layout, dtype, est.activations_bytes,

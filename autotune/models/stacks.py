@@ -48,6 +48,8 @@ embedding (:func:`ties_embeddings`); the built-in trainer unties them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from autotune.config.study import TRAINING_STACKS
 from autotune.layout import Layout
 from autotune.models.activations import dtype_bytes
@@ -55,7 +57,8 @@ from autotune.models.activations import dtype_bytes
 __all__ = ["STACKS", "AUTO", "EITHER", "EITHER_STACKS", "REPLAY_STACK", "resolve_stack",
            "memory_stacks", "ties_embeddings", "megatron_state_bytes",
            "megatron_grad_bytes", "dp_reduce_bytes_per_param", "has_torch_adam_temp",
-           "has_deepspeed_buckets", "is_megatron"]
+           "has_deepspeed_buckets", "is_megatron", "known_grad_accum_dtype",
+           "deepspeed_grad_bytes", "deepspeed_step_excess_bytes"]
 
 AUTO = "auto"
 STACKS: tuple[str, ...] = tuple(s for s in TRAINING_STACKS if s != AUTO)
@@ -194,3 +197,81 @@ def has_torch_adam_temp(stack: str) -> bool:
 def has_deepspeed_buckets(stack: str) -> bool:
     """Whether DeepSpeed's gradient buckets exist (its engine runs the reduction)."""
     return not is_megatron(stack)
+
+
+_DS_DTYPE_NAMES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
+                   "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+                   "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16"}
+"""DeepSpeed's names of a ``data_types.grad_accum_dtype`` (``DtypeEnum`` in
+``deepspeed/runtime/config.py``, DeepSpeed 0.19.8), as the memory model names dtypes."""
+
+
+def known_grad_accum_dtype(workload_kind: str, dtype: str, ds_config: dict[str, Any], *,
+                           replay: bool = False) -> str | None:
+    """The gradient accumulation dtype DeepSpeed's engine runs a study's trials with, where
+    autotune writes their DeepSpeed config; ``None`` where it is not known.
+
+    DeepSpeed takes ``data_types.grad_accum_dtype`` from the config, else the model's dtype
+    (``get_data_types``, ``deepspeed/runtime/engine.py``, DeepSpeed 0.19.8). The built-in
+    trainer's config is :func:`autotune.dsconfig.deepspeed_config` alone (no
+    ``data_types``); a ``megatron-deepspeed`` trial's adds ``workload.ds_config``
+    (``autotune.workloads.foreign``), which may set it. A ``command`` program may ignore
+    the config autotune writes, and a replayed table ran its own recipe: unknown.
+
+    >>> known_grad_accum_dtype("builtin", "bf16", {}), known_grad_accum_dtype(
+    ...     "megatron-deepspeed", "bf16", {"data_types": {"grad_accum_dtype": "fp32"}})
+    ('bf16', 'fp32')
+    >>> known_grad_accum_dtype("command", "bf16", {}) is None
+    True
+    """
+    if replay or workload_kind not in ("builtin", "megatron-deepspeed"):
+        return None
+    types = ds_config.get("data_types") if workload_kind != "builtin" else None
+    named = types.get("grad_accum_dtype") if isinstance(types, dict) else None
+    if named is None:
+        return dtype
+    return _DS_DTYPE_NAMES.get(str(named).lower())
+
+
+def deepspeed_grad_bytes(layout: Layout, dtype: str, grad_accum_dtype: str | None) -> float:
+    """Gradient bytes per parameter below ZeRO-2 in bf16 under DeepSpeed's engine, by the
+    optimizer wrapper its ``_do_optimizer_sanity_check`` picks (``deepspeed/runtime/
+    engine.py``, DeepSpeed 0.19.8):
+
+    * gradients accumulated in fp32 (``grad_accum_dtype`` fp32, or not known: the
+      conservative recipe, :func:`autotune.models.memory_uncertainty.
+      grad_accumulation_sigma_bytes` carries the other): ``BF16_Optimizer``'s fp32
+      buffer beside the bf16 ``.grad``, 6;
+    * in bf16, ZeRO-1: ``DeepSpeedZeroOptimizer``, the ``.grad`` and the flat copy of the
+      rank's partition, ``2 + 2/dp``; ZeRO-0 with a pipeline: ``BF16_Optimizer`` with a
+      bf16 buffer, ``2 + 2``; without one: ``FP16_Optimizer`` on bf16 (``DDP_BFLOAT16``),
+      the ``.grad``, 2 (its step: :func:`deepspeed_step_excess_bytes`).
+
+    >>> from autotune.layout import Layout
+    >>> z1 = Layout(tp=1, pp=1, dp=4, micro_batch=1, grad_accum=1, zero_stage=1)
+    >>> deepspeed_grad_bytes(z1, "bf16", None), deepspeed_grad_bytes(z1, "bf16", "bf16")
+    (6, 2.5)
+    """
+    if grad_accum_dtype != "bf16":
+        return 6
+    if layout.zero_stage == 1:
+        return 2 + 2 / layout.dp
+    return 4 if layout.pp > 1 else 2
+
+
+def deepspeed_step_excess_bytes(layout: Layout, dtype: str,
+                                grad_accum_dtype: str | None) -> int:
+    """Bytes per parameter the optimizer step of bf16 ZeRO-0 without a pipeline holds
+    beyond the bf16 ``.grad``, where the wrapper is known to be ``FP16_Optimizer``
+    (:func:`deepspeed_grad_bytes`): its step casts every gradient of a group to fp32 and
+    flattens them (``_flatten_dense_tensors([p.grad.to(fp32) ...])``,
+    ``deepspeed/runtime/fp16/fused_optimizer.py``, DeepSpeed 0.19.8), 4 + 4 bytes before
+    the bf16 gradients are released; its unfused twin (``unfused_optimizer.py``, for torch's
+    AdamW) keeps an fp32 ``.grad`` per parameter (4) while torch's multi-tensor AdamW takes
+    ``sqrt(v)`` (4). The backward's activations are gone by then: the step's peak is the
+    larger of the two phases (:func:`autotune.models.memory.estimate_memory`). 0 elsewhere.
+    """
+    if dtype == "bf16" and grad_accum_dtype == "bf16" and layout.zero_stage == 0 \
+            and layout.pp == 1:
+        return 8
+    return 0

@@ -12,8 +12,9 @@ from autotune.feasibility import MemoryBudget
 from autotune.hardware import get_device
 from autotune.landscape import AURORA_COLUMNS
 from autotune.layout import Layout
-from autotune.models.memory import estimate_memory, optimizer_temp_bytes
-from autotune.models.stacks import REPLAY_STACK, STACKS, resolve_stack
+from autotune.models.memory import COMM_BUCKET_ELEMENTS, estimate_memory, optimizer_temp_bytes
+from autotune.models.memory_uncertainty import estimate_uncertainty
+from autotune.models.stacks import REPLAY_STACK, STACKS, known_grad_accum_dtype, resolve_stack
 from autotune.spec import parse_study
 
 # A 3.6B GPT (3.7B with its output layer untied) in pure data parallelism on 64 A100
@@ -197,3 +198,59 @@ def test_a_study_plans_with_its_stack() -> None:
     assert json.loads(render_plan(plans["megatron"], "json"))["stack"] == "megatron"
     assert top["megatron"].step.dp_comm_s == pytest.approx(
         2.0 * top["deepspeed-fused-adam"].step.dp_comm_s, rel=0.01)
+
+
+def test_the_gradient_accumulation_dtype_is_known_where_autotune_writes_the_config(
+        tmp_path) -> None:
+    """DeepSpeed's engine accumulates gradients in ``data_types.grad_accum_dtype``, else the
+    model's dtype (``get_data_types``, 0.19.8): known for the built-in trainer (autotune's
+    config alone) and a Megatron-DeepSpeed trial (autotune's config plus
+    ``workload.ds_config``); not for a user's command or a replayed table."""
+    bf16 = {**_study(), "training": {"global_batch": 4, "dtype": "bf16"}}
+    assert parse_study(bf16).training.grad_accum_dtype == "bf16"
+    script = tmp_path / "train.py"
+    script.write_text("")
+    command = {**bf16, "workload": {"kind": "command", "argv": ["python", str(script)]}}
+    assert parse_study(command).training.grad_accum_dtype is None
+    csv = tmp_path / "t.csv"
+    csv.write_text("# GPUs,global batch,micro batch,hidden size,attention heads,# layers,"
+                   "sequence length,tensor parallelism,data parallelism,pipeline parallelism,"
+                   "iteration time (ms)\n1,4,1,64,4,4,64,1,1,1,10\n")
+    replay = {**bf16, "launcher": {"kind": "replay", "replay": {"landscape": str(csv)}}}
+    assert parse_study(replay).training.grad_accum_dtype is None
+    fp32 = {"data_types": {"grad_accum_dtype": "fp32"}}
+    assert known_grad_accum_dtype("megatron-deepspeed", "bf16", fp32) == "fp32"
+    assert known_grad_accum_dtype("megatron-deepspeed", "bf16", {}) == "bf16"
+    assert known_grad_accum_dtype("megatron-deepspeed", "bf16",
+                                  {"data_types": {"grad_accum_dtype": "int8"}}) is None
+
+
+def test_deepspeeds_wrapper_gradients_with_a_known_recipe() -> None:
+    """bf16 below ZeRO-2 with gradients accumulated in bf16 (DeepSpeed's default): ZeRO-1
+    is DeepSpeedZeroOptimizer (2 + 2/dp), ZeRO-0 with a pipeline BF16_Optimizer with a bf16
+    buffer (2 + 2), without one FP16_Optimizer (2, and an 8-byte step: the fp32 copies and
+    their flat buffer, after the activations are gone). Not known: 2 + 4, as before, with
+    the other recipes in the error bar."""
+    z1 = Layout(**{**PURE_DP.to_dict(), "zero_stage": 1})
+    pipe = Layout(**{**PURE_DP.to_dict(), "pp": 2, "dp": 32, "grad_accum": 4})
+    for layout, grads in ((z1, 2 + 2 / 64), (pipe, 4), (PURE_DP, 2)):
+        known = estimate_memory(GPT_3_6B, layout, dtype="bf16", device="a100-80gb",
+                                stack="deepspeed-fused-adam", grad_accum_dtype="bf16")
+        unknown = estimate_memory(GPT_3_6B, layout, dtype="bf16", device="a100-80gb",
+                                  stack="deepspeed-fused-adam")
+        assert known.grads_bytes == pytest.approx(grads * known.params_per_rank, rel=1e-6)
+        assert unknown.grads_bytes == 6 * unknown.params_per_rank
+        assert [k for k, _ in estimate_uncertainty(GPT_3_6B, layout, known).terms].count(
+            "grad_accumulation") == 0
+        assert "grad_accumulation" in dict(estimate_uncertainty(GPT_3_6B, layout,
+                                                                unknown).terms)
+    # ZeRO-0 without a pipeline: the step's 8 bytes per parameter beyond the backward's
+    # activations and buckets, whichever phase is larger.
+    known = estimate_memory(GPT_3_6B, PURE_DP, dtype="bf16", device="a100-80gb",
+                            stack="deepspeed-fused-adam", grad_accum_dtype="bf16")
+    n = known.params_per_rank
+    assert known.activations_bytes + known.buffers_bytes == max(
+        8 * n, known.activations_bytes + min(n, COMM_BUCKET_ELEMENTS) * 2 * 2)
+    assert known.peak_bytes == known.model_state_bytes + max(
+        8 * n, known.activations_bytes + min(n, COMM_BUCKET_ELEMENTS) * 2 * 2) \
+        + known.runtime_bytes

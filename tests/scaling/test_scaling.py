@@ -17,6 +17,7 @@ import yaml
 from autotune.cli import main
 from autotune.config.study import StorageConfig
 from autotune.errors import SpecError
+from autotune.layout import Layout
 from autotune.scaling.command import status_lines, write_report
 from autotune.scaling.run import SCALING_ATTR, scaling_record
 from autotune.scaling.sizes import ScalingRequest, default_sizes, parse_sizes, size_spec
@@ -154,7 +155,17 @@ def test_plan_extends_the_175b_curve_to_128_nodes(mode: str, centre: int,
     # "99% [41%-238%]" (planning/band.py: the ratio's band has no overall scale in it).
     assert all(ln[3] == "predicted" for ln in lines) and lines[0][8] == "100%"
     effs = [float(ln[8].rstrip("%")) for ln in lines]
-    assert all(0 < e <= 100 for e in effs) and effs == sorted(effs, reverse=True)
+    assert all(e > 0 for e in effs)
+    # Above 100% only where ZeRO-1's sharding over the larger data-parallel group frees the
+    # memory for a layout the base size cannot hold: less recompute, or fewer pipeline
+    # stages each holding more of the model (superlinear scaling from memory: Rajbhandari
+    # et al. 2020, ZeRO, section 10.3).
+    order = {"none": 0, "selective": 1, "full": 2}
+    base = Layout.from_key(lines[0][4])
+    for ln, eff in zip(lines[1:], effs[1:], strict=True):
+        lay = Layout.from_key(ln[4])
+        assert eff <= 100 or order[lay.recompute] < order[base.recompute] \
+            or lay.pp < base.pp, ln
     for ln, eff in zip(lines[1:], effs[1:], strict=True):
         low, high = (float(x.rstrip("%")) for x in ln[9].strip("[]").split("-"))
         assert low < eff < high

@@ -83,6 +83,9 @@ def _load(tmp_path: Path, workload: dict) -> None:
     ({"kind": "command", "argv": [sys.executable], "no_progress_s": 0}, "workload.no_progress_s",
      "allowed"),
     ({"kind": "builtin", "outer": "none"}, "workload.outer", "built-in"),
+    # The built-in trainer writes its own DeepSpeed config: extras were silently ignored.
+    ({"kind": "builtin", "ds_config": {"data_types": {"grad_accum_dtype": "fp32"}}},
+     "workload.ds_config", "allowed only with workload.kind 'command' or 'megatron-deepspeed'"),
     ({"kind": "command", "argv": [sys.executable], "colour": 1}, "workload.colour",
      "unknown key"),
 ])
