@@ -47,7 +47,9 @@ def test_plan_scaling_from_sizes_no_layout_fits(capsys: pytest.CaptureFixture[st
     data = json.loads(capsys.readouterr().out)
     assert data["efficiency_base"] == 16 and list(data["no_layout"]) == ["1"]
     effs = {r["nodes"]: r["efficiency"] for r in data["rows"]}
-    assert effs[1] is None and effs[16] == 1.0 and 0.9 < effs[128] <= 1.0
+    # 128 nodes may pass 100%: ZeRO-1 over 16 replicas frees the memory to drop recompute
+    # (superlinear from memory, docs/scaling.md); the size's own throughput is the check.
+    assert effs[1] is None and effs[16] == 1.0 and effs[128] > 0.9
     assert main([*args, "--format", "csv"]) == 0
     csv_lines = capsys.readouterr().out.splitlines()
     assert csv_lines[0].startswith("nodes,devices,best_layout") and len(csv_lines) == 4
