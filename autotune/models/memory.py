@@ -215,12 +215,14 @@ def peak_retention(peak: str) -> float:
 
 
 def layer_state_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
-    """Model states of one layer on one TP rank as ``autotune profile`` runs it: ``pp = dp
-    = 1``, ZeRO 0 (:func:`model_state_bytes` of :func:`layer_params_per_rank`)."""
+    """Model states of one layer on one TP rank as ``autotune profile`` runs it: the
+    built-in trainer (its DeepSpeed config accumulates gradients in the model's dtype),
+    ``pp = dp = 1``, ZeRO 0 (:func:`model_state_bytes` of :func:`layer_params_per_rank`)."""
     alone = Layout(tp=layout.tp, pp=1, dp=1, micro_batch=layout.micro_batch, grad_accum=1,
                    zero_stage=0, recompute=layout.recompute,
                    sequence_parallel=layout.sequence_parallel)
-    return sum(model_state_bytes(layer_params_per_rank(model, layout.tp), alone, dtype))
+    return sum(model_state_bytes(layer_params_per_rank(model, layout.tp), alone, dtype,
+                                 grad_accum_dtype=dtype))
 
 
 @dataclass(frozen=True)
