@@ -154,7 +154,7 @@ def model_state_bytes(n_params: int, layout: Layout, dtype: str,
         # The wrapper's gradients; not known which, BF16_Optimizer's fp32 accumulation
         # buffer beside the bf16 ``.grad`` (deepspeed/runtime/bf16_optimizer.py), 2 + 4:
         # the other recipes are in grad_accumulation_sigma_bytes (memory_uncertainty).
-        g_b = stacks.deepspeed_grad_bytes(layout, dtype, grad_accum_dtype)
+        g_b = stacks.deepspeed_grad_bytes(layout, grad_accum_dtype)
     weights = n_params * w_b / (dp if z >= 3 else 1) + hpz_secondary_bytes(n_params, layout, dtype)
     grads = n_params * g_b / (dp if z >= 2 else 1)
     optim = n_params * o_b / (dp if z >= 1 or _bf16_pipeline_optimizer(layout, dtype) else 1)

@@ -214,7 +214,8 @@ def known_grad_accum_dtype(workload_kind: str, dtype: str, ds_config: dict[str, 
     DeepSpeed takes ``data_types.grad_accum_dtype`` from the config, else the model's dtype
     (``get_data_types``, ``deepspeed/runtime/engine.py``, DeepSpeed 0.19.8). The built-in
     trainer's config is :func:`autotune.dsconfig.deepspeed_config` alone (no
-    ``data_types``); a ``megatron-deepspeed`` trial's adds ``workload.ds_config``
+    ``data_types``, and a study refuses ``workload.ds_config`` for it); a
+    ``megatron-deepspeed`` trial's adds ``workload.ds_config``
     (``autotune.workloads.foreign``), which may set it. A ``command`` program may ignore
     the config autotune writes, and a replayed table ran its own recipe: unknown.
 
@@ -226,14 +227,14 @@ def known_grad_accum_dtype(workload_kind: str, dtype: str, ds_config: dict[str, 
     """
     if replay or workload_kind not in ("builtin", "megatron-deepspeed"):
         return None
-    types = ds_config.get("data_types") if workload_kind != "builtin" else None
+    types = ds_config.get("data_types")
     named = types.get("grad_accum_dtype") if isinstance(types, dict) else None
     if named is None:
         return dtype
     return _DS_DTYPE_NAMES.get(str(named).lower())
 
 
-def deepspeed_grad_bytes(layout: Layout, dtype: str, grad_accum_dtype: str | None) -> float:
+def deepspeed_grad_bytes(layout: Layout, grad_accum_dtype: str | None) -> float:
     """Gradient bytes per parameter below ZeRO-2 in bf16 under DeepSpeed's engine, by the
     optimizer wrapper its ``_do_optimizer_sanity_check`` picks (``deepspeed/runtime/
     engine.py``, DeepSpeed 0.19.8):
@@ -249,7 +250,7 @@ def deepspeed_grad_bytes(layout: Layout, dtype: str, grad_accum_dtype: str | Non
 
     >>> from autotune.layout import Layout
     >>> z1 = Layout(tp=1, pp=1, dp=4, micro_batch=1, grad_accum=1, zero_stage=1)
-    >>> deepspeed_grad_bytes(z1, "bf16", None), deepspeed_grad_bytes(z1, "bf16", "bf16")
+    >>> deepspeed_grad_bytes(z1, None), deepspeed_grad_bytes(z1, "bf16")
     (6, 2.5)
     """
     if grad_accum_dtype != "bf16":
