@@ -40,6 +40,13 @@ from autotune.energy import energy_text
 from autotune.layout import Layout
 from autotune.models.flops import model_flops_per_step
 from autotune.planning.band import ratio_band
+from autotune.scaling.held import (
+    HeldPrediction,
+    held_efficiency,
+    held_json,
+    held_lines,
+    predict_held,
+)
 from autotune.scaling.sizes import ScalingRequest, scaling_efficiency, size_spec
 from autotune.spec import StudySpec
 from autotune.util.text import format_table
@@ -95,6 +102,8 @@ class ScalingRow:
     """Predicted rows without a layout: why none is feasible at this size
     (:func:`autotune.planning.empty.no_layout_text`, the words ``run`` refuses such a
     size's study with)."""
+    held: HeldPrediction | None = None
+    """Predicted rows: the base size's best layout at this size (:mod:`.held`)."""
 
 
 def _tokens_per_s(spec: StudySpec, tflops_per_device: float, devices: int) -> float:
@@ -182,6 +191,7 @@ def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingReq
 
     done = sorted(r.size for r in measured)
     out = []
+    base: Layout | None = None  # the smallest size's best, held at the larger sizes
     for size in request.sizes:
         at = size_spec(spec, request, size)
         below = [s for s in done if s < size]
@@ -206,6 +216,12 @@ def predicted_rows(storage: Storage | None, spec: StudySpec, request: ScalingReq
                           calibrated_on=",".join(str(s) for s in below) if cal else "")
         else:
             row = replace(row, note=no_layout_text(plan.empty_reasons))
+        if base is None and row.layout is not None and spec.launcher.kind != "replay":
+            base = row.layout  # a replayed table's rows are its space: nothing to hold
+            row = replace(row, held=HeldPrediction(row.layout, row.model_tflops_per_device))
+        elif base is not None:
+            row = replace(row, held=predict_held(at, base, judged, calibrated=cal is not None,
+                                                 ooms=ooms, fits=fits))
         out.append(row)
     return out
 
@@ -240,12 +256,16 @@ def with_efficiency(rows: Sequence[ScalingRow], request: ScalingRequest) -> list
     for r in rows:
         uncalibrated = r.source == "predicted" and not r.calibrated_on
         ref = model_base if uncalibrated else measured_base
+        is_base = r is base_row
+        if r.held is not None and ref:
+            r = replace(r, held=held_efficiency(r.held, ref, None if is_base
+                                                else base_layout if uncalibrated else None))
         if r.model_tflops_per_device is None or not ref:
             out.append(r)
             continue
         if uncalibrated and base_layout is not None and r.layout is not None:
             # The model's own curve: the band of the ratio, not of either prediction.
-            low, high = (1.0, 1.0) if r is base_row else ratio_band(
+            low, high = (1.0, 1.0) if is_base else ratio_band(
                 (base_layout, ref), (r.layout, r.model_tflops_per_device))
             out.append(replace(r, efficiency=scaling_efficiency(r.model_tflops_per_device, ref),
                                efficiency_low=low, efficiency_high=high))
@@ -306,6 +326,10 @@ def format_scaling(rows: Sequence[ScalingRow], request: ScalingRequest, *,
         lines.append(f"efficiency against {request.axis} {base}, the smallest size with a "
                      "layout")
     lines += [f"{request.axis} {r.size}: {r.note}" for r in rows if r.note]
+    held = [(r.size, r.held) for r in rows if r.source == "predicted" and r.held is not None]
+    if any(h.layout is None or h.layout.key() != r.best_layout
+           for r in rows if r.source == "predicted" and (h := r.held) is not None):
+        lines += held_lines(held, request.axis)
     for r in rows:
         if r.source == "measured":
             lines.append(f"{request.axis} {r.size}: " + energy_text(
@@ -361,5 +385,8 @@ def scaling_json(rows: Sequence[ScalingRow], request: ScalingRequest) -> str:
                        "sizes": list(request.sizes),
                        "efficiency_base": efficiency_base(rows, request),
                        "no_layout": {str(r.size): r.note for r in rows if r.note},
+                       "held": [held_json(r.held, nodes=r.nodes, devices=r.devices)
+                                for r in rows if r.source == "predicted" and r.held],
                        "rows": [dict(zip(CSV_COLUMNS, _values(r), strict=True))
                                 for r in rows]}, indent=2, default=str)
+
