@@ -247,8 +247,7 @@ class MeasuredRow:
     layout: Layout
     oom: bool
     predicted_memory_bytes: float | None = None
-    peak_memory_bytes: float | None = None
-    """As the trainer reported it (:func:`comparable_peak_bytes` converts it)."""
+    peak_memory_bytes: float | None = None  # as reported: comparable_peak_bytes converts it
     predicted_tflops: float | None = None
     measured_tflops: float | None = None
 
@@ -283,6 +282,8 @@ class Calibration:
     """Rows of the study itself in the fit."""
     residuals: tuple[Residual, ...] = ()
     """The earlier studies' throughput residuals (the default strategy's warm start)."""
+    stale: int = 0
+    """Earlier rows left out: other models predicted them (:mod:`autotune.models.version`)."""
 
     @property
     def memory_factor(self) -> float:
@@ -291,8 +292,7 @@ class Calibration:
 
     @property
     def memory_sd(self) -> float:
-        """sd of the log memory correction; 0 until something was measured (the model's
-        own error bar is the whole error then)."""
+        """sd of the log memory correction; 0 until measured (the model's error alone)."""
         return self.memory.sd if self.memory.n else 0.0
 
     def memory_stage_corrections(self) -> tuple[tuple[int, float, float], ...]:

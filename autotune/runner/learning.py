@@ -38,6 +38,7 @@ from autotune.models.calibration import (
     MeasuredRow,
     calibrate,
 )
+from autotune.models.version import stale
 from autotune.planning.candidates import Candidate, partition_space, rank_layouts
 from autotune.report.timings import STARTUP_PHASES
 from autotune.search import TrialSeconds
@@ -50,8 +51,8 @@ if TYPE_CHECKING:  # the database layer loads only where a database is read: `pl
     from autotune.storage import Storage
 
 __all__ = ["MAX_EARLIER_ROWS", "DEFAULT_MEMORY_LOG_SD", "workload_of", "key_of",
-           "earlier_rows", "own_rows", "memory_log_sd", "StudyLearning", "plan_calibration",
-           "open_to_read", "stored_calibration",
+           "earlier_rows", "warm_start", "own_rows", "memory_log_sd", "StudyLearning",
+           "plan_calibration", "open_to_read", "stored_calibration",
            "build_seconds", "trial_seconds"]
 
 MAX_EARLIER_ROWS = 2_000
@@ -68,7 +69,8 @@ model's stated error from (a replayed table has no memory rule)."""
 _COLUMNS = ("study_name", "outcome", "tp", "pp", "dp", "micro_batch", "grad_accum",
             "zero_stage", "recompute", "sequence_parallel", "layout_key",
             "predicted_memory_bytes",
-            "peak_memory_bytes", "predicted_tflops_per_device", "model_tflops_per_device")
+            "peak_memory_bytes", "predicted_tflops_per_device", "model_tflops_per_device",
+            "model_version")
 _OUTCOMES = (Outcome.COMPLETE.value, Outcome.OOM.value)
 _SAMPLE = 256  # layouts whose stated error the prior sd is the median of
 
@@ -101,21 +103,36 @@ def _measured(row: dict[str, Any]) -> MeasuredRow:
     if keyed is not None and replace(keyed, zero_variant="none", zero_shard=1,
                                      ulysses=1) == layout:
         layout = keyed
+    # Predictions of other models than these (an upgrade since: autotune.models.version)
+    # say how wrong those were: no ratio of this study's corrections.
+    old = stale(row.get("model_version"))
     return MeasuredRow(row["study_name"], layout, row["outcome"] == Outcome.OOM,
-                       row["predicted_memory_bytes"], row["peak_memory_bytes"],
-                       row["predicted_tflops_per_device"], row["model_tflops_per_device"])
+                       None if old else row["predicted_memory_bytes"],
+                       row["peak_memory_bytes"],
+                       None if old else row["predicted_tflops_per_device"],
+                       row["model_tflops_per_device"])
 
 
 def earlier_rows(storage: Storage, key: CalibrationKey, study: str) -> list[MeasuredRow]:
     """The ``ok`` and ``oom`` rows of every study of ``key`` but ``study``: one query."""
+    return warm_start(storage, key, study)[0]
+
+
+def warm_start(storage: Storage, key: CalibrationKey,
+               study: str) -> tuple[list[MeasuredRow], int]:
+    """:func:`earlier_rows` without the rows another version of the models predicted
+    (:mod:`autotune.models.version`), and how many those were."""
     rows = storage.measurement_rows(_COLUMNS, device_type=key.device_type, dtype=key.dtype,
                                     workload=key.workload, outcomes=_OUTCOMES,
                                     other_than=study, limit=MAX_EARLIER_ROWS)
-    return [_measured(r) for r in rows]
+    kept = [_measured(r) for r in rows if not stale(r.get("model_version"))]
+    return kept, len(rows) - len(kept)
 
 
 def own_rows(storage: Storage, key: CalibrationKey, study: str) -> list[MeasuredRow]:
-    """The ``ok`` and ``oom`` rows of ``study`` itself: one query."""
+    """The ``ok`` and ``oom`` rows of ``study`` itself: one query. A row another version
+    of the models predicted (the study resumed after an upgrade) still counts as an OOM
+    or a run of its layout, but gives no ratio."""
     rows = storage.measurement_rows(_COLUMNS, device_type=key.device_type, dtype=key.dtype,
                                     workload=key.workload, outcomes=_OUTCOMES, study=study)
     return [_measured(r) for r in rows]
@@ -171,9 +188,9 @@ class StudyLearning:
 
     def __init__(self, spec: StudySpec, base: Constraints, key: CalibrationKey,
                  earlier: Sequence[MeasuredRow], *, table: Sequence[Layout] | None = None,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, stale: int = 0) -> None:
         self.spec, self.base, self.key, self.enabled = spec, base, key, enabled
-        self.earlier = tuple(earlier)
+        self.earlier, self.stale = tuple(earlier), stale
         self.table = None if table is None else tuple(table)
         # The ranking of the constraints, OOMs and runs it was last asked for (one per
         # refit); made when first asked for: `plan` reads the calibration only, and ranks
@@ -190,9 +207,9 @@ class StudyLearning:
         return copy.copy(self)
 
     def _fit(self, own: Sequence[MeasuredRow]) -> Calibration:
-        return calibrate(self.key, self.earlier, own, memory_sd=self.memory_log_sd,
-                         usable_bytes=self.usable_bytes,
-                         zero_stages=self.spec.search.zero_stage)
+        return replace(calibrate(self.key, self.earlier, own, memory_sd=self.memory_log_sd,
+                                 usable_bytes=self.usable_bytes,
+                                 zero_stages=self.spec.search.zero_stage), stale=self.stale)
 
     def _constraints(self) -> Constraints:
         cal = self.calibration
@@ -288,9 +305,8 @@ def stored_calibration(storage: Storage, spec: StudySpec, *, learn: bool = True,
     base = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
                                     profile=spec.profile)
     key = key_of(spec, workload_of(spec.launcher.kind, spec.workload.kind))
-    learning = StudyLearning(spec, base, key,
-                             earlier_rows(storage, key, spec.name) if learn else (),
-                             enabled=learn)
+    earlier, old = warm_start(storage, key, spec.name) if learn else ([], 0)
+    learning = StudyLearning(spec, base, key, earlier, enabled=learn, stale=old)
     own = own_rows(storage, key, spec.name)
     learning.fit_own(own)
     return (learning.calibration, [r.layout for r in own if r.oom],

@@ -69,8 +69,8 @@ from autotune.runner import stop_early
 from autotune.runner.confirm import confirm_best
 from autotune.runner.learning import (
     StudyLearning,
-    earlier_rows,
     key_of,
+    warm_start,
     workload_of,
 )
 from autotune.runner.lifecycle import Busy, StopSignals
@@ -128,9 +128,9 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
         constraints = table_constraints(constraints, spec.launcher.replay)
     key = key_of(spec, workload_of(launchers[0].kind, spec.workload.kind))
     learn = spec.search.learn_from_database
-    learning = StudyLearning(spec, constraints, key,
-                             earlier_rows(storage, key, spec.name) if learn else (),
-                             table=table, enabled=learn)
+    earlier, stale = warm_start(storage, key, spec.name) if learn else ([], 0)
+    learning = StudyLearning(spec, constraints, key, earlier, table=table, enabled=learn,
+                             stale=stale)
     candidates = learning.candidates()
     if not candidates:
         # the reasons under the calibration that emptied it (the uncalibrated check may

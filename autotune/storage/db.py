@@ -249,6 +249,12 @@ class Storage(MeasurementReads):
                        if t.__tablename__ not in present]
             if missing:
                 Base.metadata.create_all(self.engine, tables=missing)
+        if found < 8:
+            columns = {c["name"] for c in inspect(self.engine).get_columns("measurements")}
+            if "model_version" not in columns:  # NULL for older rows: kept, as before
+                with self.engine.begin() as conn:
+                    conn.execute(text("ALTER TABLE measurements ADD COLUMN model_version "
+                                      "VARCHAR(32)"))
         try:
             with self.session() as s:
                 s.add(SchemaVersion(version=SCHEMA_VERSION))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.hardware import GiB
 from autotune.layout import Layout
 from autotune.models.calibration import BUILTIN_WORKLOAD
+from autotune.models.version import model_version
 from autotune.storage.keys import (
     FAILED_TRIAL_SYSTEM_ATTR,
     RESULT_ATTRS,
@@ -103,6 +104,9 @@ def measurement_row(facts: TrialFacts, *, model: Any, cluster: Any, global_batch
         else None,
         "predicted_memory_bytes": facts.predicted_memory_bytes,
         "predicted_tflops_per_device": facts.predicted_tflops_per_device,
+        # which models predicted them: the warm start leaves out another version's rows
+        "model_version": model_version() if facts.predicted_memory_bytes is not None
+        or facts.predicted_tflops_per_device is not None else None,
         "elapsed_s": facts.elapsed_s, "launcher": facts.launcher,
         "hosts": json.dumps(facts.hosts or (res.hosts if res else [])),
         "versions": json.dumps(res.versions) if res else None,

@@ -43,7 +43,10 @@ Version history (each step a migration in :mod:`autotune.storage.db`):
    ``measurements`` and ``layout_claims`` on purpose: a confirmation run re-measures a
    layout already tried, so it is no new trial of the budget (the claims count those) and
    no new point of the calibration (which reads ``measurements``). Older databases simply
-   get the two empty tables.
+   get the two empty tables;
+8. ``measurements.model_version``: which version of the cost and memory models made the
+   row's predictions (:func:`autotune.models.version.model_version`); the warm start
+   leaves out rows of another version. Older rows get ``NULL`` and are kept, as before.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from sqlalchemy.sql.expression import false
 __all__ = ["Base", "Measurement", "LayoutClaim", "SchemaVersion", "SCHEMA_VERSION",
            "ENERGY_COLUMNS", "Confirmation", "ConfirmationRun"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Bump with a migration in :mod:`autotune.storage.db` when a table changes."""
 
 
@@ -133,6 +136,9 @@ class Measurement(Base):
     energy_source: Mapped[str | None] = mapped_column(String(32), nullable=True)
     joules_per_token: Mapped[float | None] = mapped_column(Float, nullable=True)
     model_tflops_per_watt: Mapped[float | None] = mapped_column(Float, nullable=True)
+    model_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    """:func:`autotune.models.version.model_version` of the models that made the row's
+    predictions; ``NULL``: written before autotune recorded it (schema v8)."""
 
 
 ENERGY_COLUMNS = (("energy_j_per_step", "FLOAT"), ("energy_source", "VARCHAR(32)"),

@@ -107,7 +107,8 @@ def learned_from_record(cal: Calibration, *, enabled: bool) -> dict[str, Any]:
             "memory": {**_correction(cal.memory, ok=cal.memory.n_ok, oom=cal.memory.n_censored),
                        "by_zero_stage": {str(z): _correction(c, ok=c.n_ok, oom=c.n_censored)
                                          for z, c in cal.memory_by_stage}},
-            "throughput": _correction(cal.throughput, ok=cal.throughput.n_ok)}
+            "throughput": _correction(cal.throughput, ok=cal.throughput.n_ok),
+            "stale": cal.stale}
 
 
 def learned_from_of(study: HasAttrs) -> dict[str, Any] | None:
@@ -148,4 +149,8 @@ def learned_from_line(record: Any) -> str | None:
     own = record.get("own") or 0
     tail = (f"; with this study's {own}: " if own else "; ") + (
         ", ".join(parts) if parts else "no correction yet")
+    stale = record.get("stale") or 0
+    if stale:  # after an upgrade: their ratios measured the old models' error
+        tail += (f" ({stale} earlier {'row' if stale == 1 else 'rows'} left out: predicted "
+                 "by another version of autotune's models)")
     return head + tail
