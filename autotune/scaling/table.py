@@ -389,4 +389,3 @@ def scaling_json(rows: Sequence[ScalingRow], request: ScalingRequest) -> str:
                                 for r in rows if r.source == "predicted" and r.held],
                        "rows": [dict(zip(CSV_COLUMNS, _values(r), strict=True))
                                 for r in rows]}, indent=2, default=str)
-
