@@ -15,7 +15,7 @@ from autotune.runner.learning import key_of, plan_calibration, warm_start, workl
 from autotune.spec import load_study
 from autotune.storage.db import Storage
 from autotune.storage.schema import SCHEMA_VERSION
-from tests.replay_study import write_replay_study
+from tests.replay_study import own_pg_database, write_replay_study
 from tests.storage.test_calibration_rows import _row
 
 OTHER = "0123456789abcdef"  # a version these models are not
@@ -71,11 +71,11 @@ def test_a_replayed_study_records_the_version_and_a_later_one_leaves_out_other_v
     assert cal_own.throughput.n_ok == 2
 
 
-def test_a_v7_database_gets_the_column_and_keeps_its_rows(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'v7.db'}"
+def _make_v7(url: str) -> None:
+    """A database as autotune's schema v7 left it: no ``model_version``, two rows."""
     Storage(StorageConfig(url=url)).close()
     engine = create_engine(url)
-    with engine.begin() as conn:  # make it what autotune's schema v7 left behind
+    with engine.begin() as conn:
         conn.execute(text("ALTER TABLE measurements DROP COLUMN model_version"))
         conn.execute(text("DELETE FROM autotune_schema"))
         conn.execute(text("INSERT INTO autotune_schema (version) VALUES (7)"))
@@ -83,6 +83,32 @@ def test_a_v7_database_gets_the_column_and_keeps_its_rows(tmp_path: Path) -> Non
             cols = _row(study, workload="builtin")
             conn.execute(text(f"INSERT INTO measurements ({', '.join(cols)}) VALUES "
                               f"({', '.join(':' + k for k in cols)})"), cols)
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_v7_postgresql_database_gets_the_column(pg_url: str) -> None:
+    with own_pg_database(pg_url, prefix="autotune_v8") as url:
+        _make_v7(url)
+        storage = Storage(StorageConfig(url=url))
+        try:
+            storage.add_measurement(_row("c", model_version=model_version()))
+            engine = create_engine(url)
+            with engine.connect() as conn:
+                assert conn.execute(text("select max(version) from autotune_schema")
+                                    ).scalar() == SCHEMA_VERSION
+                assert dict(conn.execute(text("select study_name, model_version from "
+                                              "measurements")).all()) \
+                    == {"a": None, "b": None, "c": model_version()}
+            engine.dispose()
+        finally:
+            storage.close()
+
+
+def test_a_v7_database_gets_the_column_and_keeps_its_rows(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'v7.db'}"
+    _make_v7(url)
+    engine = create_engine(url)
     storage = Storage(StorageConfig(url=url))
     try:
         with engine.connect() as conn:

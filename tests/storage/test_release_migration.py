@@ -47,6 +47,10 @@ def test_the_previous_release_s_database_is_migrated_in_place(tmp_path: Path) ->
         # v7: the confirmation round's tables, empty (no round ran then).
         assert {"confirmations", "confirmation_runs"} <= set(inspect(conn).get_table_names())
         assert conn.execute(text("select count(*) from confirmation_runs")).scalar() == 0
+        # v8: which models predicted a row; not recorded then (NULL: kept by the warm start).
+        assert "model_version" in columns
+        assert conn.execute(text("select count(*) from measurements where "
+                                 "model_version is not null")).scalar() == 0
         # Never measured then: NULL, not 0.
         assert conn.execute(text("select count(*) from measurements where "
                                  "energy_j_per_step is not null")).scalar() == 0
