@@ -64,6 +64,7 @@ width; one they did not inform stays the fresh prior exactly (no widening beyond
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -282,12 +283,13 @@ class Calibration:
     """Rows of the study itself in the fit."""
     residuals: tuple[Residual, ...] = ()
     """The earlier studies' throughput residuals (the default strategy's warm start)."""
+    runs: tuple[tuple[Layout, float], ...] = ()
+    """The study's own ``ok`` trials, (layout, measured model TFLOPS): its history."""
     stale: int = 0
     """Earlier rows left out: other models predicted them (:mod:`autotune.models.version`)."""
 
     @property
-    def memory_factor(self) -> float:
-        """The correction of the predicted peak; 1 until something was measured."""
+    def memory_factor(self) -> float:  # the predicted peak's; 1 until something measured
         return self.memory.factor if self.memory.n else 1.0
 
     @property
@@ -296,11 +298,9 @@ class Calibration:
         return self.memory.sd if self.memory.n else 0.0
 
     def memory_stage_corrections(self) -> tuple[tuple[int, float, float], ...]:
-        """``(zero stage, factor, log-sd)`` of each stage, for the memory budget; none
-        until something was measured."""
-        if not self.memory.n:
-            return ()
-        return tuple((z, c.factor, c.sd) for z, c in self.memory_by_stage)
+        """``(zero stage, factor, log-sd)`` of each stage (memory budget); none unmeasured."""
+        return tuple((z, c.factor, c.sd) for z, c in self.memory_by_stage) if self.memory.n \
+            else ()
 
     @property
     def throughput_factor(self) -> float:
@@ -392,9 +392,9 @@ def calibrate(key: CalibrationKey, earlier: Sequence[MeasuredRow],
     t0, ts = carry_over(tp_earlier, scale_sd(device))  # the search's prior on the device
     tp_own = fit_throughput(_throughput_ratios(own), prior_mean=t0, prior_sd=ts)
     throughput = LogCorrection(tp_own.mean, tp_own.sd, tp_own.n_ok + tp_earlier.n_ok)
-    counts: dict[str, int] = {}
-    for row in earlier:
-        counts[row.study] = counts.get(row.study, 0) + 1
+    counts = Counter(row.study for row in earlier)  # in the order of the rows
+    runs = tuple((r.layout, float(r.measured_tflops)) for r in own
+                 if not r.oom and r.measured_tflops and r.measured_tflops > 0)
     return Calibration(key, memory=memory, memory_by_stage=by_stage, throughput=throughput,
                        learned_from=tuple(counts.items()), own=len(own),
-                       residuals=_residuals(earlier))
+                       residuals=_residuals(earlier), runs=runs)

@@ -50,6 +50,7 @@ from autotune.planning.candidates import (
     table_constraints,
 )
 from autotune.planning.empty import by_first_reason, empty_space_reasons, table_empty_reasons
+from autotune.search import Observation
 from autotune.spec import StudySpec
 from autotune.workloads.deepspeed_version import deepspeed_for_study
 
@@ -153,12 +154,15 @@ def plan_study(spec: StudySpec, top: int = DEFAULT_TOP, *, calibration: Calibrat
     ranked = rank_layouts(model, cluster, feasible, dtype=spec.training.dtype,
                           profile=profile, constraints=constraints, ooms=ooms, fits=fits,
                           stack=spec.training.stack)
-    # The band is the search's prior as a run of this study would start it: with the
-    # earlier studies' residuals as its warm start (the worker passes the same ones).
+    # The band is the search's posterior as a run of this study would have it now: the
+    # earlier studies' residuals as its warm start (the worker passes the same ones) and
+    # the study's own measured trials as its history.
     warm = calibration.residuals if calibration is not None else ()
-    bands = tflops_bands({c.layout: c.predicted_tflops for c in ranked},
-                         layouts=[c.layout for c in ranked[:top]],
-                         warm_start=warm, device=cluster.device,
+    predicted = {c.layout: c.predicted_tflops for c in ranked}
+    history = [Observation(lay, "ok", value) for lay, value in
+               (calibration.runs if calibration is not None else ()) if lay in predicted]
+    bands = tflops_bands(predicted, layouts=[c.layout for c in ranked[:top]],
+                         history=history, warm_start=warm, device=cluster.device,
                          ceiling=cluster.device_spec().peak_tflops(spec.training.dtype)
                          ) if ranked else {}
     rows = tuple(_row(spec, constraints, i + 1, c, factor, bands.get(c.layout))
@@ -328,9 +332,11 @@ def render_plan(result: PlanResult, fmt: str = "table") -> str:
                  f"median device (the slowest of {result.world_size}; docs/models.md, "
                  "\"The slowest device\")")
     note = unvalidated_band_note(result.device) if result.rows else None
-    if note is not None and result.calibration is None:
-        # Why the band spans a factor of ~100 here and ~3 on an A100 (prediction_spread);
-        # earlier studies' calibration narrows it, and then its line says so.
+    measured = ((result.calibration_record or {}).get("throughput") or {}).get("ok")
+    if note is not None and not measured:
+        # Why the band spans a factor of ~100 here and ~3 on an A100 (prediction_spread),
+        # wherever no measured throughput narrows it (a database with none leaves the
+        # prior's band: the note stands beside its learned-from line).
         head += "\n" + note
     cols = ["rank", "layout", "TFLOPS/dev", "90% band", "step_s", "mem_GiB", "+-GiB",
             "memory", "bubble_s", "comm_s"]

@@ -249,8 +249,11 @@ def plan_command(spec: StudySpec, args: Any) -> str:
     from autotune.planning.band import unvalidated_band_note
 
     note = unvalidated_band_note(spec.cluster.device)
-    if note is not None and not any(r.calibrated_on for r in rows):
-        text += "\n" + note  # the TFLOPS column's bands, as plan's header says
+    if note is not None and any(r.source == "predicted" and not r.calibrated_on
+                                and r.tflops_low is not None for r in rows):
+        # a size no measured size below calibrates shows the prior's band, as plan's
+        # header says (the calibrated sizes' bands are their correction's)
+        text += "\n" + note
     return text
 
 

@@ -179,7 +179,7 @@ def judged_calibration(storage: Storage | None, at: StudySpec, below: Calibratio
 
     run, ooms, fits = stored_calibration(storage, at, learn=at.search.learn_from_database)
     judged = replace(run, throughput=below.throughput if below else LogCorrection(),
-                     residuals=below.residuals if below else ())
+                     residuals=below.residuals if below else (), runs=())
     return judged, tuple(ooms), tuple(fits)
 
 

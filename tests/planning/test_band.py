@@ -92,6 +92,38 @@ def test_a_calibrated_plan_bands_with_the_earlier_studies_as_the_search_would() 
         assert row.tflops_band[1] < before.tflops_band[1]  # the warm posterior: lower
 
 
+def test_a_plan_after_the_study_s_own_trials_bands_with_them_as_the_search_would() -> None:
+    """The search's posterior after a study's trials is fitted on them (its history), so
+    ``plan`` on that study bands with them too: the CPU demo (no published validation:
+    the widest scale) measured at a third of its prediction, three times."""
+    from autotune.models.calibration import Calibration, CalibrationKey, LogCorrection
+    from autotune.planning.plan import plan_study, render_plan
+    from autotune.spec import load_study
+
+    spec = load_study("studies/cpu_demo.yaml")
+    fresh = plan_study(spec, top=6)
+    runs = tuple((row.layout, row.step.model_tflops_per_device / 3) for row in fresh.rows[:3])
+    key = CalibrationKey("cpu", spec.training.dtype)
+    # a database with no throughput measured: the prior's band, and the note says why
+    empty = plan_study(spec, top=6, calibration=Calibration(key))
+    assert [r.tflops_band for r in empty.rows] == [r.tflops_band for r in fresh.rows]
+    assert "90% band: no published validation" in render_plan(empty, "table")
+    own = Calibration(key, throughput=LogCorrection(math.log(1 / 3), 0.05, 3), own=3,
+                      runs=runs)
+    after = plan_study(spec, top=6, calibration=own)
+    for row, before in zip(after.rows, fresh.rows, strict=True):
+        assert row.layout == before.layout  # the ranking is the cost model's either way
+        assert row.tflops_band is not None and before.tflops_band is not None
+        low, high = row.tflops_band
+        predicted = row.step.model_tflops_per_device
+        assert 0.25 * predicted < math.sqrt(low * high) < 0.45 * predicted  # the trials'
+        assert high / low < (before.tflops_band[1] / before.tflops_band[0]) ** 0.5
+    for (layout, measured), row in zip(runs, after.rows, strict=False):
+        assert row.layout == layout and row.tflops_band is not None
+        assert row.tflops_band[0] < measured < row.tflops_band[1]
+    assert "90% band: no published validation" not in render_plan(after, "table")
+
+
 def test_a_device_no_validation_covers_starts_at_the_widest_scale_and_its_trials_pin_it(
         ) -> None:
     """The published spread (sd 0.185) is of models validated on A100 and Hopper systems;
