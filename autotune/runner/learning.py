@@ -202,6 +202,16 @@ class StudyLearning:
         self.calibration = self._fit(())
         self.constraints = self._constraints()
 
+    @classmethod
+    def from_storage(cls, storage: Storage, spec: StudySpec, base: Constraints,
+                     key: CalibrationKey, *, learn: bool,
+                     table: Sequence[Layout] | None = None) -> StudyLearning:
+        """The learning a run (or ``plan``) of ``spec`` starts from: the warm start's rows
+        of ``storage`` (:func:`warm_start`; none unless ``learn``), not yet the study's
+        own."""
+        earlier, stale_rows = warm_start(storage, key, spec.name) if learn else ([], 0)
+        return cls(spec, base, key, earlier, table=table, enabled=learn, stale=stale_rows)
+
     def copy(self) -> StudyLearning:
         """A learning of its own for another worker (the warm start is shared)."""
         return copy.copy(self)
@@ -305,8 +315,7 @@ def stored_calibration(storage: Storage, spec: StudySpec, *, learn: bool = True,
     base = Constraints.from_configs(spec.cluster, spec.training, spec.search, spec.trial,
                                     profile=spec.profile)
     key = key_of(spec, workload_of(spec.launcher.kind, spec.workload.kind))
-    earlier, old = warm_start(storage, key, spec.name) if learn else ([], 0)
-    learning = StudyLearning(spec, base, key, earlier, enabled=learn, stale=old)
+    learning = StudyLearning.from_storage(storage, spec, base, key, learn=learn)
     own = own_rows(storage, key, spec.name)
     learning.fit_own(own)
     return (learning.calibration, [r.layout for r in own if r.oom],

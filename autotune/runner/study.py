@@ -70,7 +70,6 @@ from autotune.runner.confirm import confirm_best
 from autotune.runner.learning import (
     StudyLearning,
     key_of,
-    warm_start,
     workload_of,
 )
 from autotune.runner.lifecycle import Busy, StopSignals
@@ -128,9 +127,8 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
         constraints = table_constraints(constraints, spec.launcher.replay)
     key = key_of(spec, workload_of(launchers[0].kind, spec.workload.kind))
     learn = spec.search.learn_from_database
-    earlier, stale = warm_start(storage, key, spec.name) if learn else ([], 0)
-    learning = StudyLearning(spec, constraints, key, earlier, table=table, enabled=learn,
-                             stale=stale)
+    learning = StudyLearning.from_storage(storage, spec, constraints, key, learn=learn,
+                                          table=table)
     candidates = learning.candidates()
     if not candidates:
         # the reasons under the calibration that emptied it (the uncalibrated check may

@@ -258,8 +258,9 @@ def with_efficiency(rows: Sequence[ScalingRow], request: ScalingRequest) -> list
         ref = model_base if uncalibrated else measured_base
         is_base = r is base_row
         if r.held is not None and ref:
-            r = replace(r, held=held_efficiency(r.held, ref, None if is_base
-                                                else base_layout if uncalibrated else None))
+            # the ratio's band on the model's own curve, as the size's row has it
+            r = replace(r, held=held_efficiency(
+                r.held, ref, base_layout if uncalibrated and not is_base else None))
         if r.model_tflops_per_device is None or not ref:
             out.append(r)
             continue
@@ -326,10 +327,9 @@ def format_scaling(rows: Sequence[ScalingRow], request: ScalingRequest, *,
         lines.append(f"efficiency against {request.axis} {base}, the smallest size with a "
                      "layout")
     lines += [f"{request.axis} {r.size}: {r.note}" for r in rows if r.note]
-    held = [(r.size, r.held) for r in rows if r.source == "predicted" and r.held is not None]
-    if any(h.layout is None or h.layout.key() != r.best_layout
-           for r in rows if r.source == "predicted" and (h := r.held) is not None):
-        lines += held_lines(held, request.axis)
+    held = [(r, r.held) for r in rows if r.source == "predicted" and r.held is not None]
+    if any(h.layout is None or h.layout.key() != r.best_layout for r, h in held):
+        lines += held_lines([(r.size, h) for r, h in held], request.axis)
     for r in rows:
         if r.source == "measured":
             lines.append(f"{request.axis} {r.size}: " + energy_text(
