@@ -24,8 +24,13 @@ from autotune.spec import StudySpec
 if TYPE_CHECKING:
     from autotune.models.calibration import Calibration
 
-__all__ = ["HeldPrediction", "held_spec", "predict_held", "held_efficiency", "held_json",
-           "held_lines"]
+__all__ = ["HeldPrediction", "HELD_CSV_COLUMNS", "held_spec", "predict_held",
+           "held_efficiency", "held_json", "held_values", "held_lines"]
+
+HELD_CSV_COLUMNS = ("held_layout", "held_model_tflops_per_device", "held_efficiency",
+                    "held_efficiency_low", "held_efficiency_high", "held_note")
+"""The held curve's columns of a predicted row in the scaling CSV (after the table's own):
+a spreadsheet of ``plan --scaling --format csv`` carries both curves, as the text does."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,14 @@ def held_json(held: HeldPrediction, *, nodes: int, devices: int) -> dict[str, An
             "model_tflops_per_device": held.tflops, "efficiency": held.efficiency,
             "efficiency_low": held.efficiency_low, "efficiency_high": held.efficiency_high,
             "note": held.note}
+
+
+def held_values(held: HeldPrediction | None) -> tuple[object, ...]:
+    """A row's :data:`HELD_CSV_COLUMNS` (``None``: not known; measured rows have none)."""
+    if held is None:
+        return (None,) * len(HELD_CSV_COLUMNS)
+    return (held.layout.key() if held.layout is not None else None, held.tflops,
+            held.efficiency, held.efficiency_low, held.efficiency_high, held.note or None)
 
 
 def held_lines(rows: list[tuple[int, HeldPrediction]], axis: str) -> list[str]:

@@ -41,10 +41,12 @@ from autotune.layout import Layout
 from autotune.models.flops import model_flops_per_step
 from autotune.planning.band import ratio_band
 from autotune.scaling.held import (
+    HELD_CSV_COLUMNS,
     HeldPrediction,
     held_efficiency,
     held_json,
     held_lines,
+    held_values,
     predict_held,
 )
 from autotune.scaling.sizes import ScalingRequest, scaling_efficiency, size_spec
@@ -64,8 +66,10 @@ CSV_COLUMNS = ("nodes", "devices", "best_layout", "model_tflops_per_device", "to
                "efficiency", "mode", "source", "global_batch", "study", "trials",
                "model_tflops_per_device_low", "model_tflops_per_device_high",
                "efficiency_low", "efficiency_high", "calibrated_on", "energy_j_per_step",
-               "energy_source", "joules_per_token", "model_tflops_per_watt")
-"""The first eight are the contract's (CONTRACTS.md, "A scaling study writes its table")."""
+               "energy_source", "joules_per_token", "model_tflops_per_watt",
+               *HELD_CSV_COLUMNS)
+"""The first eight are the contract's (CONTRACTS.md, "A scaling study writes its table");
+the last six, a predicted row's held curve (:mod:`.held`)."""
 
 
 @dataclass(frozen=True)
@@ -362,7 +366,7 @@ def _values(r: ScalingRow) -> tuple[object, ...]:
             r.efficiency, r.mode, r.source, r.global_batch, r.study, r.trials,
             r.tflops_low, r.tflops_high, r.efficiency_low, r.efficiency_high,
             r.calibrated_on, r.energy_j_per_step, r.energy_source, r.joules_per_token,
-            r.model_tflops_per_watt)
+            r.model_tflops_per_watt, *held_values(r.held if r.source == "predicted" else None))
 
 
 def scaling_csv(rows: Sequence[ScalingRow], request: ScalingRequest) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -82,6 +84,21 @@ def test_a_held_layout_a_size_cannot_run_says_why(capsys: pytest.CaptureFixture[
     assert main(["plan", CPU_DEMO, "--scaling", "strong", "--devices", "1,2,4,8"]) == 0
     out = capsys.readouterr().out
     assert "devices 8: cannot run: " in out and "micro_batch 4" in out
+    # The CSV carries the same held curve beside each predicted row, for a spreadsheet.
+    assert main(["plan", CPU_DEMO, "--scaling", "strong", "--devices", "1,2,4,8",
+                 "--format", "csv"]) == 0
+    rows = {int(r["devices"]): r for r in csv.DictReader(io.StringIO(capsys.readouterr().out))}
+    assert list(rows[1])[:8] == ["nodes", "devices", "best_layout", "model_tflops_per_device",
+                                 "tokens_per_s", "efficiency", "mode", "source"]  # contract
+    for d in (1, 2, 4):
+        assert rows[d]["held_layout"] == held[d]["layout"]
+        assert float(rows[d]["held_efficiency"]) == pytest.approx(held[d]["efficiency"])
+        assert float(rows[d]["held_model_tflops_per_device"]) == pytest.approx(
+            held[d]["model_tflops_per_device"])
+    assert float(rows[2]["held_efficiency_low"]) < float(rows[2]["held_efficiency"]) \
+        < float(rows[2]["held_efficiency_high"])
+    assert rows[8]["held_layout"] == "" and rows[8]["held_efficiency"] == ""  # not known
+    assert rows[8]["held_note"] == held[8]["note"]
 
 
 def test_no_held_curve_where_every_size_keeps_the_base_layout(
