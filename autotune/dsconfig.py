@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.errors import SpecError
 from autotune.layout import Layout
 
 __all__ = ["deepspeed_config", "batch_config", "pipeline_partitioning", "zero_variant_keys",
@@ -39,6 +40,9 @@ def batch_config(layout: Layout, dtype: str) -> dict[str, Any]:
      'gradient_accumulation_steps': 3, 'zero_optimization': {'stage': 0},
      'bf16': {'enabled': False}, 'steps_per_print': 2147483647, 'wall_clock_breakdown': False}
     """
+    if dtype == "fp16":  # a study refuses it outside a replay (config.study)
+        raise SpecError("run.dtype", dtype, "allowed: one of 'bf16', 'fp32'; no workload "
+                        "autotune launches runs loss-scaled fp16")
     config: dict[str, Any] = {
         "train_batch_size": layout.global_batch,
         "train_micro_batch_size_per_gpu": layout.micro_batch,

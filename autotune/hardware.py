@@ -143,8 +143,11 @@ class DeviceSpec:
     """Where the figures come from."""
 
     def peak_tflops(self, dtype: str) -> float | None:
-        """The dense peak in ``dtype`` (BF16, else FP32), ``None`` where it is unknown."""
-        return self.peak_bf16_tflops if dtype == "bf16" else self.peak_fp32_tflops
+        """The dense peak in ``dtype``, ``None`` where it is unknown: FP16 runs on the same
+        matrix engines at the BF16 rate on every device of :data:`HARDWARE` (A100: 312
+        TFLOPS each, H100/H200 SXM: 989 each, NVIDIA's datasheets; Max 1550: 832 per card
+        each, Intel's), so ``fp16`` takes :attr:`peak_bf16_tflops`; else FP32."""
+        return self.peak_bf16_tflops if dtype in ("bf16", "fp16") else self.peak_fp32_tflops
 
     def peak_flops_or_fallback(self, dtype: str) -> float:
         """The dense peak FLOP/s the cost model computes with: :meth:`peak_tflops`, else

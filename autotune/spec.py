@@ -38,6 +38,7 @@ from autotune.config.study import (
     StorageConfig,
     TrainingConfig,
     TrialConfig,
+    check_fp16_replay,
 )
 from autotune.config.workload import WorkloadConfig
 from autotune.errors import SpecError
@@ -289,6 +290,7 @@ def parse_study(data: Any, *, default_name: str = "study", source: str | None = 
             source=source,
         )
         check_megatron_flags(spec.workload, spec.model)
+        check_fp16_replay(spec.training.dtype, spec.launcher.kind)
         # training.stack: auto is the workload's, or a replayed table's (the memory model
         # never sees "auto"); DeepSpeed's recipe, where autotune writes its config.
         replay = spec.launcher.kind == "replay"

@@ -26,7 +26,7 @@ from autotune.layout import RECOMPUTE_CHOICES, ZERO_STAGES
 from autotune.objective import OBJECTIVES
 
 __all__ = ["TrainingConfig", "SearchConfig", "TrialConfig", "StorageConfig",
-           "STRATEGIES", "AUTO", "check_min_improvement"]
+           "STRATEGIES", "AUTO", "check_min_improvement", "check_fp16_replay"]
 
 AUTO = "auto"
 STRATEGIES: tuple[str, ...] = ("default", "cost-model-only", "tpe", "gp", "random", "grid")
@@ -91,9 +91,9 @@ class TrainingConfig:
     """Sequences per optimizer step (= dp * micro_batch * grad_accum for every layout)."""
     dtype: str = "bf16"
     """``bf16`` on accelerators; ``fp32`` for CPU studies (bf16 is 3-4x slower there).
-    ``fp16`` is refused (the trainer runs no loss-scaled fp16; the memory model leaves out
-    the fp32 gradient copies of its optimizer step): a table measured in fp16 replays as
-    ``bf16``."""
+    ``fp16`` only with ``launcher.kind: replay``, for a table measured in fp16 (vTrain's):
+    the memory model then predicts fp16's optimizer (no fp32 gradient buffer; its step's
+    fp32 copies of the gradients) at the BF16 peak; no workload runs loss-scaled fp16."""
     stack: str = "auto"
     """The training stack whose allocations the memory model predicts: ``deepspeed``
     (DeepSpeed's engine with torch's AdamW, the built-in trainer), ``deepspeed-fused-adam``
@@ -114,8 +114,7 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         check_int("training.global_batch", self.global_batch, maximum=MAX_GLOBAL_BATCH)
-        _refuse_fp16(self.dtype)
-        check_choice("training.dtype", self.dtype, ("bf16", "fp32"))
+        check_choice("training.dtype", self.dtype, ("bf16", "fp32", "fp16"))
         check_choice("training.stack", self.stack, TRAINING_STACKS)
 
     @classmethod
@@ -126,17 +125,16 @@ class TrainingConfig:
         return cls(**data)
 
 
-def _refuse_fp16(dtype: object) -> None:
-    """``training.dtype: fp16`` is refused with what to write instead: a user replaying an
-    fp16 table (vTrain's) writes fp16 first. (Not a validator the study-file reference
-    reads: its allowed values stay ``check_choice``'s.)"""
-    if dtype == "fp16":
+def check_fp16_replay(dtype: str, launcher_kind: str) -> None:
+    """``training.dtype: fp16`` only where no trial trains: a replayed table measured in
+    fp16. Neither the built-in trainer nor autotune's Megatron-DeepSpeed or DeepSpeed
+    configs run loss-scaled fp16. (Not a validator the study-file reference reads: the
+    field's docstring says it.)"""
+    if dtype == "fp16" and launcher_kind != "replay":
         raise SpecError("training.dtype", dtype,
-                        "allowed: one of 'bf16', 'fp32'; the trainer runs no loss-scaled "
-                        "fp16, and the memory model leaves out the fp32 gradient copies of "
-                        "fp16's optimizer step: replay a table measured in fp16 as bf16, "
-                        "the same peak, as the shipped vTrain table is read "
-                        "(data/landscapes/README.md)")
+                        "allowed: one of 'bf16', 'fp32'; 'fp16' only with launcher.kind: "
+                        f"replay (a table measured in fp16), not with {launcher_kind!r}: "
+                        "no workload autotune launches runs loss-scaled fp16")
 
 
 @dataclass(frozen=True)

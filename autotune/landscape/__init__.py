@@ -14,11 +14,13 @@ licences of the two published tables shipped there: :func:`shipped_landscape`):
   columns (a leading ``Parameters (billion)``) are ignored. The file lacks the vocabulary
   (GPT-2's, padded: :data:`DEFAULT_VTRAIN_VOCAB`), the device (default ``a100-80gb``: every
   row ran, so the larger A100 never makes a memory model refuse a measured layout) and
-  the node size (default 8: one DGX A100). The runs were fp16, which has the BF16 peak, so
-  the dtype is ``bf16``; activation recomputation was on (Megatron's default then), so
-  ``recompute="full"``; ZeRO was off (``zero_stage=0``); attention was Megatron's
-  fused softmax over a materialised score matrix, before FlashAttention reached Megatron
-  (``attention="explicit"``), with Megatron's default dropout of 0.1 (``dropout=0.1``).
+  the node size (default 8: one DGX A100). The runs were fp16 (vTrain's profiler builds
+  its model under ``torch.set_default_dtype(torch.float16)``, ``create_model`` in
+  ``src/predictor.py``, VIA-Research/vTrain@f8dda847): ``dtype="fp16"``, the BF16 peak
+  and fp16's optimizer in the memory model; activation recomputation was on (Megatron's
+  default then), so ``recompute="full"``; ZeRO was off (``zero_stage=0``); attention was
+  Megatron's fused softmax over a materialised score matrix, before FlashAttention reached
+  Megatron (``attention="explicit"``), with Megatron's default dropout of 0.1 (``dropout=0.1``).
   Throughput is model FLOPs over time:
   ``model_flops_per_step(model, global_batch) / (iteration_s * world) / 1e12``
   (:func:`autotune.models.flops.tflops_per_device`).
@@ -270,7 +272,7 @@ def _load_vtrain(header: list[str], rows: list[tuple[int, list[str]]], source: s
         tflops = row.throughput("iteration time (ms)", tflops_per_device(
             model_flops_per_step(g["model"], gb), iter_s, gpus))
         g["rows"].append(Measurement(layout, "ok", tflops, iter_s))
-    return [_finish(g, "bf16", FORMAT_STACKS["vtrain"]) for g in groups.values()]
+    return [_finish(g, "fp16", FORMAT_STACKS["vtrain"]) for g in groups.values()]
 
 
 def _load_aurora(header: list[str], rows: list[tuple[int, list[str]]], source: str, *,

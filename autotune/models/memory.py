@@ -150,11 +150,11 @@ def model_state_bytes(n_params: int, layout: Layout, dtype: str,
     dp, z = zero_partition_size(layout), layout.zero_stage
     w_b, o_b = (4, 8) if dtype == "fp32" else (2, 12)
     g_b: float = 4 if dtype == "fp32" else 2
-    if dtype == "bf16" and z <= 1:
-        # The wrapper's gradients; not known which, BF16_Optimizer's fp32 accumulation
-        # buffer beside the bf16 ``.grad`` (deepspeed/runtime/bf16_optimizer.py), 2 + 4:
-        # the other recipes are in grad_accumulation_sigma_bytes (memory_uncertainty).
-        g_b = stacks.deepspeed_grad_bytes(layout, grad_accum_dtype)
+    if dtype in ("bf16", "fp16") and z <= 1:
+        # The wrapper's gradients; in bf16 not known which, BF16_Optimizer's fp32
+        # accumulation buffer beside the bf16 ``.grad`` (deepspeed/runtime/bf16_optimizer.py),
+        # 2 + 4: the other recipes are in grad_accumulation_sigma_bytes (memory_uncertainty).
+        g_b = stacks.deepspeed_grad_bytes(layout, grad_accum_dtype, dtype)
     weights = n_params * w_b / (dp if z >= 3 else 1) + hpz_secondary_bytes(n_params, layout, dtype)
     grads = n_params * g_b / (dp if z >= 2 else 1)
     optim = n_params * o_b / (dp if z >= 1 or _bf16_pipeline_optimizer(layout, dtype) else 1)
@@ -341,11 +341,10 @@ def _stage_estimate(model: ModelConfig, layout: Layout, dtype: str, stage: str,
     # The stack's own buffers (autotune.models.stacks): DeepSpeed's buckets, torch AdamW's
     # temporary; Megatron's DDP reduces its fp32 grad buffer (counted in ``g``) in place.
     buf = buffer_bytes(model, layout, dtype, n) if stacks.has_deepspeed_buckets(stack) else 0
-    step = 0 if stacks.is_megatron(stack) else \
-        stacks.deepspeed_step_excess_bytes(layout, dtype, grad_accum_dtype) * n
+    step = int(stacks.step_excess_bytes(layout, dtype, stack, grad_accum_dtype) * n)
     if step:
-        # FP16_Optimizer's step (AdamW's temporary included) runs after the backward has
-        # released the activations: the peak is the larger phase.
+        # FP16_Optimizer's step (AdamW's temporary included), or Megatron's fp16 one, runs
+        # after the backward has released the activations: the peak is the larger phase.
         buf += max(0, step - (act + logit + buf))
     elif stacks.has_torch_adam_temp(stack):
         buf += optimizer_temp_bytes(n, layout)

@@ -58,7 +58,8 @@ __all__ = ["STACKS", "AUTO", "EITHER", "EITHER_STACKS", "REPLAY_STACK", "resolve
            "memory_stacks", "ties_embeddings", "megatron_state_bytes",
            "megatron_grad_bytes", "dp_reduce_bytes_per_param", "has_torch_adam_temp",
            "has_deepspeed_buckets", "is_megatron", "known_grad_accum_dtype",
-           "deepspeed_grad_bytes", "deepspeed_step_excess_bytes"]
+           "deepspeed_grad_bytes", "deepspeed_step_excess_bytes", "megatron_step_excess_bytes",
+           "step_excess_bytes"]
 
 AUTO = "auto"
 STACKS: tuple[str, ...] = tuple(s for s in TRAINING_STACKS if s != AUTO)
@@ -234,9 +235,10 @@ def known_grad_accum_dtype(workload_kind: str, dtype: str, ds_config: dict[str, 
     return _DS_DTYPE_NAMES.get(str(named).lower())
 
 
-def deepspeed_grad_bytes(layout: Layout, grad_accum_dtype: str | None) -> float:
-    """Gradient bytes per parameter below ZeRO-2 in bf16 under DeepSpeed's engine, by the
-    optimizer wrapper its ``_do_optimizer_sanity_check`` picks (``deepspeed/runtime/
+def deepspeed_grad_bytes(layout: Layout, grad_accum_dtype: str | None,
+                         dtype: str = "bf16") -> float:
+    """Gradient bytes per parameter below ZeRO-2 in bf16 or fp16 under DeepSpeed's engine,
+    by the optimizer wrapper its ``_do_optimizer_sanity_check`` picks (``deepspeed/runtime/
     engine.py``, DeepSpeed 0.19.8):
 
     * gradients accumulated in fp32 (``grad_accum_dtype`` fp32, or not known: the
@@ -252,7 +254,18 @@ def deepspeed_grad_bytes(layout: Layout, grad_accum_dtype: str | None) -> float:
     >>> z1 = Layout(tp=1, pp=1, dp=4, micro_batch=1, grad_accum=1, zero_stage=1)
     >>> deepspeed_grad_bytes(z1, None), deepspeed_grad_bytes(z1, "bf16")
     (6, 2.5)
+
+    fp16 has one recipe: without ZeRO the engine takes fp16 gradients only in fp16 (another
+    ``grad_accum_dtype`` raises ``NotImplementedError``) and wraps the optimizer in
+    ``FP16_Optimizer`` with or without a pipeline (``FP16``), the ``.grad``, 2; ZeRO-1 is
+    ``DeepSpeedZeroOptimizer`` as above, ``2 + 2/dp``.
+
+    >>> deepspeed_grad_bytes(z1, None, "fp16"), deepspeed_grad_bytes(
+    ...     Layout(tp=1, pp=2, dp=2, micro_batch=1, grad_accum=2), None, "fp16")
+    (2.5, 2)
     """
+    if dtype == "fp16":
+        return 2 + 2 / layout.dp if layout.zero_stage == 1 else 2
     if grad_accum_dtype != "bf16":
         return 6
     if layout.zero_stage == 1:
@@ -262,17 +275,51 @@ def deepspeed_grad_bytes(layout: Layout, grad_accum_dtype: str | None) -> float:
 
 def deepspeed_step_excess_bytes(layout: Layout, dtype: str,
                                 grad_accum_dtype: str | None) -> int:
-    """Bytes per parameter the optimizer step of bf16 ZeRO-0 without a pipeline holds
-    beyond the bf16 ``.grad``, where the wrapper is known to be ``FP16_Optimizer``
-    (:func:`deepspeed_grad_bytes`): its step casts every gradient of a group to fp32 and
+    """Bytes per parameter the optimizer step of ZeRO-0 holds beyond the 16-bit ``.grad``,
+    where the wrapper is known to be ``FP16_Optimizer`` (:func:`deepspeed_grad_bytes`):
+    bf16 without a pipeline with gradients accumulated in bf16 (``DDP_BFLOAT16``), and
+    fp16 always (``FP16``). Its step casts every gradient of a group to fp32 and
     flattens them (``_flatten_dense_tensors([p.grad.to(fp32) ...])``,
     ``deepspeed/runtime/fp16/fused_optimizer.py``, DeepSpeed 0.19.8), 4 + 4 bytes before
-    the bf16 gradients are released; its unfused twin (``unfused_optimizer.py``, for torch's
-    AdamW) keeps an fp32 ``.grad`` per parameter (4) while torch's multi-tensor AdamW takes
-    ``sqrt(v)`` (4). The backward's activations are gone by then: the step's peak is the
-    larger of the two phases (:func:`autotune.models.memory.estimate_memory`). 0 elsewhere.
+    the 16-bit gradients are released; its unfused twin (``unfused_optimizer.py``, for
+    torch's AdamW) keeps an fp32 ``.grad`` per parameter (4) while torch's multi-tensor
+    AdamW takes ``sqrt(v)`` (4). The backward's activations are gone by then: the step's
+    peak is the larger of the two phases (:func:`autotune.models.memory.estimate_memory`).
+    0 elsewhere.
     """
-    if dtype == "bf16" and grad_accum_dtype == "bf16" and layout.zero_stage == 0 \
-            and layout.pp == 1:
+    if layout.zero_stage == 0 and (dtype == "fp16" or (
+            dtype == "bf16" and grad_accum_dtype == "bf16" and layout.pp == 1)):
         return 8
     return 0
+
+
+def megatron_step_excess_bytes(layout: Layout, dtype: str, stack: str) -> float:
+    """Bytes per parameter Megatron's fp16 optimizer step holds beyond its states: the
+    fp32 copy of each gradient it hands Adam, ``main_param.grad =
+    model_param.main_grad.float()`` (``_copy_model_grads_to_main_grads``,
+    ``megatron/optimizer/optimizer.py``; with ``--use-distributed-optimizer`` of the rank's
+    ``1/dp`` shard, ``shard_model_grad.float()`` in ``distrib_optimizer.py``;
+    deepspeedai/Megatron-DeepSpeed@4efb479), while the fp16 ``main_grad`` buffer stays
+    (contiguous buffers persist): 4, or ``4/dp``. In bf16 and fp32 the buffer is already
+    fp32 (:func:`megatron_grad_bytes`) and ``.float()`` returns it: 0. Held until the next
+    step's ``zero_grad``, after the backward: the larger phase counts, as for DeepSpeed's.
+
+    >>> from autotune.layout import Layout
+    >>> lay = Layout(tp=1, pp=1, dp=4, micro_batch=1, grad_accum=1)
+    >>> [megatron_step_excess_bytes(lay, d, s) for d, s in (("fp16", "megatron"),
+    ...     ("fp16", "megatron-distributed"), ("bf16", "megatron"))]
+    [4, 1.0, 0]
+    """
+    if dtype != "fp16":
+        return 0
+    return 4 / layout.dp if stack == "megatron-distributed" else 4
+
+
+def step_excess_bytes(layout: Layout, dtype: str, stack: str,
+                      grad_accum_dtype: str | None) -> float:
+    """Bytes per parameter the optimizer step of ``stack`` holds beyond the model states
+    after the backward has released the activations (:func:`megatron_step_excess_bytes`,
+    :func:`deepspeed_step_excess_bytes`)."""
+    if is_megatron(stack):
+        return megatron_step_excess_bytes(layout, dtype, stack)
+    return deepspeed_step_excess_bytes(layout, dtype, grad_accum_dtype)

@@ -22,7 +22,10 @@ from autotune.layout import Layout
 
 __all__ = ["RunConfig", "TrialSpec", "DTYPES", "DATA_KINDS", "TEST_HOOKS"]
 
-DTYPES: tuple[str, ...] = ("fp32", "bf16")
+DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
+"""``fp16`` reaches only a replayed study's trials (``training.dtype``); the DeepSpeed
+config every launched workload starts from refuses it (:func:`autotune.dsconfig.
+batch_config`)."""
 DATA_KINDS: tuple[str, ...] = ("synthetic", "file")
 TEST_HOOKS: tuple[str, ...] = ("none", "hang", "crash_rank", "oom", "oom_all",
                                  "die", "oom_coexist")

@@ -88,8 +88,8 @@ def test_the_rules_of_a_sections_helpers_are_read() -> None:
     assert f"each item an integer >= 1 and <= {MAX_DEGREE}" in keys["search.ulysses"].allowed
     assert "include 1, or sequence_parallel false" in keys["search.ulysses"].allowed
     assert keys["search.min_improvement"].allowed.startswith("a fraction >= 0 and < 1")
-    # A helper that refuses one value with advice (_refuse_fp16) is no allowed set.
-    assert keys["training.dtype"].allowed == "one of `bf16`, `fp32`"
+    # fp16's launcher rule (check_fp16_replay, in parse_study) is the field's docstring's.
+    assert keys["training.dtype"].allowed == "one of `bf16`, `fp32`, `fp16`"
 
 
 def test_two_integer_checks_of_one_key_show_their_tighter_bounds() -> None:

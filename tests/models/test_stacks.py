@@ -254,3 +254,45 @@ def test_deepspeeds_wrapper_gradients_with_a_known_recipe() -> None:
     assert known.peak_bytes == known.model_state_bytes + max(
         8 * n, known.activations_bytes + min(n, COMM_BUCKET_ELEMENTS) * 2 * 2) \
         + known.runtime_bytes
+
+
+def test_fp16_has_one_recipe_per_stack_and_its_step_holds_fp32_gradients() -> None:
+    """fp16 (a table measured so, as vTrain's): DeepSpeed's engine wraps ZeRO-0 in
+    FP16_Optimizer with or without a pipeline (2 bytes of gradients, an 8-byte step),
+    ZeRO-1 in DeepSpeedZeroOptimizer (2 + 2/dp); Megatron's optimizer keeps an fp16
+    main_grad (16 bytes of states, not bf16's 18) and hands Adam fp32 copies of it at the
+    step (4 more, 4/dp distributed). No recipe is unknown: no grad_accumulation term."""
+    pipe = Layout(**{**PURE_DP.to_dict(), "pp": 2, "dp": 32, "grad_accum": 4})
+    z1 = Layout(**{**PURE_DP.to_dict(), "zero_stage": 1})
+    for layout, grads in ((PURE_DP, 2), (pipe, 2), (z1, 2 + 2 / 64)):
+        est = estimate_memory(GPT_3_6B, layout, dtype="fp16", device="a100-80gb",
+                              stack="deepspeed-fused-adam")
+        n = est.params_per_rank
+        assert est.grads_bytes == pytest.approx(grads * n, rel=1e-6)
+        assert est.optimizer_bytes == pytest.approx(12 * n / (64 if layout is z1 else 1),
+                                                    rel=1e-6)
+        assert "grad_accumulation" not in dict(estimate_uncertainty(
+            GPT_3_6B, layout, est, dtype="fp16", stack="deepspeed-fused-adam").terms)
+        if layout.zero_stage == 0:  # FP16_Optimizer's step, the larger phase
+            assert est.activations_bytes + est.buffers_bytes >= 8 * n
+    for stack, excess in (("megatron", 4.0), ("megatron-distributed", 4 / 64)):
+        fp16 = estimate_memory(GPT_3_6B, PURE_DP, dtype="fp16", device="a100-80gb",
+                               stack=stack)
+        bf16 = estimate_memory(GPT_3_6B, PURE_DP, dtype="bf16", device="a100-80gb",
+                               stack=stack)
+        n = fp16.params_per_rank
+        assert bf16.model_state_bytes - fp16.model_state_bytes == 2 * n  # main_grad 4 -> 2
+        assert bf16.buffers_bytes == 0  # bf16's main_grad is fp32 already: no copy
+        # The step's copies replace the backward's activations where they are larger.
+        assert fp16.buffers_bytes == max(0, int(excess * n) - fp16.activations_bytes
+                                         - fp16.logits_bytes)
+
+
+def test_fp16_is_a_replayed_tables_dtype_only() -> None:
+    assert TrainingConfig(global_batch=8, dtype="fp16").dtype == "fp16"
+    assert get_device("a100-80gb").peak_tflops("fp16") == get_device(
+        "a100-80gb").peak_tflops("bf16") == 312.0
+    study = {"model": {"preset": "tiny"}, "training": {"global_batch": 8, "dtype": "fp16"},
+             "cluster": {"nodes": 1, "devices_per_node": 2, "device": "a100-80gb"}}
+    with pytest.raises(SpecError, match=r"'fp16' only with launcher\.kind: replay"):
+        parse_study(study)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 from tests.helpers import run_cli, write_study
@@ -88,14 +89,25 @@ def test_a_missing_landscape_file_names_the_field(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "launcher.replay.landscape: got 'nope.csv'" in proc.stderr
 
 
-def test_an_fp16_study_is_told_to_replay_the_table_as_bf16(tmp_path: Path) -> None:
-    # vTrain's tables were measured in fp16; the first study file a user writes says so.
-    study = _study(tmp_path)
+def test_a_table_measured_in_fp16_replays_as_fp16_and_nothing_else_runs_it(
+        tmp_path: Path) -> None:
+    # vTrain's tables were measured in fp16: a replay says so and the models take fp16's
+    # optimizer at the BF16 peak; the same study file launching trials is refused.
+    study = _study(tmp_path, n_trials=3)
     study.write_text(study.read_text().replace("dtype: bf16", "dtype: fp16"))
     proc = run_cli("run", str(study))
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(tmp_path / "study.db") as conn:
+        rows = conn.execute("select dtype, model_tflops_per_device, predicted_tflops_per_device "
+                            "from measurements").fetchall()
+    assert len(rows) == 3
+    assert all(d == "fp16" and measured > 0 and predicted > 1 for d, measured, predicted in rows)
+    study.write_text(study.read_text().replace("kind: replay", "kind: local"))
+    (tmp_path / "study.db").unlink()
+    proc = run_cli("run", str(study))
     assert proc.returncode == 2
-    assert "training.dtype: got 'fp16'; allowed: one of 'bf16', 'fp32'" in proc.stderr
-    assert "replay a table measured in fp16 as bf16" in proc.stderr
+    assert "training.dtype: got 'fp16'; allowed: one of 'bf16', 'fp32'; 'fp16' only with " \
+           "launcher.kind: replay" in proc.stderr and "not with 'local'" in proc.stderr
     assert not (tmp_path / "study.db").exists()
 
 
