@@ -208,7 +208,7 @@ class ReplayLauncher(Launcher):
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"launcher": self.kind, "landscape": self.group.name}
+        return {"launcher": self.kind, "landscape": self.group.name, "dtype": self.group.dtype}
 
 
 def fewest_timed_steps(run: RunConfig) -> int:

@@ -145,6 +145,11 @@ def _run(spec: StudySpec, storage: Storage, launchers: list[Launcher], *,
     progress = progress or Progress(total=n_trials, enabled=False)
     progress.resume(judged_claims(storage, spec.name))
     progress.message(f"calibration: {learned_from_line(record)}")
+    measured_in = launchers[0].describe().get("dtype")  # a replayed table's
+    if measured_in is not None and measured_in != spec.training.dtype:
+        progress.message(f"note: the table was measured in {measured_in}; training.dtype "
+                         f"{spec.training.dtype} predicts {spec.training.dtype}'s memory (write "
+                         f"{measured_in} to predict the table's runs)")
     timeout_s = timeout_s if timeout_s is not None else spec.search.timeout_s
     # The wall-time limit covers the confirmation round too: it is part of the run.
     deadline = time.monotonic() + timeout_s if timeout_s is not None else None

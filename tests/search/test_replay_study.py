@@ -43,6 +43,9 @@ def test_a_replayed_study_measures_the_table_and_finds_its_best(tmp_path: Path) 
     study = _study(tmp_path)
     proc = run_cli("run", str(study), cwd=tmp_path.parent)  # the CSV path is study-relative
     assert proc.returncode == 0, proc.stderr
+    # The study says bf16 of a table measured in fp16: predicted as it says, and told so.
+    assert "note: the table was measured in fp16; training.dtype bf16 predicts bf16's " \
+           "memory (write fp16 to predict the table's runs)" in proc.stderr
     best = run_cli("best", str(study), "--emit", "json")
     assert best.returncode == 0, best.stderr
     assert json.loads(best.stdout)["layout"]["tp"] == 4  # tp4-pp1-dp1-mb2: 80 ms
@@ -97,6 +100,7 @@ def test_a_table_measured_in_fp16_replays_as_fp16_and_nothing_else_runs_it(
     study.write_text(study.read_text().replace("dtype: bf16", "dtype: fp16"))
     proc = run_cli("run", str(study))
     assert proc.returncode == 0, proc.stderr
+    assert "note: the table was measured in" not in proc.stderr
     with sqlite3.connect(tmp_path / "study.db") as conn:
         rows = conn.execute("select dtype, model_tflops_per_device, predicted_tflops_per_device "
                             "from measurements").fetchall()
