@@ -86,8 +86,10 @@ def rules_of(cls: type) -> Rules:
 
 
 _ADVICE_PREFIX = "_refuse_"
-"""A helper named so refuses one value with advice (``_refuse_fp16``: what to write
-instead); its message is not the key's allowed set, and :func:`_walk` does not read it."""
+"""A helper named so refuses one value with advice (``_refuse_<value>``: what to write
+instead); its message is not the key's allowed set, and :func:`_walk` does not read it.
+(A rule that needs another section, as fp16's launcher rule, sits in
+:func:`autotune.spec.parse_study` instead: the field's docstring states it.)"""
 _HELPER_DEPTH = 2
 """How deep :func:`_walk` follows the config package's own helpers (``__post_init__`` ->
 ``check_strategy_axes``; ``from_dict`` -> ``parse_strategy_axes`` -> ``_ints``)."""
