@@ -85,11 +85,6 @@ def rules_of(cls: type) -> Rules:
     return rules
 
 
-_ADVICE_PREFIX = "_refuse_"
-"""A helper named so refuses one value with advice (``_refuse_<value>``: what to write
-instead); its message is not the key's allowed set, and :func:`_walk` does not read it.
-(A rule that needs another section, as fp16's launcher rule, sits in
-:func:`autotune.spec.parse_study` instead: the field's docstring states it.)"""
 _HELPER_DEPTH = 2
 """How deep :func:`_walk` follows the config package's own helpers (``__post_init__`` ->
 ``check_strategy_axes``; ``from_dict`` -> ``parse_strategy_axes`` -> ``_ints``)."""
@@ -110,7 +105,6 @@ def _walk(fn: Any, env: dict[str, Any], rules: Rules, stack: tuple[Any, ...]) ->
         if (len(stack) < _HELPER_DEPTH and inspect.isfunction(helper)
                 and helper is not fn and helper not in stack
                 and helper.__name__ not in _VALIDATORS
-                and not helper.__name__.startswith(_ADVICE_PREFIX)
                 and helper.__module__.startswith("autotune.config")):
             _walk(helper, _arguments(helper, node, scope), rules, (*stack, fn))
 

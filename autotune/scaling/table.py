@@ -366,7 +366,7 @@ def _values(r: ScalingRow) -> tuple[object, ...]:
             r.efficiency, r.mode, r.source, r.global_batch, r.study, r.trials,
             r.tflops_low, r.tflops_high, r.efficiency_low, r.efficiency_high,
             r.calibrated_on, r.energy_j_per_step, r.energy_source, r.joules_per_token,
-            r.model_tflops_per_watt, *held_values(r.held if r.source == "predicted" else None))
+            r.model_tflops_per_watt, *held_values(r.held))
 
 
 def scaling_csv(rows: Sequence[ScalingRow], request: ScalingRequest) -> str:
