@@ -25,7 +25,7 @@ device-seconds (``confirmation_share``), none of its runs stopped early. Nothing
 asserted.
 
     python benchmarks/study_cost.py                      # both arms, about 2-3 min on 2 cores
-    python benchmarks/study_cost.py --json out.json      # CONTRACTS.md's keys, and more
+    python benchmarks/study_cost.py --json out.json      # per arm its figures; ratio, same_best
     python benchmarks/study_cost.py --batch-size 4 --precision 0.1 --tolerance 0.2
 """
 

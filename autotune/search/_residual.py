@@ -356,9 +356,9 @@ class ResidualStrategy(Strategy):
 def _intercept_width(x: np.ndarray, r: np.ndarray, coef: np.ndarray, cov: np.ndarray,
                      shape: np.ndarray, scales: Sequence[float] = INTERCEPT_SCALES) -> float:
     """The factor of ``scales`` (:data:`INTERCEPT_SCALES`) on the overall scale's sd of largest
-    evidence (:func:`~autotune.models.calibration.gaussian_log_evidence`), the shape
+    evidence (:func:`~autotune.models.evidence.gaussian_log_evidence`), the shape
     terms held off; the mean stays (a warm start's learned offset is not widened); ties
-    go to the narrower (Occam, as :func:`~autotune.models.calibration.evidence_scale`)."""
+    go to the narrower (Occam, as :func:`~autotune.models.evidence.evidence_scale`)."""
     mean = np.where(shape, 0.0, coef)
     best, best_log_ml = 1.0, -math.inf
     for b in sorted(scales):
