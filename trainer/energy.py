@@ -1,9 +1,9 @@
 """Energy of the timed steps, from the counters the platform has.
 
 A rank reads its counter right before its first timed step and right after its last one
-(both follow a device synchronisation: every step ends with one, :class:`StepClock`); the
-difference over the timed steps is the trial's energy. Counters, with their unit, range
-and resolution as their drivers document them:
+(both follow a device synchronisation: every step ends with one,
+:class:`trainer.measure.StepClock`); the difference over the timed steps is the trial's
+energy. Counters, with their unit, range and resolution as their drivers document them:
 
 * **NVML** (``nvidia-ml-py``, imported only when a CUDA rank asks):
   ``nvmlDeviceGetTotalEnergyConsumption``, millijoules since the driver was last

@@ -311,8 +311,8 @@ def _table_path(text: str) -> str | Path:
 
 
 def _table_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``--from-landscape`` options given, as :func:`load_landscape` keywords (the
-    others keep its defaults)."""
+    """The ``--from-landscape`` options given, as
+    :func:`autotune.landscape.load_landscape` keywords (the others keep its defaults)."""
     return {k: getattr(args, k) for k in ("hardware", "devices_per_node", "vocab_size",
                                           "attention") if getattr(args, k) is not None}
 

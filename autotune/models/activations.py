@@ -138,7 +138,8 @@ def activation_bytes(model: ModelConfig, layout: Layout, dtype: str, stage: str,
     ``pp`` micro-batches in flight, the last one 1; without pipelining the micro-batches
     of gradient accumulation run one after another (1 in flight). Each layer and
     micro-batch in flight keeps :func:`stored_layer_bytes` (``measured_layer_bytes``
-    instead where a layer profile measured it: :func:`measured_layer_activation`).
+    instead where a layer profile measured it:
+    :func:`autotune.models.memory.measured_layer_activation`).
 
     Full recompute (Chen et al. 2016; Korthikanti et al. 2022, section 4) keeps only each
     layer's input per layer and micro-batch in flight, plus one layer's full working set
@@ -160,8 +161,8 @@ def one_layer_working_bytes(model: ModelConfig, layout: Layout, dtype: str) -> i
     recompute its recomputed score matrices (:func:`attention_score_bytes`), and with
     explicit attention :func:`score_transient_bytes` in every mode. It exists only inside
     one layer's forward or backward, never beside the output layer's tensors at the end of
-    the forward pass (:func:`output_layer_bytes`): :func:`estimate_memory` charges the
-    larger of the two."""
+    the forward pass (:func:`output_layer_bytes`):
+    :func:`autotune.models.memory.estimate_memory` charges the larger of the two."""
     transient = score_transient_bytes(model, layout, dtype)
     if layout.recompute == "full":
         return layer_activation_bytes(model, layout, dtype) + transient

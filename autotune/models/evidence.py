@@ -25,8 +25,9 @@ ignorance. A generic statement, not fitted to any table."""
 
 def carry_over_gaussian(mean: np.ndarray, cov: np.ndarray, fresh_cov: np.ndarray, *,
                         rho: float = STUDY_CORRELATION) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`carry_over` for a vector of coefficients (the default strategy's residual
-    model): prior mean ``rho · mean``, covariance ``rho^2 · cov + (1 - rho^2) · fresh_cov``."""
+    """:func:`autotune.models.calibration.carry_over` for a vector of coefficients (the
+    default strategy's residual model): prior mean ``rho · mean``, covariance
+    ``rho^2 · cov + (1 - rho^2) · fresh_cov``."""
     return rho * mean, rho**2 * cov + (1.0 - rho**2) * fresh_cov
 
 

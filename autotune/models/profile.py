@@ -59,7 +59,7 @@ __all__ = ["LayerShape", "LayerMemory", "ProfileEntry", "LayerProfile", "PROFILE
 PROFILE_KIND = "autotune-layer-profile"
 DTYPES = ("fp32", "bf16", "fp16")
 TP_LINKS = ("none", "intra_card", "intra_node", "inter_node")
-"""The links of :func:`autotune.models.cost.link_level`."""
+"""The links of :func:`autotune.models.links.link_level`."""
 PROFILE_VERSION = 2
 """Version 2: entries may carry ``memory``. Version 1 files (no memory) are still read."""
 READABLE_VERSIONS = (1, 2)
@@ -87,7 +87,7 @@ class LayerShape:
     dropout: float
     tp: int
     tp_link: str
-    """Link the TP group crosses (:func:`autotune.models.cost.link_level`): a shape
+    """Link the TP group crosses (:func:`autotune.models.links.link_level`): a shape
     measured inside a node says nothing about TP over the network."""
     micro_batch: int
     recompute: Recompute

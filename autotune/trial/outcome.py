@@ -101,7 +101,7 @@ class Outcome(str, Enum):
 
     @property
     def observed(self) -> str | None:
-        """What the search observes (:data:`autotune.search.OBSERVATION_STATUSES`): ``ok``,
+        """What the search observes (:data:`autotune.search._base.OBSERVATION_STATUSES`): ``ok``,
         ``oom`` or ``error``; ``None``: the trial says nothing about the layout's
         throughput."""
         return _MEANING[self].observed
