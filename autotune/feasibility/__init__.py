@@ -325,7 +325,8 @@ class Constraints:
 
     def measured_headrooms(self, model: ModelConfig, layouts: Iterable[Layout]
                            ) -> dict[Layout, float]:
-        """Each measured layout's headroom in sds (:attr:`MemoryVerdict.headroom_sd`) for
+        """Each measured layout's headroom in sds
+        (:attr:`~autotune.models.memory_uncertainty.MemoryVerdict.headroom_sd`) for
         :meth:`memory_verdict`, computed once for a whole ranking (empty without a rule)."""
         if self.memory is None:
             return {}

@@ -11,7 +11,8 @@ process-group kill reaches them. The supervisor is a child subreaper
 (``PR_SET_CHILD_SUBREAPER``, Linux >= 3.4): whatever of the tree is orphaned is re-parented
 to it, so it still finds every rank after torchrun is gone.
 
-SIGTERM (the runner's timeout or cancel: :meth:`LocalLauncher._kill`) is passed to the
+SIGTERM (the runner's timeout or cancel:
+:meth:`autotune.launchers.local.LocalLauncher._kill`) is passed to the
 whole tree, then, after a grace, SIGKILL; the supervisor exits after its tree.
 """
 

@@ -38,8 +38,8 @@ def fit_probability(peak_bytes: float, usable_bytes: float, relative_sigma: floa
 
 def oom_conditioned_p_fit(headroom_sd: float, oom_headroom_sd: float) -> float:
     """P(fit) of a layout after a sibling ran out of memory, from both layouts' headroom in
-    sds (:attr:`MemoryVerdict.headroom_sd`, ``z = ln(usable / median) / s``; P(fit) =
-    ``Phi(z)``).
+    sds (:attr:`~autotune.models.memory_uncertainty.MemoryVerdict.headroom_sd`,
+    ``z = ln(usable / median) / s``; P(fit) = ``Phi(z)``).
 
     Siblings (same tp and pp: the same model shard and recipe) share the model's error:
     taken as one standardised error ``e`` for both, a layout fits when ``e <= z``. The OOM

@@ -45,7 +45,7 @@ __all__ = ["Proposing"]
 
 _LOST_RACE_BACKOFF_S = 0.1
 _MAX_SPREAD = 64
-"""Proposals a worker racing others passes to one claim at most (:meth:`Worker._admit`)."""
+"""Proposals a worker racing others passes to one claim at most (:meth:`Proposing._admit`)."""
 _REPAIR_EVERY_S = 1.0
 """How often a worker looks for dead runners' trials and retries while it proposes: each
 look is two queries, a dead runner's lease lasts ``storage.grace_period_s`` anyway, and

@@ -25,7 +25,8 @@ class LaunchReport:
     returncode: int | None
     timed_out: bool = False
     interrupted: bool = False
-    """Stopped by :meth:`Launcher.cancel` (Ctrl-C, SIGTERM before walltime)."""
+    """Stopped by :meth:`~autotune.launchers.base.Launcher.cancel` (Ctrl-C, SIGTERM before
+    walltime)."""
     scheduler_state: str | None = None
     """E.g. SLURM step state ``COMPLETED``, ``OUT_OF_MEMORY``, ``NODE_FAIL``."""
     stderr_tail: str = ""
