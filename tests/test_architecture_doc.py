@@ -1,7 +1,12 @@
 """docs/architecture.md names modules and functions that exist: every path with a folder
 (``runner/study.py``, ``autotune/storage/store.py``) is a file of the tree, and every
 dotted name in backticks (``trial/classify.classify``, ``runner.optuna_io.open_study``)
-resolves to a module and, where it names one, an attribute of it."""
+resolves to a module and, where it names one, an attribute of it. The other docs and the
+README the same way for the code they name: a Python file of this tree (its path starts
+with a folder of the repository or a package of ``autotune``; a path of another project,
+``megatron/model/gpt_model.py``, does not), with the name after it
+(``autotune/scaling/sizes.py::scaling_efficiency``), and every ``autotune.``/``trainer.``
+dotted name."""
 
 from __future__ import annotations
 
@@ -64,7 +69,44 @@ def test_every_dotted_name_architecture_md_names_resolves() -> None:
     assert not bad, bad
 
 
+_OWN_PY = re.compile(r"`((?:[A-Za-z_0-9.-]+/)+[A-Za-z_0-9]+\.py)(?:(?:::|\.)([A-Za-z_][\w.]*))?`")
+_QUALIFIED = re.compile(r"`((?:autotune|trainer)(?:\.[A-Za-z_]\w*)+)`")
+_TOPS = {p.name for p in REPO.iterdir() if p.is_dir()} | PACKAGES
+DOCS = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+
+
+def code_named(text: str) -> list[str]:
+    """Why each piece of this tree's code that ``text`` names does not exist."""
+    bad = []
+    for m in _OWN_PY.finditer(text):
+        path, name = m.groups()
+        if path.split("/")[0] not in _TOPS:
+            continue  # another project's file
+        if not _file(path):
+            bad.append(f"{path}: no such file")
+        elif name:  # in the package, or a script's (benchmarks/, tests/) as importable
+            top = next(t for t in ("", "autotune/", "trainer/") if (REPO / t / path).is_file())
+            module = f"{top}{path[:-3]}"
+            if module.split("/")[0] in ("autotune", "trainer"):
+                bad.append(unresolved(f"{module}.{name}") or "")
+            elif not hasattr(importlib.import_module(module.replace("/", ".")), name.split(".")[0]):
+                bad.append(f"{path}: no {name}")
+    bad += [unresolved(m.group(1)) or "" for m in _QUALIFIED.finditer(text)]
+    return [b for b in bad if b]
+
+
+def test_every_doc_names_code_that_exists() -> None:
+    bad = {doc.name: why for doc in DOCS if (why := code_named(doc.read_text()))}
+    assert not bad, bad
+
+
 def test_a_false_claim_is_caught() -> None:
+    assert code_named("`autotune/models/calibration.py::gaussian_log_evidence`")
+    assert not code_named("`autotune/models/evidence.py::gaussian_log_evidence`")
+    assert code_named("`autotune.models.calibration.evidence_scale`")
+    assert code_named("`runner/nonexistent.py`")
+    assert code_named("`benchmarks/plan_cpu_time.py::no_such_function`")
+    assert not code_named("`megatron/model/gpt_model.py`, `scaling/sizes.py::scaling_efficiency`")
     assert unresolved("runner.outcome.classify") is not None
     assert unresolved("trial/classify.classify") is None
     assert unresolved("storage.store.TrialStore.claim") is None
