@@ -6,7 +6,8 @@ README the same way for the code they name: a Python file of this tree (its path
 with a folder of the repository or a package of ``autotune``; a path of another project,
 ``megatron/model/gpt_model.py``, does not), with the name after it
 (``autotune/scaling/sizes.py::scaling_efficiency``), and every ``autotune.``/``trainer.``
-dotted name."""
+dotted name; and every study-file key they name (``search.confirm_budget``) is one the
+generated reference, docs/study-files.md, lists."""
 
 from __future__ import annotations
 
@@ -111,3 +112,43 @@ def test_a_false_claim_is_caught() -> None:
     assert unresolved("trial/classify.classify") is None
     assert unresolved("storage.store.TrialStore.claim") is None
     assert not _file("runner/nonexistent.py")
+
+
+
+_SECTIONS = ("model", "cluster", "training", "search", "trial", "storage", "launcher",
+             "workload")
+_KEY = re.compile(r"`((?:" + "|".join(_SECTIONS) + r")\.[a-z_]+(?:\.[a-z_]+)*)(?::[^`]*)?`")
+NOT_KEYS = {
+    "training.grad_accum_dtype": "filled in by the loader from the workload, not written",
+    "search.gpu_freq": "named in docs/search.md as not done",
+}
+
+
+def reference_keys() -> set[str]:
+    """Every section and key of the generated docs/study-files.md."""
+    keys, section = set(), None
+    for line in (REPO / "docs" / "study-files.md").read_text().splitlines():
+        if heading := re.match(r"#{2,4} `([\w.]+)`", line):
+            section = heading.group(1)
+            keys.add(section)
+        elif (key := re.match(r"- \*\*`(\w+)`\*\*", line)) and section:
+            keys.add(f"{section}.{key.group(1)}")
+    return keys
+
+
+def unknown_keys(text: str, keys: set[str]) -> set[str]:
+    """The study-file keys ``text`` names in backticks that the reference does not have (a
+    module's file, ``model.py``, or dotted name, ``storage.claims.claim_first``, is code)."""
+    return {k for m in _KEY.finditer(text) if (k := m.group(1)) not in keys
+            and k not in NOT_KEYS and not k.endswith(".py")
+            and not (k.count(".") >= 2 and unresolved(k) is None)}
+
+
+def test_every_study_file_key_the_docs_name_exists() -> None:
+    keys = reference_keys()
+    assert {"search.confirm_budget", "launcher.replay.study_check", "model.dropout"} <= keys
+    bad = {doc.name: found for doc in DOCS if doc.name != "study-files.md"
+           if (found := unknown_keys(doc.read_text(), keys))}
+    assert not bad, bad
+    assert unknown_keys("`search.plan_order` and `trial.batch_size: 4`", keys) == {
+        "search.plan_order"}
