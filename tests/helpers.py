@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -100,3 +101,22 @@ def wait_for_jobs(job_ids: list[str], timeout_s: float) -> None:
         time.sleep(1.0)
     pytest.fail(f"jobs {job_ids} still queued/running after {timeout_s:.0f} s:\n"
                 + squeue("-r"))
+
+
+def deepest_object(dotted: str) -> tuple[object, list[str]] | None:
+    """Where a dotted name (``autotune.search.Strategy.stop``) leads: the object reached from
+    its longest importable module prefix through the attributes after it, and the names
+    left that this object does not have (empty where the whole name resolves); ``None``
+    where no prefix is a module. Shared by the tests that hold docs and docstrings to the
+    code."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        rest = parts[cut:]
+        while rest and hasattr(found, rest[0]):
+            found = getattr(found, rest.pop(0))
+        return found, rest
+    return None

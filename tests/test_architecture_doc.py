@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import re
 
-from tests.helpers import REPO
+from tests.helpers import REPO, deepest_object
 
 DOC = REPO / "docs" / "architecture.md"
 PACKAGES = {p.name for p in (REPO / "autotune").iterdir() if (p / "__init__.py").is_file()}
@@ -39,18 +39,10 @@ def unresolved(name: str) -> str | None:
     parts = name.replace("/", ".").split(".")
     if parts[0] not in ("autotune", "trainer"):
         parts = ["autotune", *parts]
-    for cut in range(len(parts), 1, -1):
-        module = ".".join(parts[:cut])
-        try:
-            found: object = importlib.import_module(module)
-        except ImportError:
-            continue
-        for attr in parts[cut:]:
-            if not hasattr(found, attr):
-                return f"{name}: {module} has no {'.'.join(parts[cut:])}"
-            found = getattr(found, attr)
-        return None
-    return f"{name}: no such module"
+    walked = deepest_object(".".join(parts))
+    if walked is None:
+        return f"{name}: no such module"
+    return f"{name}: no {'.'.join(walked[1])} there" if walked[1] else None
 
 
 def test_every_path_architecture_md_names_exists() -> None:
@@ -112,7 +104,6 @@ def test_a_false_claim_is_caught() -> None:
     assert unresolved("trial/classify.classify") is None
     assert unresolved("storage.store.TrialStore.claim") is None
     assert not _file("runner/nonexistent.py")
-
 
 
 _SECTIONS = ("model", "cluster", "training", "search", "trial", "storage", "launcher",

@@ -2,8 +2,8 @@
 names an object that exists: ``:func:``, ``:class:``, ``:data:``, ``:mod:`` and ``:exc:``
 roles, and ``:meth:`` and ``:attr:`` roles that name their class, fully qualified or
 relative to their module or its package (a bare method or attribute is its class's, left
-to the reader). A function moved to
-another module leaves its old name behind in prose; this finds it."""
+to the reader). A function moved to another module leaves its old name behind in prose;
+this finds it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO, deepest_object
+
 ROLE = re.compile(r":(func|class|data|mod|exc):`~?([A-Za-z_][\w.]*)`"
                   r"|:(meth|attr):`~?([A-Za-z_]\w*\.[\w.]+)`")
 OURS = ("autotune", "trainer")
@@ -35,18 +36,13 @@ def _instance_attribute(cls: object, name: str) -> bool:
 
 
 def _lookup(dotted: str) -> bool:
-    parts = dotted.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj: object = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for name in parts[i:]:
-            if not hasattr(obj, name):  # a dataclass field or an attribute set in __init__
-                return name == parts[-1] and _instance_attribute(obj, name)
-            obj = getattr(obj, name)
-        return True
-    return False
+    """The name resolves, its last part possibly an attribute its class sets in ``__init__``
+    or a dataclass field without a default."""
+    walked = deepest_object(dotted)
+    if walked is None:
+        return False
+    found, rest = walked
+    return not rest or (len(rest) == 1 and _instance_attribute(found, rest[0]))
 
 
 def _resolves(name: str, module: ModuleType) -> bool:
@@ -58,8 +54,10 @@ def _resolves(name: str, module: ModuleType) -> bool:
     package = module.__name__ if hasattr(module, "__path__") else module.__name__.rpartition(".")[0]
     if _lookup(f"{module.__name__}.{name}") or _lookup(f"{package}.{name}"):
         return True
-    if hasattr(module, head) or hasattr(builtins, head):
-        return hasattr(builtins, head) and not hasattr(module, head)
+    if hasattr(module, head):  # the module's own name: the look-ups above did not find it
+        return False
+    if hasattr(builtins, head):
+        return True
     try:  # another library's name (torch.distributed, optuna.Study, ...): not ours to check
         importlib.import_module(head)
         return True
