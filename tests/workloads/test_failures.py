@@ -68,8 +68,10 @@ def test_out_of_memory_is_infeasible_and_its_larger_sibling_is_not_launched(
     model = {"n_layer": 1, "hidden": 16, "n_head": 4, "ffn_hidden": 64, "seq_len": 64,
              "vocab_size": 65536, "name": "big-vocab"}
     sections = {"model": model, "training": {"global_batch": 128, "dtype": "fp32"},
+                # Exactly the 2 timed steps, not the precision's 6-12: micro-batch 1 runs
+                # 128 accumulation steps each, and only its outcome is checked here.
                 "trial": {"warmup_steps": 1, "measure_steps": 2, "timeout_s": 300,
-                          "device": "cpu"}, "workload": workload}
+                          "device": "cpu", "measure_precision": None}, "workload": workload}
     # First the micro-batch-64 layout runs out of memory ...
     first = write_study(tmp_path / "oom.yaml", name="oom", devices=1, n_trials=1,
                         search={**ONE_RANK, "micro_batch": [64], "n_trials": 1}, **sections)
