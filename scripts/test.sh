@@ -9,7 +9,8 @@
 #      under CI=true, where they fail)
 #   3. scripts/megatron_env.sh when AUTOTUNE_MEGATRON_DIR is set (CI: ../shared/megatron-
 #      deepspeed): the test-only environment of the `megatron` tests' real trials
-#   4. ruff and mypy, then pytest over tests/ and the doctests of autotune/ and trainer/
+#   4. ruff and mypy (started before step 3, beside it), then pytest over tests/ and the
+#      doctests of autotune/ and trainer/
 #
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
 set -euo pipefail
@@ -31,6 +32,13 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extension
 # ninja is rebuilt by the venv's, inside a trial, where a kill mid-build leaves a lock
 # behind that hangs every later build).
 export PATH="$PWD/.venv/bin:$PATH"
+# Lint and types need only .venv: they run beside the Megatron-DeepSpeed build (mypy takes
+# ~30 s of one core; the build waits on pip and a compiler), their output shown after it.
+lint_log=$(mktemp)
+trap 'rm -f "$lint_log"' EXIT
+( .venv/bin/ruff check autotune trainer tests benchmarks && .venv/bin/mypy autotune trainer ) \
+  > "$lint_log" 2>&1 &
+lint_pid=$!
 # The `megatron` tests run real Megatron-DeepSpeed: CI uses the pinned snapshots beside the
 # checkout; a developer points AUTOTUNE_MEGATRON_DIR at their own checkout (or leaves it
 # unset: the tests skip). Their test-only environment (.megatron-env) is built first.
@@ -43,7 +51,9 @@ if [ -n "${AUTOTUNE_MEGATRON_DIR:-}" ]; then
   echo "[test] Megatron-DeepSpeed environment took $(( $(date +%s) - t1 )) s"
 fi
 echo "[test] setup took $(( $(date +%s) - t0 )) s; lint and types"
-.venv/bin/ruff check autotune trainer tests benchmarks
-.venv/bin/mypy autotune trainer
+lint_rc=0
+wait "$lint_pid" || lint_rc=$?
+cat "$lint_log"
+[ "$lint_rc" = 0 ] || { echo "[test] lint or types failed (exit $lint_rc)"; exit "$lint_rc"; }
 echo "[test] running pytest"
 .venv/bin/python -m pytest -q --durations=40 "$@" tests autotune trainer
