@@ -12,7 +12,9 @@
 #   4. ruff and mypy (started before step 3, beside it), then pytest over tests/ and the
 #      doctests of autotune/ and trainer/
 #
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
+# The tests' environment is scripts/test_env.sh's, which scripts/test_under_load.sh (the
+# same tests beside busy loops) shares. Extra arguments go to pytest, e.g.
+# `bash scripts/test.sh -m "not slow"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
@@ -23,15 +25,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
 else
   echo "[test] not root with apt: SLURM/PostgreSQL services not started (their tests skip)"
 fi
-[ -f /tmp/autotune-ci/env ] && . /tmp/autotune-ci/env
-# DeepSpeed JIT-builds its CPU communication op once; keep the build with the checkout's
-# caches rather than in a home directory that CI may not keep.
-export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}
-# As an activated venv: the tools the tests' trials run come from .venv (`python` in the
-# example templates; `ninja`, with which DeepSpeed builds that op: a build by the system's
-# ninja is rebuilt by the venv's, inside a trial, where a kill mid-build leaves a lock
-# behind that hangs every later build).
-export PATH="$PWD/.venv/bin:$PATH"
+. scripts/test_env.sh
 # Lint and types need only .venv: they run beside the Megatron-DeepSpeed build (mypy takes
 # ~30 s of one core; the build waits on pip and a compiler), their output shown after it.
 lint_log=$(mktemp)
@@ -39,12 +33,8 @@ trap 'rm -f "$lint_log"' EXIT
 ( .venv/bin/ruff check autotune trainer tests benchmarks && .venv/bin/mypy autotune trainer ) \
   > "$lint_log" 2>&1 &
 lint_pid=$!
-# The `megatron` tests run real Megatron-DeepSpeed: CI uses the pinned snapshots beside the
-# checkout; a developer points AUTOTUNE_MEGATRON_DIR at their own checkout (or leaves it
-# unset: the tests skip). Their test-only environment (.megatron-env) is built first.
-if [ "${CI:-}" = true ] && [ -z "${AUTOTUNE_MEGATRON_DIR:-}" ]; then
-  export AUTOTUNE_MEGATRON_DIR=$PWD/../shared/megatron-deepspeed
-fi
+# The `megatron` tests' test-only environment (.megatron-env) is built first, where
+# AUTOTUNE_MEGATRON_DIR is set (scripts/test_env.sh).
 if [ -n "${AUTOTUNE_MEGATRON_DIR:-}" ]; then
   t1=$(date +%s)
   bash scripts/megatron_env.sh
