@@ -62,6 +62,16 @@ def run_cli(*args: str, timeout: float = 600, cwd: Path | None = None,
                           env={**os.environ, **(env or {})})
 
 
+def is_live(pid: int | str) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie that no one has reaped
+    yet (a container's init may never reap one)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of live processes containing ``text`` (e.g. a trial directory)."""
     out = []
@@ -70,10 +80,9 @@ def processes_mentioning(text: str) -> list[str]:
             continue
         try:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().split(") ")[-1][:1]
         except OSError:
             continue
-        if text in cmd and state != "Z":
+        if text in cmd and is_live(proc.name):
             out.append(cmd)
     return out
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, is_live
 
 SCRIPT = REPO / "scripts" / "test_under_load.sh"
 pytestmark = pytest.mark.skipif(not (REPO / ".venv" / "bin" / "python").exists(),
@@ -25,15 +25,6 @@ def _run(tmp_path: Path, body: str, procs: str = "1") -> subprocess.CompletedPro
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie no init has reaped yet does not)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return not re.search(r"^State:\s+Z", status, re.MULTILINE)
-
-
 @pytest.mark.parametrize(("body", "code"), [("assert True", 0), ("assert False", 1)])
 def test_pytest_runs_beside_the_loops_and_its_code_is_the_scripts(
         tmp_path: Path, body: str, code: int) -> None:
@@ -44,7 +35,7 @@ def test_pytest_runs_beside_the_loops_and_its_code_is_the_scripts(
     pids = [int(p) for p in started.group(1).split()]
     assert len(pids) == 2
     assert f"[load] pytest exited {code} after" in done.stdout
-    assert not [p for p in pids if _alive(p)], "busy loops left running"
+    assert not [p for p in pids if is_live(p)], "busy loops left running"
 
 
 @pytest.mark.parametrize("procs", ["0", "00", "abc", "-1", "2.5"])
