@@ -46,4 +46,4 @@ wait "$lint_pid" || lint_rc=$?
 cat "$lint_log"
 [ "$lint_rc" = 0 ] || { echo "[test] lint or types failed (exit $lint_rc)"; exit "$lint_rc"; }
 echo "[test] running pytest"
-.venv/bin/python -m pytest -q --durations=40 "$@" tests autotune trainer
+.venv/bin/python -m pytest -q --durations=40 "$@" "${TEST_PATHS[@]}"

@@ -19,3 +19,5 @@ export PATH="$PWD/.venv/bin:$PATH"
 if [ "${CI:-}" = true ] && [ -z "${AUTOTUNE_MEGATRON_DIR:-}" ]; then
   export AUTOTUNE_MEGATRON_DIR=$PWD/../shared/megatron-deepspeed
 fi
+# What "the whole suite" is, for both scripts: the tests and the package's doctests.
+TEST_PATHS=(tests autotune trainer)

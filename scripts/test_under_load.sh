@@ -23,7 +23,7 @@ if [[ ! "$procs" =~ ^[0-9]+$ ]] || (( 10#$procs < 1 )); then
 fi
 procs=$((10#$procs))
 . scripts/test_env.sh
-[ "$#" -gt 0 ] || set -- tests autotune trainer
+[ "$#" -gt 0 ] || set -- "${TEST_PATHS[@]}"
 hogs=()
 # The loops end with the script, and are gone when it returns (waited for, not only signalled).
 trap 'kill "${hogs[@]}" 2>/dev/null || true; wait "${hogs[@]}" 2>/dev/null || true' EXIT
