@@ -11,6 +11,11 @@ and then report that the study is not there, leaving the typo behind as a file.
 'sqlite:////work/studies/autotune.db'
 >>> next_to("sqlite:////tmp/a.db", "/work/studies")
 'sqlite:////tmp/a.db'
+
+A plain SQLite URL (``sqlite[+driver]:///PATH``, no query, no %-escape) is read without
+SQLAlchemy, as SQLAlchemy reads it (:func:`_plain_sqlite`): loading a study file (every
+command, ``plan`` included) then imports no part of the database layer. Any other URL is
+SQLAlchemy's to parse.
 """
 
 from __future__ import annotations
@@ -18,9 +23,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from urllib.parse import quote
 
 from autotune.errors import UsageError
 
@@ -28,6 +31,23 @@ __all__ = ["ENV_VAR_RE", "sqlite_path", "next_to", "require_existing", "nothing_
 
 ENV_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 """A ``${VAR}`` in a storage URL, expanded from the environment when the URL is used."""
+_PLAIN_SQLITE = re.compile(r"(sqlite(?:\+\w+)?)://(/[^?%]*)")
+"""``sqlite[+driver]:///PATH`` without a query or a %-escape: SQLAlchemy's URL pattern
+(``sqlalchemy/engine/url.py``, ``_parse_url``, 2.1) gives it no user, host or port, and
+the database ``PATH`` as written (unquoting changes nothing without a ``%``)."""
+
+
+def _plain_sqlite(url: str) -> tuple[str, str] | None:
+    """``(drivername, database)`` of a plain SQLite URL (:data:`_PLAIN_SQLITE`), else
+    ``None`` (SQLAlchemy parses it).
+
+    >>> _plain_sqlite("sqlite:///a.db"), _plain_sqlite("sqlite+pysqlite:////t/a.db")
+    (('sqlite', 'a.db'), ('sqlite+pysqlite', '/t/a.db'))
+    >>> _plain_sqlite("sqlite:///a.db?mode=ro"), _plain_sqlite("sqlite://")
+    (None, None)
+    """
+    m = _PLAIN_SQLITE.fullmatch(url)
+    return None if m is None else (m.group(1), m.group(2)[1:])
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -35,10 +55,17 @@ def sqlite_path(url: str) -> Path | None:
     URL with ``${VAR}`` still to expand)."""
     if not url.startswith("sqlite") or "${" in url:
         return None
-    try:
-        database = make_url(url).database
-    except ArgumentError:
-        return None
+    plain = _plain_sqlite(url)
+    if plain is not None:
+        database: str | None = plain[1]
+    else:
+        from sqlalchemy.engine import make_url  # local: a plain URL needs no SQLAlchemy
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            database = make_url(url).database
+        except ArgumentError:
+            return None
     if not database or database == ":memory:" or database.startswith("file:"):
         return None
     return Path(database)
@@ -50,6 +77,13 @@ def next_to(url: str, base_dir: str | Path) -> str:
     if path is None or path.is_absolute():
         return url
     absolute = (Path(base_dir) / path).resolve()
+    plain = _plain_sqlite(url)
+    if plain is not None:
+        # SQLAlchemy's rendering of the same URL (URL.render_as_string: no user, host or
+        # query; the database quoted, " +/" safe).
+        return f"{plain[0]}:///{quote(str(absolute), safe=' +/')}"
+    from sqlalchemy.engine import make_url
+
     return make_url(url).set(database=str(absolute)).render_as_string(hide_password=False)
 
 

@@ -147,27 +147,21 @@ class MemoryBudget:
     def verdict(self, model: ModelConfig, layout: Layout) -> MemoryVerdict:
         """The memory check of a structurally valid ``layout``: the prediction, its error
         bar, ``P(peak <= usable_bytes)`` and the verdict (``docs/models.md``)."""
-        from autotune.models.memory import estimate_memory  # local: keeps the trainer light
-        from autotune.models.memory_uncertainty import (
+        from autotune.feasibility.memory_terms import stack_memory_terms
+        from autotune.models.memory_uncertainty import (  # local: keeps the trainer light
             MemoryVerdict,
             classify_fit,
-            estimate_uncertainty,
             fit_probability,
             log_sigma,
         )
-        from autotune.models.stacks import memory_stacks
 
         correction, correction_sigma = self.correction_of(layout)
         # Where it is unknown which stack runs (training.stack megatron-deepspeed-either),
         # P(fit) is the mixture's: the mean over the stacks it may be. The peak shown is
         # the first's (the larger states).
-        each = []
-        for stack in memory_stacks(self.stack):
-            one = estimate_memory(model, layout, dtype=self.dtype, device=self.device,
-                                  profile=self.profile, stack=stack,
+        each = stack_memory_terms(model, layout, dtype=self.dtype, device=self.device,
+                                  profile=self.profile, stack=self.stack,
                                   grad_accum_dtype=self.grad_accum_dtype)
-            each.append((one, estimate_uncertainty(model, layout, one, dtype=self.dtype,
-                                                   device=self.device, stack=stack)))
         p = sum(fit_probability(e.peak_bytes, self.usable_bytes, u.relative_sigma,
                                 correction=correction, correction_sigma=correction_sigma)
                 for e, u in each) / len(each)
