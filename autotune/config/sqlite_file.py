@@ -50,22 +50,27 @@ def _plain_sqlite(url: str) -> tuple[str, str] | None:
     return None if m is None else (m.group(1), m.group(2)[1:])
 
 
+def _database(url: str) -> str | None:
+    """The database part of ``url`` as SQLAlchemy's ``make_url`` gives it (``None``: none,
+    or an URL it cannot parse)."""
+    plain = _plain_sqlite(url)
+    if plain is not None:
+        return plain[1]
+    from sqlalchemy.engine import make_url  # local: a plain URL needs no SQLAlchemy
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).database
+    except ArgumentError:
+        return None
+
+
 def sqlite_path(url: str) -> Path | None:
     """The file of a ``sqlite`` URL as written (``None``: not SQLite, in memory, or an
     URL with ``${VAR}`` still to expand)."""
     if not url.startswith("sqlite") or "${" in url:
         return None
-    plain = _plain_sqlite(url)
-    if plain is not None:
-        database: str | None = plain[1]
-    else:
-        from sqlalchemy.engine import make_url  # local: a plain URL needs no SQLAlchemy
-        from sqlalchemy.exc import ArgumentError
-
-        try:
-            database = make_url(url).database
-        except ArgumentError:
-            return None
+    database = _database(url)
     if not database or database == ":memory:" or database.startswith("file:"):
         return None
     return Path(database)

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from autotune.config.sqlite_file import _plain_sqlite, next_to, sqlite_path
+from autotune.config.sqlite_file import _database, _plain_sqlite, next_to, sqlite_path
 
 URLS = [
     "sqlite:///autotune.db",
@@ -36,30 +36,33 @@ URLS = [
 ]
 
 
-def _sqlalchemy_path(url: str) -> Path | None:
-    """What ``sqlite_path`` returned when SQLAlchemy parsed every URL."""
-    if not url.startswith("sqlite") or "${" in url:
-        return None
+def _sqlalchemy_database(url: str) -> str | None:
     try:
-        database = make_url(url).database
+        return make_url(url).database
     except ArgumentError:
         return None
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return None
-    return Path(database)
 
 
 def _sqlalchemy_next_to(url: str, base_dir: str) -> str:
-    path = _sqlalchemy_path(url)
+    """What ``next_to`` returned when SQLAlchemy rendered every URL."""
+    path = sqlite_path(url)  # its database part: SQLAlchemy's (the test above)
     if path is None or path.is_absolute():
         return url
-    absolute = (Path(base_dir) / path).resolve()
-    return make_url(url).set(database=str(absolute)).render_as_string(hide_password=False)
+    absolute = str((Path(base_dir) / path).resolve())
+    return make_url(url).set(database=absolute).render_as_string(hide_password=False)
 
 
 @pytest.mark.parametrize("url", URLS)
-def test_same_file_as_sqlalchemy(url: str) -> None:
-    assert sqlite_path(url) == _sqlalchemy_path(url)
+def test_same_database_as_sqlalchemy(url: str) -> None:
+    assert _database(url) == _sqlalchemy_database(url)
+
+
+def test_the_file_of_each_kind_of_url() -> None:
+    assert sqlite_path("sqlite:///a.db") == Path("a.db")
+    assert sqlite_path("sqlite:///a%20b.db?timeout=5") == Path("a b.db")
+    assert [sqlite_path(u) for u in ("sqlite://", "sqlite:///:memory:", "sqlite:///",
+                                     "sqlite:///file:x.db?uri=true", "sqlite:///${D}/a.db",
+                                     "postgresql://h/test")] == [None] * 6
 
 
 @pytest.mark.parametrize("base", ["/work/studies", "/tmp/a b/c:d", "/tmp/x%y", "/tmp/q?r"])
