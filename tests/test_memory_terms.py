@@ -2,7 +2,7 @@
 every judging of it (`autotune/feasibility/memory_terms.py`): `plan` judges a study's
 space uncalibrated and calibrated, a worker after every trial. The memo must change no
 verdict: the same prediction whatever the correction, a separate entry for every input the
-prediction depends on, and no memo (nor error) where an input cannot be hashed."""
+prediction depends on, and no memo where measured layer bytes take part."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from autotune.feasibility import memory_terms as terms
 from autotune.layout import Layout
 from autotune.models.memory import estimate_memory
 from autotune.models.memory_uncertainty import estimate_uncertainty
+from autotune.models.profile import LayerProfile
 
 MODEL = MODEL_PRESETS["gpt-1.3b"]
 LAYOUT = Layout(tp=2, pp=2, dp=2, micro_batch=2, grad_accum=4, zero_stage=1,
@@ -60,29 +61,27 @@ def test_each_input_of_the_prediction_has_its_own_entry(change: dict[str, str],
     other = replace(BUDGET, **change)
     changed = other.verdict(MODEL, LAYOUT)
     assert terms._cached.cache_info().misses == 2
-    direct = terms._terms(MODEL, LAYOUT, other.dtype, other.device, None, other.stack,
-                          other.grad_accum_dtype)
+    direct = terms._unprofiled(MODEL, LAYOUT, other.dtype, other.device, other.stack,
+                               other.grad_accum_dtype)
     assert changed.predicted_bytes == direct[0][0].peak_bytes
     assert (changed.predicted_bytes != base.predicted_bytes) is moves
     assert len(direct) == (2 if change.get("stack") == "megatron-deepspeed-either" else 1)
 
 
-def test_an_unhashable_input_is_computed_without_the_memo() -> None:
-    class Unhashable:  # a profile with mutable parts: hash() raises TypeError
-        __hash__ = None  # type: ignore[assignment]
-
+def test_a_profiled_prediction_is_computed_without_the_memo() -> None:
+    """Measured layer bytes (a study's ``cluster.profile``): hashing the profile's entries
+    on every call would cost more than the memo saves, so each call computes."""
     calls = []
     real = terms._terms
 
     def spy(*args: object) -> terms.Terms:
         calls.append(args)
-        return real(MODEL, LAYOUT, "bf16", "a100-40gb", None, "deepspeed", None)
+        return real(*args)  # type: ignore[arg-type]
 
+    profile = LayerProfile(source="test")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(terms, "_terms", spy)
-        for _ in range(2):
-            terms.stack_memory_terms(MODEL, LAYOUT, dtype="bf16", device="a100-40gb",
-                                     profile=Unhashable(),  # type: ignore[arg-type]
-                                     stack="deepspeed", grad_accum_dtype=None)
-    assert len(calls) == 2  # computed each time, never cached
+        verdicts = [replace(BUDGET, profile=profile).verdict(MODEL, LAYOUT) for _ in range(2)]
+    assert [c[4] for c in calls] == [profile, profile]  # computed each time, with it
     assert terms._cached.cache_info().currsize == 0
+    assert verdicts[0] == verdicts[1]

@@ -8,7 +8,7 @@ model's typical error, :func:`autotune.runner.learning.memory_log_sd`) and once
 calibrated; a run's worker re-ranks it after every trial. The prediction does not depend
 on the correction, so it is memoised here (a pure function of hashable arguments, like
 :func:`autotune.models.network.place_group`), and each judging pays only for the
-probability.
+probability (a study without measured layer bytes: :func:`stack_memory_terms`).
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ def stack_memory_terms(model: ModelConfig, layout: Layout, *, dtype: str, device
                        grad_accum_dtype: str | None) -> Terms:
     """``(estimate, uncertainty)`` of ``layout`` for each stack ``stack`` may be
     (:func:`autotune.models.stacks.memory_stacks`: one, or the two of
-    ``megatron-deepspeed-either``), the first the larger states'."""
-    try:
-        hash((model, layout, profile))
-    except TypeError:  # an unhashable argument (a profile with mutable parts): not memoised
+    ``megatron-deepspeed-either``), the first the larger states'. With measured layer
+    bytes (``profile``) not memoised: a frozen dataclass hashes all its entries on every
+    call, which would cost a large profile more than the memo saves."""
+    if profile is not None:
         return _terms(model, layout, dtype, device, profile, stack, grad_accum_dtype)
-    return _cached(model, layout, dtype, device, profile, stack, grad_accum_dtype)
+    return _cached(model, layout, dtype, device, stack, grad_accum_dtype)
 
 
 def _terms(model: ModelConfig, layout: Layout, dtype: str, device: str | None,
@@ -56,6 +56,11 @@ def _terms(model: ModelConfig, layout: Layout, dtype: str, device: str | None,
     return tuple(each)
 
 
+def _unprofiled(model: ModelConfig, layout: Layout, dtype: str, device: str | None,
+                stack: str, grad_accum_dtype: str | None) -> Terms:
+    return _terms(model, layout, dtype, device, None, stack, grad_accum_dtype)
+
+
 # Bounded: ~2 KB an entry; the 175B study judges 1,386 structurally valid layouts of its
 # 4,950 (the others fail before the memory rule), so a study's space fits several times.
-_cached = functools.lru_cache(maxsize=8192)(_terms)
+_cached = functools.lru_cache(maxsize=8192)(_unprofiled)
