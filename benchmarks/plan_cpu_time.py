@@ -80,11 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--baseline {args.baseline}: not a checkout of the project (no "
                      "autotune/__main__.py in it)")
     with tempfile.TemporaryDirectory() as tmp:
+        with_db = str(with_database(study, Path(tmp)))
         ways = {"no database": ["plan", str(study)],
-                "with database": ["plan", str(with_database(study, Path(tmp)))],
+                "with database": ["plan", with_db],
                 "--scaling weak (4 sizes)": ["plan", str(study), "--scaling", "weak",
                                              "--nodes", "16,32,64,128"],
-                "--scaling, with database": ["plan", str(with_database(study, Path(tmp))),
+                "--scaling, with database": ["plan", with_db,
                                              "--scaling", "weak", "--nodes", "16,32,64,128"]}
         roots = {"": ROOT, **({"baseline": baseline} if baseline is not None else {})}
         for root in roots.values():
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in times[""].items():
         figures[name] = {"median_s": statistics.median(values), "min_s": min(values),
                          "max_s": max(values)}
-        line = f"{name:<26} {statistics.median(values):7.2f} {min(values):7.2f} " \
+        line = f"{name:<26} {figures[name]['median_s']:7.2f} {min(values):7.2f} " \
                f"{max(values):7.2f}"
         if baseline is not None:
             base = statistics.median(times["baseline"][name])
