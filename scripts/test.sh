@@ -9,8 +9,8 @@
 #      under CI=true, where they fail)
 #   3. scripts/megatron_env.sh when AUTOTUNE_MEGATRON_DIR is set (CI: ../shared/megatron-
 #      deepspeed): the test-only environment of the `megatron` tests' real trials
-#   4. ruff and mypy (started before step 3, beside it), then pytest over tests/ and the
-#      doctests of autotune/ and trainer/
+#   4. ruff and mypy (started before step 3, beside it), then pytest (2 workers: see below)
+#      over tests/ and the doctests of autotune/ and trainer/
 #
 # The tests' environment is scripts/test_env.sh's, which scripts/test_under_load.sh (the
 # same tests beside busy loops) shares. Extra arguments go to pytest, e.g.
@@ -45,5 +45,16 @@ lint_rc=0
 wait "$lint_pid" || lint_rc=$?
 cat "$lint_log"
 [ "$lint_rc" = 0 ] || { echo "[test] lint or types failed (exit $lint_rc)"; exit "$lint_rc"; }
-echo "[test] running pytest"
-.venv/bin/python -m pytest -q --durations=40 "$@" "${TEST_PATHS[@]}"
+# Two pytest workers (pytest-xdist) by default: a 2-core machine runs the suite in about
+# two thirds of the time, because many tests wait (on SLURM, subprocesses, timeouts) rather
+# than compute. Each module stays whole on one worker (its fixtures run once) and the SLURM
+# tests share one worker (tests/conftest.py, xdist_group). AUTOTUNE_TEST_WORKERS=0 runs the
+# suite in this process, one test after the other.
+workers=${AUTOTUNE_TEST_WORKERS:-2}
+if [[ ! "$workers" =~ ^[0-9]+$ ]]; then
+  echo "[test] AUTOTUNE_TEST_WORKERS=$workers: allowed: an integer >= 0 (0: no workers)" >&2
+  exit 2
+fi
+echo "[test] running pytest ($((10#$workers)) worker(s))"
+.venv/bin/python -m pytest -q --durations=40 -n "$((10#$workers))" --dist loadgroup "$@" \
+  "${TEST_PATHS[@]}"
