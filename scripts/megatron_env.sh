@@ -97,7 +97,8 @@ fi
 # torch's JIT loader takes a plain lock file in the op's build folder at every load
 # (torch/utils/file_baton.py) and a rank killed while holding it leaves it behind: every
 # later trial then waits on it for ever (found: a MiCS trial killed by torchrun). No trial
-# runs while this script does, so a lock here is stale.
+# runs while this script does, so a lock here is stale (the tests run it before their trials,
+# and their 2 pytest workers keep every Megatron test on one: tests/xdist_groups.py).
 find "$EXT_DIR" -name lock -type f -delete 2>/dev/null || true
 
 # The forks: SRC itself when it is a checkout, else each sub-folder that is one.

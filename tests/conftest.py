@@ -23,6 +23,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests import xdist_groups
+
 ENV_FILE = Path(os.environ.get("AUTOTUNE_CI_ENV", "/tmp/autotune-ci/env"))
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DEFAULT_MYSQL = "mysql+pymysql://root@127.0.0.1:3306/test"
@@ -127,23 +129,11 @@ SERVICE_MARKERS = {"pg_url": "postgres", "slurm": "slurm", "mn_cluster": "multin
 e.g. ``allocation``) must carry."""
 
 
-SLURM_GROUP = "slurm"
-"""The ``xdist_group`` of every test that needs SLURM: they share one controller, one node
-whose CPUs a module's ``allocation`` holds, and the 4 nodes that each ``multinode`` test
-needs whole, so they run one after the other, in one worker."""
+def pytest_configure(config: pytest.Config) -> None:
+    # which tests share a pytest-xdist worker (scripts/test.sh runs 2)
+    config.pluginmanager.register(xdist_groups, "autotune-xdist-groups")
 
 
-def xdist_group(item: pytest.Item) -> str:
-    """The group a test runs in under ``pytest -n N --dist loadgroup`` (scripts/test.sh):
-    the SLURM tests together (:data:`SLURM_GROUP`); every other test with the rest of its
-    module, so that a module's fixtures (several real trainer launches, tens of seconds)
-    run once, not once per worker."""
-    if item.get_closest_marker("slurm") or item.get_closest_marker("multinode"):
-        return SLURM_GROUP
-    return item.nodeid.split("::", 1)[0]
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     unmarked = [f"{item.nodeid} uses {fixture} without @pytest.mark.{marker}"
                 for item in items for fixture, marker in SERVICE_MARKERS.items()
@@ -152,8 +142,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unmarked:
         raise pytest.UsageError("service fixtures need their marker (so that -m 'not ...' "
                                 "deselects the test):\n  " + "\n  ".join(unmarked))
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
 @pytest.fixture

@@ -1,0 +1,112 @@
+"""Which tests share a pytest-xdist worker (``scripts/test.sh``: ``-n 2 --dist loadgroup``).
+
+A test module stays whole on one worker, so that its module fixtures (several real trainer
+launches, tens of seconds) run once, not once per worker. Tests that share a service that
+two tests cannot use at once run one after the other on one worker, whatever module they
+are in:
+
+* ``slurm`` and ``multinode`` (:data:`SLURM_GROUP`): one SLURM controller, one node whose
+  CPUs a module's ``allocation`` holds, and 4 namespaced nodes that each ``multinode`` test
+  needs whole (one of them kills a node's ``slurmd``);
+* ``megatron`` (:data:`MEGATRON_GROUP`): their fixture runs ``scripts/megatron_env.sh``,
+  which deletes the build locks of the test-only DeepSpeed's op as stale, because no trial
+  runs beside it; a trial of another worker would lose its lock mid-load.
+
+A plugin (``tests/conftest.py`` registers it). The groups are the markers', read where the
+markers are: on the workers, each of which
+writes its node id -> group map to :data:`GROUPS_ENV`'s folder at collection. The
+controller's :class:`GroupScheduling` reads the map when it schedules (after every worker
+has collected). pytest-xdist's own ``loadgroup`` puts the group into the node id
+(``item._nodeid``), which pytest 9 no longer reads (``Node.nodeid`` comes from ``_id``):
+under it every test was scheduled alone, and two ``multinode`` tests ran at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+GROUPS_ENV = "AUTOTUNE_TEST_XDIST_GROUPS"
+"""The folder the workers write their maps to; set by the controller before it starts them."""
+_OWN_FOLDER = pytest.StashKey[str]()
+SLURM_GROUP = "slurm"
+MEGATRON_GROUP = "megatron"
+
+
+def group_of(item: pytest.Item) -> str:
+    """The group ``item`` runs in: a service's, else its module's."""
+    if item.get_closest_marker("slurm") or item.get_closest_marker("multinode"):
+        return SLURM_GROUP
+    if item.get_closest_marker("megatron"):
+        return MEGATRON_GROUP
+    return module_of(item.nodeid)
+
+
+def module_of(nodeid: str) -> str:
+    """``tests/x/test_y.py::test_z[a]`` -> ``tests/x/test_y.py``."""
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On the controller of an xdist run, the folder the workers will write to (they
+    inherit the environment when they start, after ``pytest_configure``)."""
+    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses",
+                                                                         None):
+        folder = tempfile.mkdtemp(prefix="autotune-xdist-groups-")
+        config.stash[_OWN_FOLDER] = os.environ[GROUPS_ENV] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the folder this controller made (a pytest started by a test inherits the
+    variable, and must leave the outer run's folder alone)."""
+    folder = config.stash.get(_OWN_FOLDER, None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.get(GROUPS_ENV) == folder:
+            del os.environ[GROUPS_ENV]
+
+
+@pytest.hookimpl(trylast=True)  # after every hook that marks tests
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker, write this worker's map (atomically: the controller may read it)."""
+    worker: dict[str, Any] | None = getattr(config, "workerinput", None)
+    folder = os.environ.get(GROUPS_ENV)
+    if worker is None or not folder:
+        return
+    target = Path(folder) / f"{worker['workerid']}.json"
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps({item.nodeid: group_of(item) for item in items}))
+    os.replace(tmp, target)
+
+
+def read_groups(folder: str | None) -> dict[str, str]:
+    """Every worker's map, merged (they collect the same tests)."""
+    groups: dict[str, str] = {}
+    for path in sorted(Path(folder).glob("*.json")) if folder else ():
+        groups.update(json.loads(path.read_text()))
+    return groups
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling (a scope's tests go to one worker, largest scopes first)
+    with the scopes above; ``None`` (xdist's own choice) for any other ``--dist``."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        _groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:
+                self._groups = read_groups(os.environ.get(GROUPS_ENV))
+            return self._groups.get(nodeid) or module_of(nodeid)
+
+    return GroupScheduling(config, log)
