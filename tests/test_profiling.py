@@ -290,6 +290,7 @@ the peak resident set (as ``tests/models/test_memory_vs_trainer.py`` accepts for
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # fits a slope across 4 launches: another test's load skews one of them
 def test_profile_a_tiny_study_for_real_then_plan_uses_it(tmp_path: Path) -> None:
     """The study names its profile before it exists; ``autotune profile`` (real trainer
     runs) writes it there, and ``plan`` then ranks with it."""

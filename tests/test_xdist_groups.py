@@ -1,6 +1,6 @@
 """``tests/xdist_groups.py``: under ``pytest -n 2 --dist loadgroup`` (scripts/test.sh) the
 SLURM tests run on one worker, the Megatron ones on one worker, and each module's other
-tests on one worker, whatever modules they are in.
+tests on one worker, whatever modules they are in; an ``alone`` test has nothing beside it.
 
 A CI run with pytest-xdist's own ``loadgroup`` (which pytest 9 ignores) ran two
 ``multinode`` tests at once, and one killed the other's node. Here a small tree of tests
@@ -32,13 +32,17 @@ markers =
     slurm: a SLURM test
     multinode: a multi-node SLURM test
     megatron: a Megatron test
+    alone: a test with nothing beside it
 """
 _RECORD = """
-import os, pytest
+import os, time, pytest
 
 def _ran(name):
+    start = time.monotonic()
+    time.sleep(0.2)  # long enough for the workers' tests to overlap unless kept apart
     with open(os.environ["RAN"], "a") as fh:
-        fh.write(f"{os.environ['PYTEST_XDIST_WORKER']} {__name__}::{name}\\n")
+        fh.write(f"{__name__}::{name} {os.environ['PYTEST_XDIST_WORKER']} {start} "
+                 f"{time.monotonic()}\\n")
 """
 
 
@@ -60,6 +64,7 @@ def test_services_share_one_worker_and_modules_stay_whole(tmp_path: Path) -> Non
                       "test_c_slurm": "@pytest.mark.slurm"},
         **{f"test_m{i}.py": {f"test_m{i}_{j}": "" for j in range(4)} for i in range(6)},
     }
+    tree["test_m3.py"]["test_m3_alone"] = "@pytest.mark.alone"
     for name, tests in tree.items():
         (tmp_path / name).write_text(_module(tests))
     (tmp_path / "conftest.py").write_text(_CONFTEST)
@@ -71,7 +76,8 @@ def test_services_share_one_worker_and_modules_stay_whole(tmp_path: Path) -> Non
                            "-n", "2", "--dist", "loadgroup", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    worker = dict(reversed(line.split()) for line in ran.read_text().splitlines())
+    rows = [line.split() for line in ran.read_text().splitlines()]
+    worker = {name: w for name, w, _, _ in rows}
     assert len(worker) == sum(len(t) for t in tree.values())
     assert len(set(worker.values())) == 2  # both workers ran tests
 
@@ -86,4 +92,9 @@ def test_services_share_one_worker_and_modules_stay_whole(tmp_path: Path) -> Non
         if not any(k in name for k in ("slurm", "multinode", "megatron")):
             modules[name.split("::")[0]].add(w)
     assert all(len(ws) == 1 for ws in modules.values()), modules
+    # Nothing ran beside the alone test.
+    _, alone_worker, start, end = next(r for r in rows if r[0] == "test_m3::test_m3_alone")
+    beside = [r for r in rows if r[1] != alone_worker
+              and float(r[2]) < float(end) and float(r[3]) > float(start)]
+    assert not beside, (start, end, beside)
     assert not list(scratch.glob("autotune-xdist-groups-*"))  # the maps' folder is removed

@@ -12,7 +12,13 @@ are in:
   which deletes the build locks of the test-only DeepSpeed's op as stale, because no trial
   runs beside it; a trial of another worker would lose its lock mid-load.
 
-A plugin (``tests/conftest.py`` registers it). The groups are the markers', read where the
+A plugin (``tests/conftest.py`` registers it). Tests marked ``alone`` run with nothing beside them:
+their worker waits for the other's test to end, and the other waits for them
+(:func:`pytest_runtest_protocol`). They compare timings measured in separate launches, which
+another test's load, coming and going, distorts by up to 2x (a CI run's ``autotune profile``
+of a tiny layer: one of its four runs twice as slow, the fit's slope negative).
+
+The groups are the markers', read where the
 markers are: on the workers, each of which
 writes its node id -> group map to :data:`GROUPS_ENV`'s folder at collection. The
 controller's :class:`GroupScheduling` reads the map when it schedules (after every worker
@@ -23,10 +29,13 @@ under it every test was scheduled alone, and two ``multinode`` tests ran at once
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +119,32 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return self._groups.get(nodeid) or module_of(nodeid)
 
     return GroupScheduling(config, log)
+
+
+@contextmanager
+def _turn(folder: Path, *, alone: bool) -> Iterator[None]:
+    """Hold the workers' shared lock (``alone``: exclusively) for one test. Whoever waits
+    for the lock holds the turnstile meanwhile, so that the other worker's next tests
+    queue behind an ``alone`` test instead of keeping the lock shared for ever."""
+    with open(folder / "turnstile", "a") as turnstile, open(folder / "tests", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
+                            ) -> Generator[None, object, object]:
+    """On a worker, a test's whole run (its fixtures' set-up and tear-down included) holds
+    the workers' lock: shared, or exclusive for an ``alone`` test."""
+    folder = os.environ.get(GROUPS_ENV)
+    if getattr(item.config, "workerinput", None) is None or not folder:
+        return (yield)
+    with _turn(Path(folder), alone=item.get_closest_marker("alone") is not None):
+        return (yield)

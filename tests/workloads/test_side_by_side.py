@@ -55,6 +55,7 @@ def _measure(tmp_path: Path, name: str, **sections: object) -> optuna.trial.Froz
     return trial
 
 
+@pytest.mark.alone  # compares the throughput of two launches
 def test_trainer_as_a_command_scores_as_the_builtin_workload(tmp_path: Path) -> None:
     builtin = _measure(tmp_path, "sbs-builtin")
     command = _measure(tmp_path, "sbs-command", workload=TRAINER_AS_COMMAND)
