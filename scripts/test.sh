@@ -46,7 +46,7 @@ wait "$lint_pid" || lint_rc=$?
 cat "$lint_log"
 [ "$lint_rc" = 0 ] || { echo "[test] lint or types failed (exit $lint_rc)"; exit "$lint_rc"; }
 # Two pytest workers (pytest-xdist) by default: a 2-core machine runs the suite in about
-# two thirds of the time, because many tests wait (on SLURM, subprocesses, timeouts) rather
+# three quarters of the time, because many tests wait (on SLURM, subprocesses, timeouts) rather
 # than compute. Each module stays whole on one worker (its fixtures run once), the SLURM
 # tests share one worker, so do the Megatron tests, and an `alone` test runs with nothing
 # beside it (tests/xdist_groups.py). AUTOTUNE_TEST_WORKERS=0 runs the suite in this process,
