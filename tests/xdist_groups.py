@@ -12,17 +12,17 @@ are in:
   which deletes the build locks of the test-only DeepSpeed's op as stale, because no trial
   runs beside it; a trial of another worker would lose its lock mid-load.
 
-A plugin (``tests/conftest.py`` registers it). Tests marked ``alone`` run with nothing beside them:
-their worker waits for the other's test to end, and the other waits for them
-(:func:`pytest_runtest_protocol`). They compare timings measured in separate launches, which
-another test's load, coming and going, distorts by up to 2x (a CI run's ``autotune profile``
-of a tiny layer: one of its four runs twice as slow, the fit's slope negative).
+Tests marked ``alone`` run with nothing beside them: their worker waits for the other's
+test to end, and the other waits for them (:func:`pytest_runtest_protocol`). They compare
+timings measured in separate launches, which another test's load, coming and going,
+distorts by up to 2x (a CI run's ``autotune profile`` of a tiny layer: one of its four runs
+twice as slow, the fit's slope negative).
 
-The groups are the markers', read where the
-markers are: on the workers, each of which
-writes its node id -> group map to :data:`GROUPS_ENV`'s folder at collection. The
-controller's :class:`GroupScheduling` reads the map when it schedules (after every worker
-has collected). pytest-xdist's own ``loadgroup`` puts the group into the node id
+This module is a plugin (``tests/conftest.py`` registers it). The groups are the markers',
+read where the markers are: on the workers, each of which writes its node id -> group map
+to :data:`GROUPS_ENV`'s folder at collection. The controller's scheduler
+(:func:`pytest_xdist_make_scheduler`) reads the map when it schedules, after every worker
+has collected. pytest-xdist's own ``loadgroup`` puts the group into the node id
 (``item._nodeid``), which pytest 9 no longer reads (``Node.nodeid`` comes from ``_id``):
 under it every test was scheduled alone, and two ``multinode`` tests ran at once.
 """
@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from autotune.util.atomic import write_json_atomic
 
 GROUPS_ENV = "AUTOTUNE_TEST_XDIST_GROUPS"
 """The folder the workers write their maps to; set by the controller before it starts them."""
@@ -88,16 +90,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     folder = os.environ.get(GROUPS_ENV)
     if worker is None or not folder:
         return
-    target = Path(folder) / f"{worker['workerid']}.json"
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps({item.nodeid: group_of(item) for item in items}))
-    os.replace(tmp, target)
+    write_json_atomic(Path(folder) / f"{worker['workerid']}.json",
+                      {item.nodeid: group_of(item) for item in items})
 
 
 def read_groups(folder: str | None) -> dict[str, str]:
     """Every worker's map, merged (they collect the same tests)."""
     groups: dict[str, str] = {}
-    for path in sorted(Path(folder).glob("*.json")) if folder else ():
+    for path in sorted(Path(folder).glob("[!.]*.json")) if folder else ():  # not a temporary
         groups.update(json.loads(path.read_text()))
     return groups
 
