@@ -49,6 +49,25 @@ def test_errors_by_parallelism_class() -> None:
     # Pooled, the median says 25% as if every row were optimistic; the classes say that
     # only the TP rows are.
     assert doc["median_pct_error"] == pytest.approx(25.0)
+    # One model-parallel axis alone, by its degree: tp 2 and 4 (pp 1), pp 2 (tp 1); the
+    # rows with both axes or neither are in no degree.
+    degrees = doc["by_degree"]
+    assert list(degrees) == ["tp2", "tp4", "pp2"]
+    assert [d["n_rows"] for d in degrees.values()] == [2, 2, 2]
+    assert degrees["tp2"]["median_pct_error"] == pytest.approx(25.0)
+    assert degrees["tp4"]["median_abs_pct_error"] == pytest.approx(25.0)
+    assert degrees["pp2"]["median_pct_error"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_degrees_sort_by_axis_then_degree() -> None:
+    from benchmarks import _errors as errors
+
+    table = errors.TableErrors("t.csv")
+    keys = ["pp16", "tp8", None, "pp2", "tp2", "tp16", None]
+    table.add(errors.GroupErrors([float(i) for i in range(len(keys))], [True] * len(keys),
+                                 [1.0] * len(keys), ["c"] * len(keys), keys))
+    assert list(table.by_degree()) == ["tp2", "tp8", "tp16", "pp2", "pp16"]
+    assert table.by_degree()["tp8"]["median_pct_error"] == 1.0
 
 
 def test_printed_table_has_a_line_per_class(capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,5 +80,7 @@ def test_printed_table_has_a_line_per_class(capsys: pytest.CaptureFixture[str]) 
     assert "band width" in out[1]
     assert out[2].startswith("t.csv ")
     assert [line.split()[0] for line in out[3:]] == ["tp1-pp1", "tp>1-pp1", "tp1-pp>1",
-                                                     "tp>1-pp>1"]
+                                                     "tp>1-pp>1", "tp2", "tp4", "pp2"]
     assert "+25.0%" in out[4] and "+0.0%" in out[3]
+    assert out[7].split()[:3] == ["tp2", "(pp", "1)"] and "+25.0%" in out[7]
+    assert out[9].split()[:3] == ["pp2", "(tp", "1)"] and "+0.0%" in out[9]
