@@ -171,14 +171,19 @@ NORMAL_IQR = 2.0 * NormalDist().inv_cdf(0.75)
 GPU_SPEED_SD = 0.08 / (4.0 * NORMAL_IQR)
 
 
-# Link figures are what NCCL moves (nccl-tests' busbw), not line rates. NVLink: "450GB/s is
-# the line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink
-# bandwidth of 370GB/s" (NCCL's maintainer, NVIDIA/nccl-tests#212, 2024-05-06, on H100
-# NVLink4): 370/450 of the line rate, for NVLink3 too (the same protocol; users report
-# all-reduce busbw of 200-210 GB/s on 8 A100 SXM4, nccl-tests#149 and #178, against 246).
+# Link figures are what NCCL moves (nccl-tests' busbw), not line rates. NVLink4 (H100,
+# H200): "450GB/s is the line rate. With the protocol overhead (~20%) NCCL can get an
+# effective NVLink bandwidth of 370GB/s" (NCCL's maintainer, NVIDIA/nccl-tests#212,
+# 2024-05-06): 370/450 of the line rate. NVLink3 (A100) has its own figure from the same
+# source: "Each NVLink has a line rate of 25GB/s (in each direction) which converts to
+# ~20GB/s effective bandwidth with a 128B payload size [...] The total effective bandwidth
+# should therefore be 240GB/s on A100, but some other bottlenecks on the GPUs limits it to
+# ~230GB/s" (nccl-tests#149, 2023-07-05; users measure 200-233 GB/s all-reduce busbw on 8
+# A100 SXM4, nccl-tests#149, #175 and #178). Before, the H100's ratio gave the A100 246.7.
 # InfiniBand: "We usually consider 24GB/s is the peak performance per 200G NIC (12 GB/s
 # for 100G NICs)" (the same, NVIDIA/nccl-tests#119, 2022-11-17): 24/25 of the line rate.
 NVLINK_EFFECTIVE = 370.0 / 450.0
+A100_NVLINK_GBPS = 230.0
 IB_EFFECTIVE = 24.0 / 25.0
 # HBM: a streaming kernel reads an A100 80GB SXM's memory at 1.80 of its datasheet 2.04
 # TB/s, 88% by Nsight Compute too, and "the maximum memory bandwidth achieved by any kernel
@@ -187,7 +192,7 @@ IB_EFFECTIVE = 24.0 / 25.0
 # bias-dropout-add, softmax, the optimizer) run at what HBM delivers, not at its line rate:
 # the same ratio for every HBM device, the only one published here (datasheet x ratio).
 HBM_EFFECTIVE = 1.80 / 2.04
-_NVLINK3 = LinkSpec(gbps=300.0 * NVLINK_EFFECTIVE, latency_us=5.0)  # A100: 300 GB/s a way
+_NVLINK3 = LinkSpec(gbps=A100_NVLINK_GBPS, latency_us=5.0)  # A100: 12 links, 25 GB/s a way
 _NVLINK4 = LinkSpec(gbps=450.0 * NVLINK_EFFECTIVE, latency_us=5.0)  # H100/H200: 450 a way
 # Between nodes, per device = the node's NIC bandwidth over its devices (NetworkSpec): DGX
 # A100 has 8 single-port ConnectX-6 HDR InfiniBand 200 Gb/s (25 GB/s per direction) for the

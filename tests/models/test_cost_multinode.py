@@ -33,6 +33,13 @@ def lay(**kw) -> Layout:
 
 # --- the node's NICs -------------------------------------------------------------------
 
+def test_nvlink_is_what_nccl_moves_on_each_generation() -> None:
+    # NCCL's maintainer: ~230 GB/s on an A100 (nccl-tests#149), 370 on an H100 (#212)
+    assert A100.intra_node.gbps == 230.0 and get_device("a100-40gb").intra_node == NVLINK
+    assert math.isclose(get_device("h100").intra_node.gbps, 370.0)
+    assert math.isclose(get_device("h200").intra_node.gbps, 370.0)
+
+
 def test_network_from_the_table_and_the_overrides() -> None:
     # 8 x HDR200 per DGX A100, each 24 of its 25 GB/s as NCCL moves it (hardware.py)
     assert dgx(8).network() == NetworkSpec(192.0, 24.0, 10.0)
