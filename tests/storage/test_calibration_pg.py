@@ -53,6 +53,10 @@ def _plan_row(study: Path, *flags: str) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
+# The warm start's correction comes from the first study's launches, its error from the
+# second's: another test's load during one of them and not the other skewed it (46% off
+# in a fresh-clone CI in 2 workers, 2026-12-07), as it skews any comparison of launches.
+@pytest.mark.alone
 def test_a_second_study_on_the_same_device_starts_calibrated(
         tmp_path: Path, own_database: str, unique: str) -> None:
     url = own_database
