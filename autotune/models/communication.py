@@ -10,6 +10,7 @@ from autotune.config.cluster import ClusterConfig
 from autotune.config.model import ModelConfig
 from autotune.hardware import DeviceSpec, LinkSpec
 from autotune.layout import Layout
+from autotune.models.compute import shaped_gemm_time_s
 from autotune.models.links import group_allreduce_time_s, link_spec, tp_link
 from autotune.models.memory import dtype_bytes
 from autotune.models.network import (
@@ -30,6 +31,7 @@ __all__ = [
     "stage_p2p_times_s",
     "tp_allreduce_equivalents",
     "tp_allreduce_time_s",
+    "tp_hidden_time_s",
     "zero3_gather_time_s",
 ]
 
@@ -68,12 +70,44 @@ def tp_allreduce_equivalents(layout: Layout) -> float:
     by an all-gather and a reduce-scatter of half its ring volume each, one of each where
     the all-reduce was (Korthikanti et al. 2022, section 4.2.2: "the same communication
     volume"), and adds the backward's re-gather of the two stored input shards: one
-    all-reduce's worth more. Megatron issues that re-gather asynchronously beside the
-    input-gradient GEMM (``LinearWithGradAccumulationAndAsyncCommunication.backward``,
-    deepspeedai/Megatron-DeepSpeed@4efb479 ``megatron/core/tensor_parallel/layers.py``);
-    the trainer does not, so it is charged, as the all-reduces are (not overlapped)."""
+    all-reduce's worth more. All of it is charged here, as the built-in trainer waits for
+    each collective; what Megatron's stacks hide behind the backward GEMMs is
+    :func:`tp_hidden_time_s`."""
     count = 6.0 if layout.recompute == "full" else 4.0
     return count + (1.0 if layout.sequence_parallel else 0.0)
+
+
+def tp_hidden_time_s(model: ModelConfig, layout: Layout, spec: DeviceSpec, level: str,
+                     dtype: str, *, cluster: ClusterConfig | None = None) -> float:
+    """TP time of one layer and micro-batch that Megatron's column-parallel linears (QKV
+    and the MLP's first) hide behind their own backward GEMMs, where the stack does
+    (:func:`autotune.models.stacks.hides_tp_backward`).
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``
+    (deepspeedai/Megatron-DeepSpeed@4efb479 ``megatron/core/tensor_parallel/layers.py``)
+    issues the input gradient's all-reduce (with sequence parallelism its reduce-scatter)
+    asynchronously, then computes the weight gradient, then waits; with sequence
+    parallelism the re-gather of the stored input shard runs beside the input-gradient
+    GEMM the same way. Each collective is hidden up to its GEMM's time: the backward's
+    GEMMs of a linear have its forward's shape (:func:`autotune.models.compute.
+    shaped_gemm_time_s`), and the collectives are the backward's 2 all-reduces (with
+    sequence parallelism 2 reduce-scatters and 2 re-gathers, half an all-reduce each) that
+    :func:`tp_allreduce_equivalents` charges."""
+    if layout.tp == 1:
+        return 0.0
+    t, h, tokens = layout.tp, model.hidden, layout.micro_batch * model.seq_len
+    n_bytes = model.seq_len * layout.micro_batch * h * dtype_bytes(dtype)
+    one = _tp_one_allreduce_s(n_bytes, layout, spec, level, cluster)
+    peak = spec.peak_flops_or_fallback(dtype)
+    kv = model.kv_heads * model.head_dim
+    outputs = ((h + 2 * kv) // t, (model.mlp_matrices - 1) * (model.ffn // t))  # QKV, up
+    hidden = 0.0
+    for n in outputs:
+        gemm = shaped_gemm_time_s(tokens, n, h, peak, spec)
+        if layout.sequence_parallel:
+            hidden += 2 * min(0.5 * one, gemm)  # reduce-scatter | wgrad, re-gather | dgrad
+        else:
+            hidden += min(one, gemm)  # all-reduce | wgrad
+    return hidden
 
 
 def _tp_one_allreduce_s(n_bytes: float, layout: Layout, spec: DeviceSpec, level: str,

@@ -46,6 +46,7 @@ from autotune.models.communication import (
     dp_overlaps_backward,
     dp_reduce_time_s,
     stage_p2p_times_s,
+    tp_hidden_time_s,
     zero3_gather_time_s,
 )
 from autotune.models.compute import gemm_efficiency, logits_forward_time_s, optimizer_time_s
@@ -55,10 +56,16 @@ from autotune.models.flops import (
     recompute_forward_fraction,
     tflops_per_device,
 )
+from autotune.models.links import tp_link
 from autotune.models.memory import params_per_rank
 from autotune.models.profile import LayerProfile
 from autotune.models.profile_blend import layer_terms
-from autotune.models.stacks import dp_reduce_bytes_per_param, is_megatron, ties_embeddings
+from autotune.models.stacks import (
+    dp_reduce_bytes_per_param,
+    hides_tp_backward,
+    is_megatron,
+    ties_embeddings,
+)
 from autotune.models.stragglers import straggler_factor
 from autotune.models.ulysses import ulysses_layer_time_s, ulysses_share
 from autotune.models.zero_variants import (
@@ -140,7 +147,9 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
                   stack: str = "deepspeed") -> StepEstimate:
     """Predicted step time and throughput of ``layout`` on ``cluster`` (pure function);
     with measured layer times where ``profile`` has them (:func:`layer_terms`).
-    ``stack`` (a resolved ``training.stack``): under Megatron's own optimizer the
+    ``stack`` (a resolved ``training.stack``): Megatron's column-parallel linears hide
+    part of the TP traffic where the stack lets them
+    (:func:`autotune.models.stacks.hides_tp_backward`); under Megatron's own optimizer the
     gradient reduction is its DDP's, over every data-parallel rank whatever the layout's
     ZeRO stage, after the backward, moving its fp32 gradient buffer
     (:func:`autotune.models.stacks.dp_reduce_bytes_per_param`). Megatron's GPT reduces and
@@ -159,6 +168,12 @@ def estimate_step(model: ModelConfig, layout: Layout, cluster: ClusterConfig, *,
     # Ulysses: each rank computes s/u positions and adds its all-to-alls (models/ulysses).
     layer_compute = slowest * ulysses_share(layer.compute_s, lay)
     tp_comm = layer.tp_comm_s + ulysses_layer_time_s(model, lay, cluster, dtype)
+    if not layer.measured and hides_tp_backward(stack, lay.sequence_parallel):
+        # Megatron's column-parallel linears hide their backward collective behind their
+        # own GEMMs (models/communication.tp_hidden_time_s); a measured layer is the
+        # built-in trainer's, which does not.
+        tp_comm -= tp_hidden_time_s(model, lay, spec, tp_link(lay, cluster), dtype,
+                                    cluster=cluster)
     exposed_host = layer.host_s
     logits = slowest * 3.0 * ulysses_share(logits_forward_time_s(model, lay, peak, spec), lay)
     p2p = stage_p2p_times_s(model, lay, cluster, dtype)

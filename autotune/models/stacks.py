@@ -136,6 +136,28 @@ def is_megatron(stack: str) -> bool:
     return stack in ("megatron", "megatron-distributed")
 
 
+def hides_tp_backward(stack: str, sequence_parallel: bool) -> bool:
+    """Whether the stack's column-parallel linears run their backward's TP collective
+    beside their own backward GEMMs (:func:`autotune.models.communication.
+    tp_hidden_time_s`). Megatron's ``LinearWithGradAccumulationAndAsyncCommunication``
+    does: with sequence parallelism always (its reduce-scatter and re-gather are issued
+    with ``async_op=True``), without it where ``async_tensor_model_parallel_allreduce``
+    is on, which ``megatron/arguments.py`` turns off under ``--deepspeed`` ("DeepSpeed
+    seems to be incompatible with async_tensor_model_parallel_allreduce") and leaves on
+    by default otherwise (deepspeedai/Megatron-DeepSpeed@4efb479). So: with sequence
+    parallelism every stack that runs Megatron's GPT; without it Megatron's own optimizer
+    only (:data:`EITHER`'s step time is the DeepSpeed engine's). The built-in trainer
+    (``deepspeed``) waits for each collective.
+
+    >>> [hides_tp_backward(s, sp) for s, sp in (("megatron", False),
+    ...  ("deepspeed-fused-adam", False), ("deepspeed-fused-adam", True), ("deepspeed", True))]
+    [True, False, True, False]
+    """
+    if sequence_parallel:
+        return stack in _MEGATRON_GPT
+    return is_megatron(stack)
+
+
 def megatron_grad_bytes(dtype: str) -> int:
     """Bytes per parameter of Megatron's contiguous gradient buffer (``param.main_grad``):
     fp32 with bf16 (``megatron/arguments.py`` forces ``accumulate_allreduce_grads_in_fp32``

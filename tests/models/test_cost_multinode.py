@@ -12,7 +12,7 @@ from autotune.config.model import ModelConfig
 from autotune.errors import SpecError
 from autotune.hardware import LinkSpec, NetworkSpec, get_device
 from autotune.layout import Layout
-from autotune.models import communication, cost, links, network
+from autotune.models import communication, compute, cost, links, network
 from autotune.models.memory import dtype_bytes
 
 A100 = get_device("a100-80gb")
@@ -287,3 +287,52 @@ def test_tp_inside_the_node_and_pp_across_beats_tp_across_nodes(global_batch: in
         tflops[t] = cost.estimate_step(GPT_162B, layout, cluster).model_tflops_per_device
     assert max(tflops, key=tflops.__getitem__) == 8
     assert tflops[8] > tflops[16] > tflops[32]
+
+
+# --- what Megatron's column-parallel linears hide ---------------------------------------
+
+GPT_18B = ModelConfig(n_layer=40, hidden=6144, n_head=48, seq_len=2048, vocab_size=51200,
+                      attention="explicit", dropout=0.1)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_hidden_time_by_hand(sp: bool) -> None:
+    # tp 8 inside a DGX A100: each of the 2 column-parallel linears hides its backward
+    # collective up to its own GEMM; the collectives are what tp_allreduce_equivalents
+    # charges for the backward (2 all-reduces; with SP 2 reduce-scatters + 2 re-gathers).
+    lay = Layout(tp=8, pp=1, dp=32, micro_batch=4, grad_accum=8, recompute="full",
+                 sequence_parallel=sp)
+    spec, dt, tokens, h = A100, "bf16", 4 * 2048, 6144
+    one = communication.ring_allreduce_time_s(tokens * h * dtype_bytes(dt), 8, NVLINK)
+    peak = spec.peak_flops_or_fallback(dt)
+    gemms = [compute.shaped_gemm_time_s(tokens, n, h, peak, spec) for n in (3 * h // 8, 4 * h // 8)]
+    expected = sum(2 * min(one / 2, g) if sp else min(one, g) for g in gemms)
+    hidden = communication.tp_hidden_time_s(GPT_18B, lay, spec, "intra_node", dt)
+    assert hidden == pytest.approx(expected, rel=1e-9)
+    # Never more than the backward's share of what is charged (2 of 6, 4 half ones of 7).
+    charged = communication.tp_allreduce_time_s(GPT_18B, lay, spec, "intra_node", dt)
+    assert 0 < hidden <= charged * (2 / 7 if sp else 2 / 6) + 1e-12
+    assert communication.tp_hidden_time_s(
+        GPT_18B, Layout(tp=1, pp=1, dp=256, micro_batch=4, grad_accum=1), spec,
+        "intra_node", dt) == 0.0
+
+
+def test_the_step_hides_tp_only_where_the_stack_does() -> None:
+    cluster = dgx(32)
+    lay = Layout(tp=8, pp=1, dp=32, micro_batch=4, grad_accum=8, recompute="full")
+
+    def tp_s(stack: str, layout: Layout = lay) -> float:
+        return cost.estimate_step(GPT_18B, layout, cluster, stack=stack).tp_comm_s
+
+    hidden = 8 * 40 * communication.tp_hidden_time_s(GPT_18B, lay, A100, "intra_node",
+                                                     "bf16", cluster=cluster)
+    # Megatron's own optimizer: async_tensor_model_parallel_allreduce on by default.
+    assert tp_s("megatron") == pytest.approx(tp_s("deepspeed") - hidden, rel=1e-9)
+    assert tp_s("megatron-distributed") == pytest.approx(tp_s("megatron"), rel=1e-12)
+    # Under --deepspeed it is off, and the built-in trainer waits for each collective.
+    assert tp_s("deepspeed-fused-adam") == tp_s("deepspeed") == tp_s(
+        "megatron-deepspeed-either")
+    # With sequence parallelism every Megatron stack hides, the trainer does not.
+    sp = Layout(**{**lay.to_dict(), "sequence_parallel": True})
+    assert tp_s("deepspeed-fused-adam", sp) == pytest.approx(tp_s("megatron", sp))
+    assert tp_s("deepspeed-fused-adam", sp) < tp_s("deepspeed", sp)
