@@ -28,6 +28,7 @@ __all__ = [
     "dp_overlaps_backward",
     "dp_reduce_time_s",
     "p2p_time_s",
+    "sbh_bytes",
     "stage_p2p_times_s",
     "tp_allreduce_equivalents",
     "tp_allreduce_time_s",
@@ -45,6 +46,12 @@ reduction behind the backward although the trainer's config (``autotune/dsconfig
 leaves ``overlap_comm`` at that default. See :func:`dp_overlaps_backward`."""
 
 
+def sbh_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
+    """Bytes of one micro-batch's ``s b h`` activation: what a TP all-reduce and a pipeline
+    send move (before scatter/gather splits it over the TP ranks)."""
+    return model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+
+
 def tp_allreduce_time_s(model: ModelConfig, layout: Layout, spec: DeviceSpec,
                         level: str, dtype: str, *, cluster: ClusterConfig | None = None) -> float:
     """TP communication of one layer and one micro-batch (forward, backward, recompute).
@@ -59,7 +66,7 @@ def tp_allreduce_time_s(model: ModelConfig, layout: Layout, spec: DeviceSpec,
     """
     if layout.tp == 1:
         return 0.0
-    n_bytes = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+    n_bytes = sbh_bytes(model, layout, dtype)
     return tp_allreduce_equivalents(layout) * _tp_one_allreduce_s(n_bytes, layout, spec,
                                                                   level, cluster)
 
@@ -95,8 +102,7 @@ def tp_hidden_time_s(model: ModelConfig, layout: Layout, spec: DeviceSpec, level
     if layout.tp == 1:
         return 0.0
     t, h, tokens = layout.tp, model.hidden, layout.micro_batch * model.seq_len
-    n_bytes = model.seq_len * layout.micro_batch * h * dtype_bytes(dtype)
-    one = _tp_one_allreduce_s(n_bytes, layout, spec, level, cluster)
+    one = _tp_one_allreduce_s(sbh_bytes(model, layout, dtype), layout, spec, level, cluster)
     peak = spec.peak_flops_or_fallback(dtype)
     kv = model.kv_heads * model.head_dim
     outputs = ((h + 2 * kv) // t, (model.mlp_matrices - 1) * (model.ffn // t))  # QKV, up
@@ -129,7 +135,7 @@ def p2p_time_s(model: ModelConfig, layout: Layout, link: LinkSpec, dtype: str, *
     DeepSpeed's ``pipe_partitioned``, both on by default)."""
     if layout.pp == 1:
         return 0.0
-    n_bytes = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+    n_bytes = sbh_bytes(model, layout, dtype)
     return 2 * p2p_message_time_s(n_bytes, layout.tp, link, gather_s)
 
 
@@ -153,7 +159,7 @@ def stage_p2p_times_s(model: ModelConfig, layout: Layout, cluster: ClusterConfig
     spec = cluster.device_spec()
     place = pipeline_placement(layout.tp, layout.dp, p, cluster.devices_per_node,
                                spec.devices_per_card)
-    n_bytes = model.seq_len * layout.micro_batch * model.hidden * dtype_bytes(dtype)
+    n_bytes = sbh_bytes(model, layout, dtype)
     gather = 0.5 * _tp_one_allreduce_s(n_bytes, layout, spec, tp_link(layout, cluster),
                                        cluster)
     network = network_link(place.senders_per_node, cluster.network())
