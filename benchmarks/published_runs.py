@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO))
 from autotune.errors import SpecError  # noqa: E402
 from autotune.planning.empty import no_layout_text  # noqa: E402
 from autotune.planning.plan import PlanResult, PlanRow, plan_study  # noqa: E402
+from autotune.planning.space import axis_choices, space_size  # noqa: E402
 from autotune.spec import StudySpec, parse_study, read_yaml  # noqa: E402
 
 __all__ = ["RunRow", "RunResult", "read_runs", "row_spec", "evaluate_run", "summarize", "main"]
@@ -164,13 +165,17 @@ def row_spec(template: dict[str, Any], run: RunRow, *, pp: str = "divisors",
     any study file is: a row the template cannot take is refused with the field's name,
     ``source:LINE`` its source)."""
     data = copy.deepcopy(template)
-    model = data.setdefault("model", {})
+    for section in ("model", "cluster", "training", "search"):
+        if not isinstance(data.setdefault(section, {}), dict):
+            raise SpecError(section, data[section], "allowed: a mapping (a study file's "
+                            "section)", source="TEMPLATE")
+    model = data["model"]
     model.update(n_layer=run.layers, hidden=run.hidden, n_head=run.heads, name=run.name)
     if run.seq is not None:
         model["seq_len"] = run.seq
     if run.vocab is not None:
         model["vocab_size"] = run.vocab
-    cluster = data.setdefault("cluster", {})
+    cluster = data["cluster"]
     if run.devices_per_node is not None:
         cluster["devices_per_node"] = run.devices_per_node
     per_node = cluster.get("devices_per_node", 1)
@@ -180,9 +185,9 @@ def row_spec(template: dict[str, Any], run: RunRow, *, pp: str = "divisors",
                             f"({per_node})", source=f"{source}:{run.line}")
         cluster["nodes"] = run.gpus // per_node
     # else: parse_study refuses the template's devices_per_node by its own rule
-    data.setdefault("training", {})["global_batch"] = run.global_batch
+    data["training"]["global_batch"] = run.global_batch
     if pp == "divisors":
-        data.setdefault("search", {})["pp"] = _divisors(run.layers)
+        data["search"]["pp"] = _divisors(run.layers)
     data["name"] = "published-" + "".join(c if c.isalnum() or c in "._-" else "-"
                                           for c in run.name)[:80]
     return parse_study(data, source=f"{source}:{run.line}", base_dir=base_dir)
@@ -207,9 +212,10 @@ def evaluate_run(spec: StudySpec, run: RunRow, *, tflops: str = "hardware") -> R
     if mine is not None:
         return RunResult(run, best, len(pairs), pairs.index(wanted) + 1, mine.layout.key(),
                          _tflops(mine, tflops), mine.p_fit)
-    if run.tp not in spec.search.tp or run.pp not in spec.search.pp:
-        note = (f"not in the search space (search.tp {list(spec.search.tp)}, "
-                f"search.pp {list(spec.search.pp)})")
+    axes = axis_choices(spec.search, spec.world_size, spec.training.global_batch)
+    if run.tp not in axes["tp"] or run.pp not in axes["pp"]:
+        note = (f"not in the search space (search.tp {list(axes['tp'])}, "
+                f"search.pp {list(axes['pp'])})")
     else:  # the plan's own words for the pair: its space cut to the published TP and PP
         cut = plan_study(replace(spec, search=replace(spec.search, tp=(run.tp,),
                                                       pp=(run.pp,))), top=1)
@@ -219,8 +225,6 @@ def evaluate_run(spec: StudySpec, run: RunRow, *, tflops: str = "hardware") -> R
 
 def spec_size(spec: StudySpec) -> int:
     """An upper bound on the study's layouts (the plan lists at most that many rows)."""
-    from autotune.planning.space import space_size
-
     return space_size(spec.search, spec.world_size, spec.training.global_batch)[0]
 
 

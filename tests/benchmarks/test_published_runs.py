@@ -117,3 +117,20 @@ def test_the_shipped_megatron_template_takes_a_run(tmp_path: Path) -> None:
     row = json.loads(out.read_text())["rows"][0]
     assert row["layout"].startswith("tp1-pp1-dp32-") and row["predicted_tflops"] > 0
     assert row["n_pairs"] > 4  # tp 1-8 times pp 1-24, those that divide 32 GPUs
+
+
+def test_a_template_with_automatic_axes_places_runs_across_nodes_and_off_the_axis(
+        tmp_path: Path) -> None:
+    """``search.tp: auto`` is every divisor of the world: TP 16 on two 8-GPU nodes is
+    searched and excluded (TP across nodes), TP 3 is not in the space at all."""
+    template, runs = _files(tmp_path, "across,16,2048,24,16,1,32,256,140\n"
+                                      "odd,16,2048,24,3,1,32,256,140\n")
+    data = yaml.safe_load(template.read_text())
+    data["search"]["tp"] = "auto"
+    template.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out.json"
+    assert bench.main([str(template), str(runs), "--json", str(out)]) == 0
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["across"]["pair_rank"] is None and "excluded by tp_cross_node" in \
+        rows["across"]["note"]
+    assert rows["odd"]["note"].startswith("not in the search space (search.tp [1, 2, 4, 8, 16,")
