@@ -27,9 +27,10 @@ from autotune.storage.schema import LayoutClaim
 from autotune.trial import TrialPaths, TrialResult, TrialSpec
 
 
-def _take_over(storage: Storage) -> None:
+def _take_over(storage: Storage) -> int:
     """What another runner's repair does, at once: the RUNNING trial is failed and its
-    claim's lease cleared for a retry (one transaction, so no beat falls in between)."""
+    claim's lease cleared for a retry (one transaction, so no beat falls in between).
+    Returns the trial's id (its claim's key)."""
     from optuna.storages._rdb import models
 
     with storage.session() as s:
@@ -39,6 +40,7 @@ def _take_over(storage: Storage) -> None:
                                 user_attrs={"outcome": "killed"})
         s.execute(update(LayoutClaim).where(LayoutClaim.trial_id == trial_id)
                   .values(lease_until=None, retry=1))
+    return int(trial_id)
 
 
 class _TakenOver(Launcher):
@@ -51,11 +53,14 @@ class _TakenOver(Launcher):
         super().__init__()
         self.storage, self.launches, self.killed = storage, 0, 0
         self.renewals_after_take_over: int | None = None
+        """Renewals of the taken-over trial's lease after the take-over (the retry's own
+        lease beats too where its launch outlasts a heartbeat, on a loaded machine)."""
+        self.taken: int | None = None
 
     def _start(self, spec: TrialSpec, paths: TrialPaths) -> Any:
         self.launches += 1
         if self.launches == 1:
-            _take_over(self.storage)
+            self.taken = _take_over(self.storage)
             self.renewals_after_take_over = 0
             return "hangs"
         TrialResult(status="ok", model_tflops_per_device=1.0, step_time_s=0.1,
@@ -90,7 +95,7 @@ def test_a_trial_whose_lease_is_taken_over_is_cancelled_within_one_heartbeat(
     renew = Lease.renew
 
     def counted(self: Lease) -> bool:
-        if launcher.renewals_after_take_over is not None:
+        if launcher.renewals_after_take_over is not None and self.key == launcher.taken:
             launcher.renewals_after_take_over += 1
         return renew(self)
 
