@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO))
 from autotune.errors import SpecError  # noqa: E402
 from autotune.planning.empty import no_layout_text  # noqa: E402
 from autotune.planning.plan import PlanResult, PlanRow, plan_study  # noqa: E402
-from autotune.planning.space import axis_choices, space_size  # noqa: E402
+from autotune.planning.space import axis_choices, divisors, space_size  # noqa: E402
 from autotune.spec import StudySpec, parse_study, read_yaml  # noqa: E402
 
 __all__ = ["RunRow", "RunResult", "read_runs", "row_spec", "evaluate_run", "summarize", "main"]
@@ -155,10 +155,6 @@ def read_runs(path: Path) -> list[RunRow]:
     return rows
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def row_spec(template: dict[str, Any], run: RunRow, *, pp: str = "divisors",
              base_dir: Path | None = None, source: str = "RUNS") -> StudySpec:
     """The template study with ``run``'s model shape, cluster size and batch (validated as
@@ -187,7 +183,7 @@ def row_spec(template: dict[str, Any], run: RunRow, *, pp: str = "divisors",
     # else: parse_study refuses the template's devices_per_node by its own rule
     data["training"]["global_batch"] = run.global_batch
     if pp == "divisors":
-        data["search"]["pp"] = _divisors(run.layers)
+        data["search"]["pp"] = list(divisors(run.layers))
     data["name"] = "published-" + "".join(c if c.isalnum() or c in "._-" else "-"
                                           for c in run.name)[:80]
     return parse_study(data, source=f"{source}:{run.line}", base_dir=base_dir)

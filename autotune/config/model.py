@@ -109,17 +109,24 @@ class ModelConfig:
         return self.hidden // self.n_head
 
     @property
+    def qkv_width(self) -> int:
+        """Output width of the fused QKV projection: ``h`` of queries and ``kv_heads *
+        head_dim`` each of keys and values (``h + 2 kv``; ``3 h`` without grouped-query
+        attention)."""
+        return self.hidden + 2 * self.kv_heads * self.head_dim
+
+    @property
     def mlp_matrices(self) -> int:
         """Weight matrices of ``h x f`` in the MLP: 2 for GELU, 3 for SwiGLU."""
         return 3 if self.mlp == "swiglu" else 2
 
     def n_params(self) -> int:
         """Trainable parameters (embeddings untied from the output layer, as in the trainer)."""
-        h, kv, f = self.hidden, self.kv_heads * self.head_dim, self.ffn
+        h, qkv, f = self.hidden, self.qkv_width, self.ffn
         mlp = (3 * h * f if self.mlp == "swiglu"   # gate, up, down; no biases (Llama)
                else h * f + f + f * h + h)         # up + bias, down + bias
         per_layer = (
-            h * (h + 2 * kv) + (h + 2 * kv)  # QKV weight + bias
+            h * qkv + qkv                    # QKV weight + bias
             + h * h + h                      # attention output
             + mlp
             + 4 * h                          # two LayerNorms

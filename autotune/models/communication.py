@@ -104,8 +104,7 @@ def tp_hidden_time_s(model: ModelConfig, layout: Layout, spec: DeviceSpec, level
     t, h, tokens = layout.tp, model.hidden, layout.micro_batch * model.seq_len
     one = _tp_one_allreduce_s(sbh_bytes(model, layout, dtype), layout, spec, level, cluster)
     peak = spec.peak_flops_or_fallback(dtype)
-    kv = model.kv_heads * model.head_dim
-    outputs = ((h + 2 * kv) // t, (model.mlp_matrices - 1) * (model.ffn // t))  # QKV, up
+    outputs = (model.qkv_width // t, (model.mlp_matrices - 1) * (model.ffn // t))  # QKV, up
     hidden = 0.0
     for n in outputs:
         gemm = shaped_gemm_time_s(tokens, n, h, peak, spec)

@@ -134,12 +134,11 @@ def layer_forward_time_s(model: ModelConfig, layout: Layout, peak_flops: float,
     writes ``f/t``: one more kernel).
     """
     b, s, h, f, t = layout.micro_batch, model.seq_len, model.hidden, model.ffn, layout.tp
-    kv = model.kv_heads * model.head_dim
     tokens = b * s
     # (m, n, k) of each GEMM: QKV and the MLP's up (and gate) column-parallel (n / t), the
     # projection and the MLP's down row-parallel (k / t); Shoeybi et al. 2019, section 3.
     ups = [(tokens, f // t, h)] * (model.mlp_matrices - 1)
-    gemms = [(tokens, (h + 2 * kv) // t, h), (tokens, h, h // t), *ups, (tokens, h, f // t)]
+    gemms = [(tokens, model.qkv_width // t, h), (tokens, h, h // t), *ups, (tokens, h, f // t)]
     time = sum(shaped_gemm_time_s(m, n, k, peak_flops, spec) for m, n, k in gemms)
     swiglu = model.mlp == "swiglu"
     mlp_elem = (5 if swiglu else 2) * f / t  # per token: elements read + written

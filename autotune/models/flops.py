@@ -55,8 +55,7 @@ def layer_forward_flops(model: ModelConfig, sequences: int) -> float:
     (Narayanan et al. 2021, eq. 3 derivation, generalised).
     """
     h, s, f = model.hidden, model.seq_len, model.ffn
-    kv = model.kv_heads * model.head_dim
-    per_token = 2 * h * (h + 2 * kv) + 2 * h * h + model.mlp_matrices * 2 * h * f
+    per_token = 2 * h * model.qkv_width + 2 * h * h + model.mlp_matrices * 2 * h * f
     return float(sequences * (s * per_token + 4 * s * s * h))
 
 

@@ -95,7 +95,7 @@ COMM_BUCKET_ELEMENTS = 500_000_000
 def layer_params_per_rank(model: ModelConfig, tp: int) -> int:
     """Parameters of one transformer layer on one TP rank (see :func:`params_per_rank`)."""
     h, f, t = model.hidden, model.ffn, tp
-    qkv = h + 2 * model.kv_heads * model.head_dim
+    qkv = model.qkv_width
     if model.mlp == "swiglu":
         mlp = 2 * h * f // t + f * h // t  # gate and up column-, down row-parallel; no biases
     else:

@@ -25,7 +25,7 @@ from autotune.errors import UsageError
 from autotune.feasibility import Constraints, Reason
 from autotune.layout import Layout
 from autotune.planning.candidates import partition_layouts, partition_space
-from autotune.planning.space import _divisors, axis_choices, enumerate_layouts
+from autotune.planning.space import axis_choices, divisors, enumerate_layouts
 from autotune.spec import StudySpec
 
 __all__ = ["structural_reasons", "empty_space_reasons", "excluded_summary", "no_layout_text",
@@ -41,19 +41,19 @@ def structural_reasons(search: SearchConfig, world_size: int, global_batch: int)
     ``global_batch`` sequences per step, one sentence each with the allowed values; empty
     when each value takes part in at least one layout."""
     axes = axis_choices(search, world_size, global_batch)
-    divisors = _divisors(world_size)
+    world_divisors = divisors(world_size)
     out: list[str] = []
     tps = [tp for tp in axes["tp"] if world_size % tp == 0]
     for tp in axes["tp"]:
         if world_size % tp:
             out.append(f"tp={tp} does not divide the world size {world_size} "
-                       f"(allowed tp: {_values(divisors)})")
+                       f"(allowed tp: {_values(world_divisors)})")
     if not tps:
         return out
     pairs = [(tp, pp) for tp in tps for pp in axes["pp"] if (world_size // tp) % pp == 0]
     for pp in axes["pp"]:
         if all((world_size // tp) % pp for tp in tps):
-            allowed = sorted({d for tp in tps for d in _divisors(world_size // tp)})
+            allowed = sorted({d for tp in tps for d in divisors(world_size // tp)})
             out.append(f"pp={pp} does not divide the devices left by tp "
                        f"({', '.join(f'{world_size // tp} with tp={tp}' for tp in tps)}; "
                        f"allowed pp: {_values(allowed)})")
@@ -64,7 +64,7 @@ def structural_reasons(search: SearchConfig, world_size: int, global_batch: int)
         if mb > global_batch:
             out.append(f"micro_batch {mb} > global_batch {global_batch}")
         elif all(global_batch % (dp * mb) for dp in dps):
-            allowed = sorted({m for dp in dps for m in _divisors(global_batch)
+            allowed = sorted({m for dp in dps for m in divisors(global_batch)
                               if global_batch % (dp * m) == 0})
             out.append(f"micro_batch {mb} times any dp ({_values(dps)}) does not divide "
                        f"global_batch {global_batch} (allowed micro_batch: {_values(allowed)})")

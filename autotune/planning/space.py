@@ -27,7 +27,7 @@ from autotune.config.study import SearchConfig
 from autotune.errors import SpecError
 from autotune.layout import Layout
 
-__all__ = ["axis_choices", "enumerate_layouts", "space_size", "check_space_size",
+__all__ = ["axis_choices", "divisors", "enumerate_layouts", "space_size", "check_space_size",
            "MAX_LAYOUTS"]
 
 MAX_LAYOUTS = 100_000
@@ -37,7 +37,7 @@ study (GPT-175B on 1,024 devices, every axis ``auto``) has 2,904; ``autotune pla
 and estimates some 50,000 layouts a second (2 s at the limit on one core)."""
 
 
-def _divisors(n: int) -> tuple[int, ...]:
+def divisors(n: int) -> tuple[int, ...]:
     """Every divisor of ``n``, ascending, in O(sqrt n) steps (a world size may be 10**8)."""
     small = [d for d in range(1, isqrt(n) + 1) if n % d == 0]
     return tuple(sorted({*small, *(n // d for d in small)}))
@@ -45,8 +45,8 @@ def _divisors(n: int) -> tuple[int, ...]:
 
 def axis_choices(search: SearchConfig, world_size: int, global_batch: int) -> dict[str, tuple]:
     """Concrete choices per axis (``auto`` resolved)."""
-    tp = _divisors(world_size) if isinstance(search.tp, str) else search.tp
-    pp = _divisors(world_size) if isinstance(search.pp, str) else search.pp
+    tp = divisors(world_size) if isinstance(search.tp, str) else search.tp
+    pp = divisors(world_size) if isinstance(search.pp, str) else search.pp
     if isinstance(search.micro_batch, str):  # "auto"
         mb: tuple[int, ...] = tuple(2**i for i in range(0, 11) if 2**i <= global_batch)
     else:
